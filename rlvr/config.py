@@ -1,0 +1,336 @@
+"""Run configuration: frozen dataclasses, loaded from YAML plus dotted ``key.sub=value`` overrides.
+
+Unknown keys and ill-typed values are errors that name the key and what is allowed. ``algo.preset``
+fills every algorithm knob the user did not set explicitly (see ``rlvr.core.presets``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rlvr.core.advantages import SCALES
+from rlvr.core.losses import AGGREGATIONS, KL_ESTIMATORS, LossSettings
+from rlvr.core.presets import PRESETS
+from rlvr.models import LORA_TARGETS_ALL_LINEAR, LoraSpec
+
+ARITHMETIC_SYSTEM_PROMPT = "Reply with only the number."
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str = "smollm2-135m-instruct"
+    """Built-in alias (smollm2-135m-instruct) or a local directory saved with save_pretrained()."""
+    lora: bool = True
+    """Train LoRA adapters (reference = adapter disabled) instead of all weights."""
+    lora_r: int = 16
+    """LoRA rank."""
+    lora_alpha: float = 32.0
+    """LoRA scaling numerator (scale = alpha / r)."""
+    lora_dropout: float = 0.0
+    """Dropout on the LoRA input."""
+    lora_targets: tuple[str, ...] = LORA_TARGETS_ALL_LINEAR
+    """Names of the linear modules that get adapters."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in backward to save memory."""
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    name: str = "arithmetic"
+    """arithmetic (generated from the seed) or jsonl (train_path / eval_path)."""
+    digits: int = 1
+    """arithmetic: digits per operand (1 means 0-9)."""
+    operators: tuple[str, ...] = ("+",)
+    """arithmetic: operators drawn from + - *."""
+    eval_size: int = 100
+    """Held-out questions (arithmetic: carved out of the question space; jsonl: first rows of eval_path)."""
+    train_size: int = 0
+    """arithmetic: training questions to keep (0: all that are not held out)."""
+    seed: int = 1234
+    """arithmetic: seed of the question split (separate from train.seed, so every run shares one held-out set)."""
+    system_prompt: str = ARITHMETIC_SYSTEM_PROMPT
+    """arithmetic: system message of every prompt (empty for none)."""
+    train_path: str = ""
+    """jsonl: training rows, one JSON object per line with prompt or messages plus answer columns."""
+    eval_path: str = ""
+    """jsonl: held-out rows in the same format."""
+    eval_reward: str = ""
+    """Reward whose value 1.0 means 'correct' for held-out accuracy ('' = arithmetic_correct for
+    arithmetic, math_correct for jsonl)."""
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    name: str = "arithmetic_correct"
+    """Built-in reward (arithmetic_correct, math_correct, format) or 'package.module:function'."""
+    weight: float = 1.0
+    """Weight of this function in the total reward."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments for the built-in factory or bound to the user function."""
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    group_size: int = 8
+    """G: completions sampled per prompt."""
+    temperature: float = 1.0
+    """Sampling temperature (the trainer scores log-probs at the same temperature)."""
+    top_p: float = 1.0
+    """Nucleus sampling mass (1 disables)."""
+    top_k: int = 0
+    """Top-k sampling (0 disables)."""
+    max_new_tokens: int = 32
+    """Completion length cap; a completion without EOS by then counts as truncated."""
+
+
+@dataclass(frozen=True)
+class AlgoConfig:
+    preset: str = "grpo"
+    """grpo, dapo or dr_grpo: fills every knob below that is not set explicitly."""
+    scale: str = "group"
+    """Advantage scaling: group (GRPO), batch, none (Dr. GRPO)."""
+    aggregation: str = "sequence_mean"
+    """Loss aggregation: sequence_mean (GRPO), token_mean (DAPO), token_sum_constant (Dr. GRPO)."""
+    eps_low: float = 0.2
+    """Lower clip: ratio >= 1 - eps_low."""
+    eps_high: float = 0.2
+    """Upper clip: ratio <= 1 + eps_high (DAPO clip-higher raises it)."""
+    dual_clip: float = 0.0
+    """Dual-clip constant c > 1 for negative advantages (0 disables)."""
+    beta: float = 0.04
+    """KL coefficient; 0 skips the reference forward entirely."""
+    kl_estimator: str = "k3"
+    """k1, k2 or k3 (Schulman's estimators of KL(policy || reference))."""
+    num_iterations: int = 1
+    """mu: optimizer passes over each batch of groups (1 = on-policy, no old-policy forward)."""
+    adv_eps: float = 1e-4
+    """Added to the std when scaling advantages."""
+
+    def loss_settings(self) -> LossSettings:
+        return LossSettings(
+            eps_low=self.eps_low,
+            eps_high=self.eps_high,
+            dual_clip=self.dual_clip or None,
+            beta=self.beta,
+            kl_estimator=self.kl_estimator,  # type: ignore[arg-type]
+            aggregation=self.aggregation,  # type: ignore[arg-type]
+        )
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 60
+    """Training steps (each: sample, score, update)."""
+    prompts_per_step: int = 8
+    """B: prompts per step (the batch is B * G completions)."""
+    micro_batch_size: int = 16
+    """Completions per forward/backward; does not change the update."""
+    lr: float = 5e-4
+    """AdamW learning rate (after warmup)."""
+    warmup_steps: int = 0
+    """Linear warmup of the learning rate over this many optimizer steps."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping by global norm (0 disables)."""
+    seed: int = 0
+    """Seeds data order, sampling and initialisation."""
+    threads: int = 0
+    """torch intra-op threads (0: all cores)."""
+    logprob_chunk: int = 512
+    """Tokens per output-layer chunk when computing log-probs."""
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    every: int = 0
+    """Greedy held-out evaluation every this many steps (0: only before and after training)."""
+    batch_size: int = 64
+    """Prompts per evaluation batch."""
+    max_new_tokens: int = 0
+    """Completion cap during evaluation (0: rollout.max_new_tokens)."""
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    tensorboard: bool = True
+    """Write TensorBoard event files into the run directory."""
+    progress: bool = True
+    """Show a live progress bar."""
+    plot: bool = True
+    """Write plot.png (reward and held-out accuracy against step) at the end."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    output_dir: str = "runs/default"
+    """Run directory: config, metrics, summary, plot, trained weights."""
+    model: ModelConfig = ModelConfig()
+    task: TaskConfig = TaskConfig()
+    rewards: tuple[RewardConfig, ...] = (RewardConfig(),)
+    """Reward functions and weights; the total is their weighted sum."""
+    rollout: RolloutConfig = RolloutConfig()
+    algo: AlgoConfig = AlgoConfig()
+    train: TrainConfig = TrainConfig()
+    eval: EvalConfig = EvalConfig()
+    log: LogConfig = LogConfig()
+
+    def lora_spec(self) -> LoraSpec | None:
+        m = self.model
+        if not m.lora:
+            return None
+        return LoraSpec(r=m.lora_r, alpha=m.lora_alpha, dropout=m.lora_dropout, target_modules=m.lora_targets)
+
+
+class ConfigError(ValueError):
+    pass
+
+
+CHOICES: dict[str, tuple[str, ...]] = {
+    "task.name": ("arithmetic", "jsonl"),
+    "algo.preset": tuple(PRESETS),
+    "algo.scale": SCALES,
+    "algo.aggregation": AGGREGATIONS,
+    "algo.kl_estimator": KL_ESTIMATORS,
+}
+POSITIVE = ("rollout.group_size", "rollout.max_new_tokens", "train.prompts_per_step", "train.micro_batch_size",
+            "algo.num_iterations", "eval.batch_size", "train.logprob_chunk")
+
+
+def _convert(value: Any, tp: Any, key: str) -> Any:
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, key)
+    if origin in (types.UnionType, typing.Union):
+        return value
+    if origin is tuple:
+        (item_tp, _) = typing.get_args(tp)
+        if not isinstance(value, (list, tuple)):
+            value = [value]
+        return tuple(_convert(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value))
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key} must be a mapping, got {value!r}")
+        return dict(value)
+    if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if tp is float and isinstance(value, str):  # YAML 1.1 reads "1e-3" as a string
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    if tp is int and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if tp in (str, bool) and isinstance(value, tp):
+        return value
+    if tp is str and isinstance(value, (int, float)):
+        return str(value)
+    raise ConfigError(f"{key} must be {tp.__name__}, got {value!r}")
+
+
+def _build(cls: type, data: Any, prefix: str) -> Any:
+    if isinstance(data, cls):
+        return data
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix or 'config'} must be a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = [k for k in data if k not in names]
+    if unknown:
+        key = f"{prefix}.{unknown[0]}" if prefix else unknown[0]
+        section = f" in {prefix}" if prefix else ""
+        raise ConfigError(f"unknown config key {key!r}; allowed keys{section}: {', '.join(names)}")
+    values = {k: _convert(v, hints[k], f"{prefix}.{k}" if prefix else k) for k, v in data.items()}
+    return cls(**values)
+
+
+def _validate(cfg: RunConfig) -> None:
+    flat = to_dict(cfg)
+    for key, allowed in CHOICES.items():
+        section, name = key.split(".")
+        value = flat[section][name]
+        if value not in allowed:
+            raise ConfigError(f"{key} must be one of {', '.join(allowed)}; got {value!r}")
+    for key in POSITIVE:
+        section, name = key.split(".")
+        if flat[section][name] < 1:
+            raise ConfigError(f"{key} must be >= 1; got {flat[section][name]}")
+    if cfg.algo.dual_clip and cfg.algo.dual_clip <= 1:
+        raise ConfigError(f"algo.dual_clip must be 0 (off) or > 1; got {cfg.algo.dual_clip}")
+    if cfg.rollout.temperature < 0 or not 0 < cfg.rollout.top_p <= 1:
+        raise ConfigError("rollout.temperature must be >= 0 and rollout.top_p in (0, 1]")
+    if not cfg.rewards:
+        raise ConfigError("rewards must list at least one reward function")
+    if cfg.task.name == "jsonl" and not (cfg.task.train_path and cfg.task.eval_path):
+        raise ConfigError("task.name=jsonl needs task.train_path and task.eval_path")
+
+
+def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node = tree
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"override {dotted!r}: {part!r} is not a section")
+    node[parts[-1]] = value
+
+
+def parse_overrides(overrides: list[str]) -> dict:
+    tree: dict = {}
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} must look like key.sub=value")
+        key, raw = item.split("=", 1)
+        _set_dotted(tree, key.strip(), yaml.safe_load(raw) if raw else "")
+    return tree
+
+
+def _merge(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def build_config(data: dict) -> RunConfig:
+    """A validated RunConfig from a nested dict; the algo preset fills knobs not given explicitly."""
+    data = dict(data)
+    algo = dict(data.get("algo") or {})
+    preset = algo.get("preset", AlgoConfig.preset)
+    if preset not in PRESETS:
+        raise ConfigError(f"algo.preset must be one of {', '.join(PRESETS)}; got {preset!r}")
+    data["algo"] = {**PRESETS[preset], **algo}
+    cfg = _build(RunConfig, data, "")
+    _validate(cfg)
+    return cfg
+
+
+def load_config(path: str | Path | None, overrides: list[str] = ()) -> RunConfig:
+    data: dict = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {path} does not exist")
+        data = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path} must hold a YAML mapping")
+    return build_config(_merge(data, parse_overrides(list(overrides))))
+
+
+def to_dict(cfg: Any) -> Any:
+    if dataclasses.is_dataclass(cfg):
+        return {f.name: to_dict(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
+    if isinstance(cfg, tuple):
+        return [to_dict(v) for v in cfg]
+    return cfg
+
+
+def save_config(cfg: RunConfig, path: Path) -> None:
+    path.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))

@@ -1,0 +1,70 @@
+"""Group-relative advantages: compare each completion with the other completions of its own prompt.
+
+Departures from the paper, stated plainly:
+- DeepSeekMath's GRPO divides by the group's standard deviation; we use the unbiased estimate
+  (ddof=1, as TRL and most open implementations do), so ``|A| <= (G-1)/sqrt(G) < sqrt(G)``.
+- A group whose rewards are all equal (or that has fewer than two valid rewards) carries no signal:
+  its advantages are exactly 0, never the ``0/eps`` noise or the inf/NaN a bare division gives.
+- Missing rewards (NaN, from a verifier that returned None) are excluded: they do not enter the group
+  mean or std, and their own advantage is 0.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+Scale = Literal["group", "batch", "none"]
+SCALES = ("group", "batch", "none")
+
+
+def group_advantages(
+    rewards: torch.Tensor, group_size: int, scale: Scale = "group", eps: float = 1e-4
+) -> torch.Tensor:
+    """Advantages from rewards laid out group after group.
+
+    Args:
+        rewards: [B*G] float; NaN marks a missing reward.
+        group_size: G, completions per prompt.
+        scale: "group" divides by each group's std (GRPO), "batch" by the std of all valid rewards in
+            the batch, "none" only subtracts the group mean (Dr. GRPO).
+        eps: added to the std so tiny-but-nonzero spreads stay finite.
+
+    Returns:
+        [B*G] float advantages, 0 for missing rewards and for groups without spread.
+    """
+    if rewards.dim() != 1 or rewards.numel() % group_size:
+        raise ValueError(f"rewards must be 1-D with a multiple of group_size={group_size} entries")
+    if scale not in SCALES:
+        raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
+    r = rewards.double().view(-1, group_size)  # [B, G]
+    valid = ~torch.isnan(r)
+    n = valid.sum(dim=1, keepdim=True)  # [B, 1]
+    r0 = torch.where(valid, r, torch.zeros_like(r))
+    mean = r0.sum(dim=1, keepdim=True) / n.clamp(min=1)
+    centered = torch.where(valid, r0 - mean, torch.zeros_like(r))  # [B, G]
+    lo = torch.where(valid, r0, torch.full_like(r, float("inf"))).amin(dim=1, keepdim=True)
+    hi = torch.where(valid, r0, torch.full_like(r, float("-inf"))).amax(dim=1, keepdim=True)
+    has_signal = (n >= 2) & (hi > lo)  # [B, 1]
+    if scale == "group":
+        var = centered.pow(2).sum(dim=1, keepdim=True) / (n - 1).clamp(min=1)
+        adv = centered / (var.sqrt() + eps)
+    elif scale == "batch":
+        flat = r[valid]
+        std = flat.std() if flat.numel() >= 2 else torch.zeros((), dtype=r.dtype)
+        adv = centered / (std + eps)
+    else:
+        adv = centered
+    adv = torch.where(has_signal & valid, adv, torch.zeros_like(adv))
+    return adv.view(-1).to(rewards.dtype)
+
+
+def zero_variance_fraction(rewards: torch.Tensor, group_size: int) -> float:
+    """Fraction of groups whose valid rewards are all equal (no learning signal). rewards: [B*G]."""
+    r = rewards.view(-1, group_size)
+    valid = ~torch.isnan(r)
+    lo = torch.where(valid, r, torch.full_like(r, float("inf"))).amin(dim=1)
+    hi = torch.where(valid, r, torch.full_like(r, float("-inf"))).amax(dim=1)
+    no_signal = (valid.sum(dim=1) < 2) | ~(hi > lo)
+    return no_signal.float().mean().item()

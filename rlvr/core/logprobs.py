@@ -1,0 +1,52 @@
+"""Log-probabilities of chosen tokens from final hidden states, a chunk of tokens at a time.
+
+Only completion positions are passed in, so the prompt's logits are never computed, and the
+[tokens, vocab] logits exist one chunk at a time in the forward pass.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def token_logprobs(
+    hidden: torch.Tensor,
+    head_weight: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float = 1.0,
+    chunk_tokens: int = 512,
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log softmax(hidden @ head_weight.T / temperature)[targets], chunked over tokens.
+
+    Args:
+        hidden: [N, T, H] final hidden states at the positions that predict ``targets``.
+        head_weight: [V, H] output-layer weight (no bias).
+        targets: [N, T] token ids.
+        temperature: the sampling temperature; the trainer must score with the same one.
+        chunk_tokens: tokens per chunk; bounds the live logits to [chunk_tokens, V].
+        with_entropy: also return the entropy of each position's distribution (no gradient).
+    Returns:
+        logp [N, T] in at least float32 (carries gradient), entropy [N, T] or None.
+    """
+    n, t, h = hidden.shape
+    flat_h = hidden.reshape(n * t, h)
+    flat_y = targets.reshape(n * t)
+    logps, entropies = [], []
+    for start in range(0, n * t, chunk_tokens):
+        logits = flat_h[start : start + chunk_tokens] @ head_weight.T  # [c, V]
+        if logits.dtype in (torch.float16, torch.bfloat16):
+            logits = logits.float()
+        if temperature != 1.0:
+            logits = logits / temperature
+        lse = torch.logsumexp(logits, dim=-1)  # [c]
+        logps.append(logits.gather(-1, flat_y[start : start + chunk_tokens, None]).squeeze(-1) - lse)
+        if with_entropy:
+            with torch.no_grad():
+                probs = torch.softmax(logits, dim=-1)
+                entropies.append(lse - (probs * logits).sum(dim=-1))
+    logp = torch.cat(logps).view(n, t) if logps else hidden.new_zeros(n, t)
+    entropy = None
+    if with_entropy:
+        entropy = torch.cat(entropies).view(n, t) if entropies else logp.detach().new_zeros(n, t)
+    return logp, entropy

@@ -1,0 +1,131 @@
+"""Group-aware sampling for Hugging Face causal LMs.
+
+Each distinct prompt is prefilled once; its KV cache is then repeated for the G samples of its group,
+so a step pays for B prompt prefills instead of B*G (``generate(num_return_sequences=G)`` pays B*G).
+All groups decode together, and a sequence that has emitted EOS is dropped from the batch, so it stops
+costing compute.
+
+Recorded log-probs: for every generated token we record log softmax(logits / temperature)[token] over the
+*whole* vocabulary - the quantity the trainer recomputes for the importance ratio. With top-k / top-p the
+token is drawn from the truncated, renormalised distribution, so the recorded value is the log-prob under
+the temperature-scaled policy, not under the truncated sampler (the same convention as TRL). Greedy
+decoding (temperature 0) records log softmax(logits)[token].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers import DynamicCache
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0  # 0 means greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 disables
+    max_new_tokens: int = 32
+
+
+@dataclass
+class Completions:
+    """B*G sampled completions, row i belonging to prompt i // G."""
+
+    ids: torch.Tensor  # [B*G, T] right-padded with pad_id
+    mask: torch.Tensor  # [B*G, T] 1 on generated tokens, EOS included
+    sampling_logp: torch.Tensor  # [B*G, T] float32, 0 on padding
+    truncated: torch.Tensor  # [B*G] bool: reached max_new_tokens without EOS
+
+
+def _filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Mask logits [A, V] outside the top-k / nucleus top-p set with -inf."""
+    if top_k > 0 and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        cum = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
+        drop_sorted = (cum - torch.softmax(sorted_logits, dim=-1)) >= top_p  # keep the token crossing top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def _next_tokens(
+    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pick one token per row of logits [A, V]; return tokens [A] and their recorded log-probs [A]."""
+    logits = logits.float()
+    if params.temperature == 0:
+        tokens = logits.argmax(dim=-1)
+        return tokens, torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
+    scaled = logits / params.temperature
+    logp_all = torch.log_softmax(scaled, dim=-1)
+    probs = torch.softmax(_filter_logits(scaled, params.top_k, params.top_p), dim=-1)
+    # Inverse-CDF sampling: one uniform per row (torch.multinomial draws one per vocabulary entry).
+    cdf = probs.cumsum(dim=-1)  # [A, V]
+    u = torch.rand(cdf.shape[0], 1, generator=generator, device=cdf.device) * cdf[:, -1:]
+    tokens = torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp(max=cdf.shape[-1] - 1)
+    return tokens, logp_all.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+@torch.no_grad()
+def generate_groups(
+    backbone: nn.Module,
+    head: nn.Module,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    group_size: int,
+    params: SamplingParams,
+    eos_ids: list[int],
+    pad_id: int,
+    generator: torch.Generator | None = None,
+) -> Completions:
+    """Sample ``group_size`` completions for each prompt.
+
+    Args:
+        backbone, head: the model body (returns last_hidden_state) and output layer.
+        prompt_ids, prompt_mask: [B, P] left-padded prompts.
+        eos_ids: token ids that end a completion (kept in it, with mask 1).
+    """
+    b, p = prompt_ids.shape
+    n = b * group_size
+    device = prompt_ids.device
+    cache = DynamicCache()
+    positions = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0)
+    out = backbone(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions, cache=cache, use_cache=True)
+    logits = head(out.last_hidden_state[:, -1]).repeat_interleave(group_size, dim=0)  # [B*G, V]
+    cache.batch_repeat_interleave(group_size)
+    attn = prompt_mask.repeat_interleave(group_size, dim=0)  # [B*G, P + t]
+    next_pos = prompt_mask.long().sum(-1).repeat_interleave(group_size)  # [B*G]
+
+    ids = torch.full((n, params.max_new_tokens), pad_id, dtype=torch.long, device=device)
+    logps = torch.zeros((n, params.max_new_tokens), dtype=torch.float32, device=device)
+    lengths = torch.zeros(n, dtype=torch.long, device=device)
+    finished = torch.zeros(n, dtype=torch.bool, device=device)
+    active = torch.arange(n, device=device)  # rows of the full batch still decoding
+    eos = torch.tensor(eos_ids, device=device)
+    for t in range(params.max_new_tokens):
+        tokens, token_logp = _next_tokens(logits, params, generator)
+        ids[active, t] = tokens
+        logps[active, t] = token_logp
+        lengths[active] = t + 1
+        done = torch.isin(tokens, eos)
+        finished[active] = done
+        if t + 1 == params.max_new_tokens or bool(done.all()):
+            break
+        if bool(done.any()):  # compact: finished rows leave the batch and the cache
+            keep = (~done).nonzero().squeeze(-1)
+            cache.batch_select_indices(keep)
+            active, tokens, attn, next_pos = active[keep], tokens[keep], attn[keep], next_pos[keep]
+        attn = torch.cat([attn, attn.new_ones(attn.shape[0], 1)], dim=-1)
+        out = backbone(
+            input_ids=tokens[:, None], attention_mask=attn, position_ids=next_pos[:, None], cache=cache, use_cache=True
+        )
+        logits = head(out.last_hidden_state[:, -1])
+        next_pos = next_pos + 1
+    width = int(lengths.max()) if n else 0
+    mask = torch.arange(width, device=device)[None, :] < lengths[:, None]
+    return Completions(ids=ids[:, :width], mask=mask, sampling_logp=logps[:, :width], truncated=~finished)

@@ -1,0 +1,126 @@
+"""One GRPO update on a batch of scored groups; shared by the synchronous loop and async learners.
+
+The step is blind to the algorithm variant: everything variant-specific arrives in ``LossSettings``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from rlvr.core import LossSettings, loss_normaliser, policy_loss, token_logprobs
+from rlvr.models import ReferencePolicy, backbone_and_head
+
+
+@dataclass
+class StepBatch:
+    """Everything the update needs; completion row i belongs to prompt i // group_size."""
+
+    prompt_ids: torch.Tensor  # [B, P] left-padded
+    prompt_mask: torch.Tensor  # [B, P]
+    completion_ids: torch.Tensor  # [N, T] right-padded, N = B * G
+    completion_mask: torch.Tensor  # [N, T]; rows excluded from the update are all zero
+    adv: torch.Tensor  # [N]
+    group_size: int
+
+
+def completion_logprobs(
+    model: nn.Module,
+    batch: StepBatch,
+    rows: torch.Tensor,
+    temperature: float,
+    chunk_tokens: int,
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs [n, T] of the completion tokens of ``rows`` (and entropies), prompt logits never computed."""
+    backbone, head = backbone_and_head(model)
+    prompt_ids = batch.prompt_ids[rows // batch.group_size]  # [n, P]
+    prompt_mask = batch.prompt_mask[rows // batch.group_size]
+    completion_ids = batch.completion_ids[rows]  # [n, T]
+    ids = torch.cat([prompt_ids, completion_ids], dim=1)  # [n, P + T]
+    mask = torch.cat([prompt_mask, batch.completion_mask[rows]], dim=1)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    hidden = backbone(input_ids=ids, attention_mask=mask, position_ids=positions).last_hidden_state
+    p = prompt_ids.shape[1]
+    t = completion_ids.shape[1]
+    # the state at position j predicts token j + 1: completion tokens are predicted from P-1 .. P+T-2
+    return token_logprobs(hidden[:, p - 1 : p + t - 1], head.weight, completion_ids, temperature, chunk_tokens, with_entropy)
+
+
+@torch.no_grad()
+def _frozen_logprobs(model, batch, micro_rows, temperature, chunk_tokens) -> torch.Tensor:
+    return torch.cat([completion_logprobs(model, batch, rows, temperature, chunk_tokens)[0] for rows in micro_rows])
+
+
+def train_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None,
+    batch: StepBatch,
+    settings: LossSettings,
+    *,
+    reference: ReferencePolicy | None,
+    num_iterations: int,
+    micro_batch_size: int,
+    temperature: float,
+    max_new_tokens: int,
+    max_grad_norm: float,
+    chunk_tokens: int = 512,
+) -> dict[str, float]:
+    """Run ``num_iterations`` optimizer steps over the batch and return metrics.
+
+    Old-policy log-probs are the detached current ones when num_iterations == 1 (no extra forward);
+    reference log-probs are computed only when settings.beta != 0.
+    """
+    n = batch.completion_ids.shape[0]
+    micro_rows = list(torch.arange(n).split(micro_batch_size))
+    mask = batch.completion_mask
+    normaliser = loss_normaliser(mask, settings.aggregation, max_new_tokens)
+
+    ref_logp = None
+    if settings.beta != 0.0:
+        if reference is None:
+            raise ValueError("beta != 0 needs a reference policy")
+        with reference.active() as ref_model:
+            ref_logp = _frozen_logprobs(ref_model, batch, micro_rows, temperature, chunk_tokens)
+    old_logp = _frozen_logprobs(model, batch, micro_rows, temperature, chunk_tokens) if num_iterations > 1 else None
+
+    model.train()
+    totals: dict[str, float] = {}
+    entropy_sum = 0.0
+    params = [p for p in model.parameters() if p.requires_grad]
+    for iteration in range(num_iterations):
+        optimizer.zero_grad(set_to_none=True)
+        loss_sum = 0.0
+        for rows in micro_rows:
+            first = iteration == 0
+            logp, entropy = completion_logprobs(model, batch, rows, temperature, chunk_tokens, with_entropy=first)
+            old = logp.detach() if old_logp is None else old_logp[rows]
+            ref = None if ref_logp is None else ref_logp[rows]
+            loss, stats = policy_loss(logp, old, ref, batch.adv[rows], mask[rows], settings, normaliser)
+            loss.backward()
+            loss_sum += loss.item()
+            for k, v in stats.items():
+                totals[k] = totals.get(k, 0.0) + float(v)
+            if first:
+                entropy_sum += float((entropy * mask[rows]).sum())
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm > 0 else float("inf"))
+        optimizer.step()
+        if scheduler is not None:
+            scheduler.step()
+    tokens = max(totals.get("tokens", 0.0), 1.0)
+    metrics = {
+        "loss": loss_sum,
+        "grad_norm": float(grad_norm),
+        "clip_low": totals.get("clip_low", 0.0) / tokens,
+        "clip_high": totals.get("clip_high", 0.0) / tokens,
+        "entropy": entropy_sum / max(float(mask.sum()), 1.0),
+        "lr": optimizer.param_groups[0]["lr"],
+    }
+    if "clip_dual" in totals:
+        metrics["clip_dual"] = totals["clip_dual"] / tokens
+    if "kl_sum" in totals:
+        metrics["kl"] = totals["kl_sum"] / tokens
+    return metrics

@@ -1,0 +1,120 @@
+"""Clipping, KL estimators and aggregation against values worked out by hand."""
+
+import math
+
+import pytest
+import torch
+
+from rlvr.core import LossSettings, aggregate, clipped_surrogate, kl_penalty, loss_normaliser, policy_loss
+
+
+def _ratios(*r):
+    """logp / old_logp pairs whose ratio exp(logp - old) is r."""
+    old = torch.zeros(len(r)).unsqueeze(0)
+    return torch.log(torch.tensor(r)).unsqueeze(0), old
+
+
+def test_clip_high_caps_positive_advantage():
+    logp, old = _ratios(1.5, 1.1, 0.5)
+    loss, flags = clipped_surrogate(logp, old, torch.tensor([1.0]), eps_low=0.2, eps_high=0.2)
+    # A = 1: ratio 1.5 -> max(-1.5, -1.2) = -1.2 (clipped); 1.1 -> -1.1; 0.5 -> max(-0.5, -0.8) = -0.5
+    assert torch.allclose(loss, torch.tensor([[-1.2, -1.1, -0.5]]))
+    assert flags["clip_high"].tolist() == [[True, False, False]]
+    assert not flags["clip_low"].any()
+
+
+def test_clip_low_caps_negative_advantage():
+    logp, old = _ratios(0.5, 1.5)
+    loss, flags = clipped_surrogate(logp, old, torch.tensor([-1.0]), eps_low=0.2, eps_high=0.2)
+    # A = -1: ratio 0.5 -> max(0.5, 0.8) = 0.8 (clipped); 1.5 -> max(1.5, 1.2) = 1.5 (unclipped)
+    assert torch.allclose(loss, torch.tensor([[0.8, 1.5]]))
+    assert flags["clip_low"].tolist() == [[True, False]]
+
+
+def test_asymmetric_clip_higher():
+    logp, old = _ratios(1.25, 1.3)
+    loss, flags = clipped_surrogate(logp, old, torch.tensor([2.0]), eps_low=0.2, eps_high=0.28)
+    # A = 2: 1.25 is inside 1.28 -> -2.5; 1.3 clipped to 1.28 -> -2.56
+    assert torch.allclose(loss, torch.tensor([[-2.5, -2.56]]))
+    assert flags["clip_high"].tolist() == [[False, True]]
+
+
+def test_dual_clip_bounds_negative_advantage_loss():
+    logp, old = _ratios(5.0, 2.0)
+    loss, flags = clipped_surrogate(logp, old, torch.tensor([-1.0]), 0.2, 0.2, dual_clip=3.0)
+    # A = -1: ratio 5 -> max(5, 1.2) = 5, capped at 3 * |A| = 3; ratio 2 -> 2 (below the cap)
+    assert torch.allclose(loss, torch.tensor([[3.0, 2.0]]))
+    assert flags["clip_dual"].tolist() == [[True, False]]
+    with pytest.raises(ValueError, match="dual_clip must be > 1"):
+        clipped_surrogate(logp, old, torch.tensor([-1.0]), 0.2, 0.2, dual_clip=0.5)
+
+
+def test_surrogate_gradient_is_zero_when_clipped():
+    logp = torch.log(torch.tensor([[1.5, 1.0]])).requires_grad_()
+    loss, _ = clipped_surrogate(logp, torch.zeros(1, 2), torch.tensor([1.0]), 0.2, 0.2)
+    loss.sum().backward()
+    # d(-A * ratio)/d logp = -A * ratio: 0 where clipped, -1 at ratio 1
+    assert torch.allclose(logp.grad, torch.tensor([[0.0, -1.0]]))
+
+
+def test_kl_estimators_by_hand():
+    logp, ref = torch.log(torch.tensor([0.5])), torch.log(torch.tensor([0.25]))
+    x = math.log(0.5)  # ref - logp
+    assert kl_penalty(logp, ref, "k1").item() == pytest.approx(-x)
+    assert kl_penalty(logp, ref, "k2").item() == pytest.approx(0.5 * x * x)
+    assert kl_penalty(logp, ref, "k3").item() == pytest.approx(0.5 - 1 - x)
+    for est in ("k1", "k2", "k3"):
+        assert kl_penalty(logp, logp, est).item() == 0.0
+    with pytest.raises(ValueError, match="kl_estimator"):
+        kl_penalty(logp, ref, "k4")  # type: ignore[arg-type]
+
+
+PER_TOKEN = torch.tensor([[1.0, 2.0, 3.0], [4.0, 9.0, 9.0]])
+MASK = torch.tensor([[1, 1, 1], [1, 0, 0]])
+
+
+@pytest.mark.parametrize(
+    "mode, expected",
+    [
+        ("sequence_mean", (6 / 3 + 4 / 1) / 2),  # mean per sequence, then over 2 sequences
+        ("token_mean", 10 / 4),  # 4 real tokens
+        ("token_sum_constant", 10 / (3 * 2)),  # max_new_tokens 3 x 2 sequences
+    ],
+)
+def test_aggregation_by_hand(mode, expected):
+    norm = loss_normaliser(MASK, mode, max_new_tokens=3)
+    assert aggregate(PER_TOKEN, MASK, mode, norm).item() == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("mode", ["sequence_mean", "token_mean", "token_sum_constant"])
+def test_aggregation_splits_exactly_across_micro_batches(mode):
+    torch.manual_seed(0)
+    per_token = torch.randn(8, 5)
+    mask = (torch.rand(8, 5) > 0.3).long()
+    mask[:, 0] = 1
+    norm = loss_normaliser(mask, mode, max_new_tokens=5)
+    whole = aggregate(per_token, mask, mode, norm)
+    parts = sum(aggregate(per_token[i : i + 1], mask[i : i + 1], mode, norm) for i in range(8))
+    assert torch.allclose(whole, parts, atol=1e-6)
+
+
+def test_normaliser_ignores_excluded_rows():
+    mask = torch.tensor([[1, 1], [0, 0], [1, 0]])
+    assert loss_normaliser(mask, "sequence_mean", 2) == 2
+    assert loss_normaliser(mask, "token_mean", 2) == 3
+    assert loss_normaliser(mask, "token_sum_constant", 2) == 4
+
+
+def test_policy_loss_adds_beta_times_kl():
+    logp = torch.log(torch.tensor([[0.5, 0.5]]))
+    ref = torch.log(torch.tensor([[0.25, 0.5]]))
+    mask = torch.tensor([[1, 1]])
+    settings = LossSettings(beta=0.1, kl_estimator="k3", aggregation="token_mean")
+    loss, stats = policy_loss(logp, logp, ref, torch.tensor([2.0]), mask, settings, normaliser=2.0)
+    k3 = 0.5 - 1 - math.log(0.5)
+    # ratio 1 everywhere: surrogate -2 per token; KL k3 on token 1, 0 on token 2
+    assert loss.item() == pytest.approx((-2 + 0.1 * k3 - 2 + 0.0) / 2)
+    assert stats["kl_sum"].item() == pytest.approx(k3)
+    assert stats["tokens"].item() == 2
+    with pytest.raises(ValueError, match="needs ref_logp"):
+        policy_loss(logp, logp, None, torch.tensor([2.0]), mask, settings, 2.0)

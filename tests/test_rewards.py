@@ -1,0 +1,93 @@
+"""Reward protocol: TRL signature, weighted combination, None handling, built-ins."""
+
+import math
+
+import pytest
+import torch
+
+from rlvr.rewards import WeightedReward, build_reward, score_completions
+
+
+def trl_style(prompts, completions, **kwargs):
+    """A reward written for TRL: reads a dataset column through kwargs."""
+    return [1.0 if c[0]["content"].strip() == s else 0.0 for c, s in zip(completions, kwargs["solution"])]
+
+
+def test_trl_reward_function_works_unchanged():
+    prompts = [[{"role": "user", "content": "q"}]] * 2
+    completions = [[{"role": "assistant", "content": "a"}], [{"role": "assistant", "content": "b"}]]
+    total, per_fn = score_completions([WeightedReward("trl", trl_style)], prompts, completions, {"solution": ["a", "a"]})
+    assert total.tolist() == [1.0, 0.0]
+
+
+def test_weighted_sum_and_none():
+    a = WeightedReward("a", lambda prompts, completions, **kw: [1.0, None, None], weight=2.0)
+    b = WeightedReward("b", lambda prompts, completions, **kw: [0.5, 0.25, None], weight=-1.0)
+    total, per_fn = score_completions([a, b], ["p"] * 3, ["c"] * 3, {})
+    # row 0: 2*1 - 0.5; row 1: only b scores -> -0.25; row 2: nothing scored -> NaN (excluded)
+    assert total[:2].tolist() == [1.5, -0.25] and math.isnan(total[2])
+    assert math.isnan(per_fn["a"][1]) and per_fn["b"][1] == 0.25
+
+
+def test_nan_counts_as_missing():
+    f = WeightedReward("f", lambda prompts, completions, **kw: [float("nan"), 1.0])
+    total, _ = score_completions([f], ["p"] * 2, ["c"] * 2, {})
+    assert math.isnan(total[0]) and total[1] == 1.0
+
+
+def test_wrong_length_names_the_function():
+    f = WeightedReward("short_fn", lambda prompts, completions, **kw: [1.0])
+    with pytest.raises(ValueError, match="reward function 'short_fn' returned 1 values for 2 completions"):
+        score_completions([f], ["p"] * 2, ["c"] * 2, {})
+
+
+def test_wrong_type_names_the_function():
+    f = WeightedReward("str_fn", lambda prompts, completions, **kw: ["1.0"])
+    with pytest.raises(TypeError, match="reward function 'str_fn' returned str at index 0"):
+        score_completions([f], ["p"], ["c"], {})
+
+
+@pytest.mark.parametrize(
+    "text, gold, expected",
+    [("The answer is 42.", "42", 1.0), ("so \\boxed{0.5}", "1/2", 1.0), ("$\\frac{3}{4}$", "0.75", 1.0),
+     ("It is 1,000", "1000", 1.0), ("41", "42", 0.0), ("no number here", "7", 0.0)],
+)
+def test_math_correct(text, gold, expected):
+    assert build_reward("math_correct")([None], [text], answer=[gold]) == [expected]
+
+
+def test_math_correct_unparsable_gold_is_none():
+    assert build_reward("math_correct")([None], ["5"], answer=[""]) == [None]
+
+
+def test_math_correct_missing_column_is_clear():
+    with pytest.raises(KeyError, match="needs a dataset column 'answer'"):
+        build_reward("math_correct")([None], ["5"], solution=["5"])
+
+
+@pytest.mark.parametrize(
+    "text, expected", [("The answer is 12.", 1.0), ("7 + 5 = 12", 1.0), ("12 or 13", 0.0), ("1,2", 0.0), ("", 0.0), ("x = 1,012", 0.0)]
+)
+def test_arithmetic_correct(text, expected):
+    assert build_reward("arithmetic_correct")([None], [text], answer=["12"]) == [expected]
+
+
+def test_format_reward():
+    f = build_reward("format")
+    ok, bad = "<think>a b</think>\n<answer>3</answer>", "<answer>3</answer>"
+    assert f(None, [ok, bad, [{"role": "assistant", "content": ok}]]) == [1.0, 0.0, 1.0]
+    assert build_reward("format", {"pattern": r"\d+"})(None, ["123", "12a"]) == [1.0, 0.0]
+
+
+def test_import_path_and_unknown_names():
+    f = build_reward("tests.helpers:length_reward")
+    assert f([None], ["abc"]) == [3.0]
+    with pytest.raises(ValueError, match="unknown reward 'nope'"):
+        build_reward("nope")
+    with pytest.raises(ValueError, match="has no function 'missing'"):
+        build_reward("tests.helpers:missing")
+
+
+def test_total_dtype():
+    total, _ = score_completions([WeightedReward("f", lambda prompts, completions, **kw: [1, 0])], ["p"] * 2, ["c"] * 2, {})
+    assert total.dtype == torch.float32 and total.tolist() == [1.0, 0.0]
