@@ -52,6 +52,16 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _quiet_libraries() -> None:
+    """Keep the terminal for rlvr's own progress bar: no per-file loading bars or upstream deprecations."""
+    import warnings
+
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rlvr", description="GRPO on verifiable rewards for Hugging Face causal LMs.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -64,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     p_eval.add_argument("overrides", nargs="*", help="dotted overrides, e.g. task.eval_size=50")
     p_eval.set_defaults(run=_eval)
     args = parser.parse_args(argv)
+    _quiet_libraries()
     try:
         return args.run(args)
     except (ConfigError, FileNotFoundError) as err:

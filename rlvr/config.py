@@ -146,6 +146,8 @@ class TrainConfig:
     """torch intra-op threads (0: all cores)."""
     logprob_chunk: int = 512
     """Tokens per output-layer chunk when computing log-probs."""
+    share_prompt: bool = True
+    """Run each prompt once per group in the training forward (its keys/values reused by the G completions)."""
 
 
 @dataclass(frozen=True)
@@ -173,14 +175,21 @@ class RunConfig:
     output_dir: str = "runs/default"
     """Run directory: config, metrics, summary, plot, trained weights."""
     model: ModelConfig = ModelConfig()
+    """The policy: which model, LoRA or full fine-tuning."""
     task: TaskConfig = TaskConfig()
+    """Where prompts and answers come from, and the held-out split."""
     rewards: tuple[RewardConfig, ...] = (RewardConfig(),)
     """Reward functions and weights; the total is their weighted sum."""
     rollout: RolloutConfig = RolloutConfig()
+    """Group size and sampling."""
     algo: AlgoConfig = AlgoConfig()
+    """The objective: preset and knobs."""
     train: TrainConfig = TrainConfig()
+    """Steps, batch shape, optimizer, seed."""
     eval: EvalConfig = EvalConfig()
+    """Greedy held-out evaluation."""
     log: LogConfig = LogConfig()
+    """Metric sinks."""
 
     def lora_spec(self) -> LoraSpec | None:
         m = self.model

@@ -73,3 +73,21 @@ def test_jsonl_needs_paths():
 def test_to_dict_is_plain():
     d = to_dict(RunConfig())
     assert d["rewards"][0]["name"] == "arithmetic_correct" and isinstance(d["model"]["lora_targets"], list)
+
+
+def test_every_config_field_has_a_docstring():
+    import ast
+    import inspect
+
+    import rlvr.config as config_module
+
+    tree = ast.parse(inspect.getsource(config_module))
+    missing = []
+    for cls in (n for n in tree.body if isinstance(n, ast.ClassDef) and n.name.endswith("Config")):
+        body = cls.body
+        for i, node in enumerate(body):
+            if isinstance(node, ast.AnnAssign):
+                nxt = body[i + 1] if i + 1 < len(body) else None
+                if not (isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str)):
+                    missing.append(f"{cls.name}.{node.target.id}")
+    assert not missing, missing

@@ -78,3 +78,21 @@ def test_cli_train_and_eval(tiny_model_dir, tmp_path, capsys):
 def test_cli_rejects_unknown_key(tmp_path, capsys):
     assert main(["train", "examples/demo.yaml", "train.stepz=3"]) == 2
     assert "unknown config key 'train.stepz'" in capsys.readouterr().err
+
+
+def test_rerun_moves_the_earlier_run_aside(tmp_path):
+    from rlvr.train.sync import fresh_run_dir
+
+    run = tmp_path / "run"
+    assert fresh_run_dir(run) == run and run.is_dir()
+    (run / "metrics.jsonl").write_text("{}\n")
+    fresh_run_dir(run)
+    assert (tmp_path / "run.prev-1" / "metrics.jsonl").read_text() == "{}\n"
+    assert run.is_dir() and not any(run.iterdir())
+
+
+def test_gradient_checkpointing_trains(tiny_model_dir, tmp_path):
+    cfg = load_config(None, _overrides(tiny_model_dir, tmp_path / "gc") + ["model.gradient_checkpointing=true", "train.steps=1"])
+    summary = train(cfg)
+    weights = load_file(tmp_path / "gc" / "adapter" / "adapter_model.safetensors")
+    assert summary["steps"] == 1 and any(torch.count_nonzero(w) for k, w in weights.items() if "lora_B" in k)

@@ -40,6 +40,11 @@ def completion_text(completion: Any) -> str:
     return "".join(m.get("content", "") for m in completion)
 
 
+def as_completions(prompts: list, texts: list[str]) -> list:
+    """Completions in TRL's convention: plain text for string prompts, chat messages for chat prompts."""
+    return [t if isinstance(p, str) else [{"role": "assistant", "content": t}] for p, t in zip(prompts, texts)]
+
+
 def _as_float(value: Any, name: str, index: int) -> float:
     if value is None:
         return math.nan

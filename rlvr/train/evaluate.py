@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from rlvr.rewards import RewardFn
+from rlvr.rewards import RewardFn, as_completions
 from rlvr.rollout import SamplingParams, sample_groups
 from rlvr.tasks import reward_columns
 
@@ -18,7 +18,6 @@ def evaluate(
         chunk = rows[start : start + batch_size]
         prompts = [r["prompt"] for r in chunk]
         groups = sample_groups(model, tokenizer, prompts, 1, greedy)
-        completions = [t if isinstance(p, str) else [{"role": "assistant", "content": t}] for p, t in zip(prompts, groups.texts)]
-        scores = check(prompts=prompts, completions=completions, **reward_columns(chunk, 1))
+        scores = check(prompts=prompts, completions=as_completions(prompts, groups.texts), **reward_columns(chunk, 1))
         correct += sum(1.0 for s in scores if s == 1.0)
     return correct / max(len(rows), 1)

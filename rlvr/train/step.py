@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from transformers import DynamicCache
 
 from rlvr.core import LossSettings, loss_normaliser, policy_loss, token_logprobs
 from rlvr.models import ReferencePolicy, backbone_and_head
@@ -33,25 +34,53 @@ def completion_logprobs(
     temperature: float,
     chunk_tokens: int,
     with_entropy: bool = False,
+    share_prompt: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs [n, T] of the completion tokens of ``rows`` (and entropies), prompt logits never computed."""
+    """Log-probs [n, T] of the completion tokens of ``rows`` (and entropies); prompt logits are never computed.
+
+    With ``share_prompt`` each distinct prompt among ``rows`` runs through the model once and its keys and
+    values are indexed out to every completion of its group (gradients flow back into the one prompt pass);
+    otherwise every row runs its own copy of the prompt.
+    """
     backbone, head = backbone_and_head(model)
-    prompt_ids = batch.prompt_ids[rows // batch.group_size]  # [n, P]
-    prompt_mask = batch.prompt_mask[rows // batch.group_size]
+    prompt_of_row = rows // batch.group_size  # [n]
     completion_ids = batch.completion_ids[rows]  # [n, T]
-    ids = torch.cat([prompt_ids, completion_ids], dim=1)  # [n, P + T]
-    mask = torch.cat([prompt_mask, batch.completion_mask[rows]], dim=1)
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    hidden = backbone(input_ids=ids, attention_mask=mask, position_ids=positions).last_hidden_state
-    p = prompt_ids.shape[1]
+    completion_mask = batch.completion_mask[rows]
+    p = batch.prompt_ids.shape[1]
     t = completion_ids.shape[1]
-    # the state at position j predicts token j + 1: completion tokens are predicted from P-1 .. P+T-2
-    return token_logprobs(hidden[:, p - 1 : p + t - 1], head.weight, completion_ids, temperature, chunk_tokens, with_entropy)
+    if share_prompt:
+        prompts, local = torch.unique(prompt_of_row, return_inverse=True)
+        prompt_mask = batch.prompt_mask[prompts]  # [u, P]
+        cache = DynamicCache()
+        prefix = backbone(
+            input_ids=batch.prompt_ids[prompts],
+            attention_mask=prompt_mask,
+            position_ids=(prompt_mask.cumsum(-1) - 1).clamp(min=0),
+            cache=cache,
+            use_cache=True,
+        ).last_hidden_state  # [u, P, H]
+        cache.batch_select_indices(local)  # keys/values [u, ...] -> [n, ...], differentiable
+        mask = torch.cat([prompt_mask[local], completion_mask], dim=1)  # [n, P + T]
+        positions = prompt_mask.sum(-1)[local, None] + torch.arange(t)  # [n, T]
+        suffix = backbone(
+            input_ids=completion_ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True
+        ).last_hidden_state  # [n, T, H]
+        # the last prompt state predicts completion token 0; completion state j predicts token j + 1
+        hidden = torch.cat([prefix[local, -1:], suffix[:, :-1]], dim=1)  # [n, T, H]
+    else:
+        ids = torch.cat([batch.prompt_ids[prompt_of_row], completion_ids], dim=1)  # [n, P + T]
+        mask = torch.cat([batch.prompt_mask[prompt_of_row], completion_mask], dim=1)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        full = backbone(input_ids=ids, attention_mask=mask, position_ids=positions).last_hidden_state
+        hidden = full[:, p - 1 : p + t - 1]  # state j predicts token j + 1
+    return token_logprobs(hidden, head.weight, completion_ids, temperature, chunk_tokens, with_entropy)
 
 
 @torch.no_grad()
-def _frozen_logprobs(model, batch, micro_rows, temperature, chunk_tokens) -> torch.Tensor:
-    return torch.cat([completion_logprobs(model, batch, rows, temperature, chunk_tokens)[0] for rows in micro_rows])
+def _frozen_logprobs(model, batch, micro_rows, temperature, chunk_tokens, share_prompt) -> torch.Tensor:
+    return torch.cat(
+        [completion_logprobs(model, batch, rows, temperature, chunk_tokens, share_prompt=share_prompt)[0] for rows in micro_rows]
+    )
 
 
 def train_step(
@@ -68,6 +97,7 @@ def train_step(
     max_new_tokens: int,
     max_grad_norm: float,
     chunk_tokens: int = 512,
+    share_prompt: bool = False,
 ) -> dict[str, float]:
     """Run ``num_iterations`` optimizer steps over the batch and return metrics.
 
@@ -84,8 +114,10 @@ def train_step(
         if reference is None:
             raise ValueError("beta != 0 needs a reference policy")
         with reference.active() as ref_model:
-            ref_logp = _frozen_logprobs(ref_model, batch, micro_rows, temperature, chunk_tokens)
-    old_logp = _frozen_logprobs(model, batch, micro_rows, temperature, chunk_tokens) if num_iterations > 1 else None
+            ref_logp = _frozen_logprobs(ref_model, batch, micro_rows, temperature, chunk_tokens, share_prompt)
+    old_logp = (
+        _frozen_logprobs(model, batch, micro_rows, temperature, chunk_tokens, share_prompt) if num_iterations > 1 else None
+    )
 
     model.train()
     totals: dict[str, float] = {}
@@ -96,7 +128,9 @@ def train_step(
         loss_sum = 0.0
         for rows in micro_rows:
             first = iteration == 0
-            logp, entropy = completion_logprobs(model, batch, rows, temperature, chunk_tokens, with_entropy=first)
+            logp, entropy = completion_logprobs(
+                model, batch, rows, temperature, chunk_tokens, with_entropy=first, share_prompt=share_prompt
+            )
             old = logp.detach() if old_logp is None else old_logp[rows]
             ref = None if ref_logp is None else ref_logp[rows]
             loss, stats = policy_loss(logp, old, ref, batch.adv[rows], mask[rows], settings, normaliser)

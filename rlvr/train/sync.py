@@ -19,7 +19,7 @@ from rlvr.config import RunConfig, save_config
 from rlvr.core import group_advantages, zero_variance_fraction
 from rlvr.metrics import MetricsWriter, plot_run
 from rlvr.models import ReferencePolicy, load_policy, save_policy, trainable_parameters
-from rlvr.rewards import WeightedReward, build_reward, score_completions
+from rlvr.rewards import WeightedReward, as_completions, build_reward, score_completions
 from rlvr.rollout import SamplingParams, sample_groups
 from rlvr.tasks import load_task, reward_columns, step_indices
 from rlvr.train.evaluate import evaluate
@@ -39,9 +39,16 @@ def _masked_stats(values: torch.Tensor) -> tuple[float, float]:
     return float(v.mean()), float(v.std()) if v.numel() > 1 else 0.0
 
 
-def _as_completions(prompts: list, texts: list[str]) -> list:
-    """TRL's convention: chat prompts get chat-formatted completions."""
-    return [t if isinstance(p, str) else [{"role": "assistant", "content": t}] for p, t in zip(prompts, texts)]
+def fresh_run_dir(run_dir: Path) -> Path:
+    """Create the run directory; a previous run there is moved aside (to NAME.prev-N), never overwritten."""
+    if run_dir.is_dir() and any(run_dir.iterdir()):
+        n = 1
+        while run_dir.with_name(f"{run_dir.name}.prev-{n}").exists():
+            n += 1
+        aside = run_dir.rename(run_dir.with_name(f"{run_dir.name}.prev-{n}"))
+        print(f"rlvr: {run_dir} held an earlier run; moved it to {aside}")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return run_dir
 
 
 def train(cfg: RunConfig) -> dict:
@@ -49,8 +56,10 @@ def train(cfg: RunConfig) -> dict:
     started = time.perf_counter()
     torch.set_num_threads(cfg.train.threads or torch.get_num_threads())
     seed_everything(cfg.train.seed)
-    run_dir = Path(cfg.output_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    train_rows, eval_rows, check_name = load_task(cfg.task)  # data and rewards first: fail before the model loads
+    rewards = [WeightedReward(r.name, build_reward(r.name, r.kwargs), r.weight) for r in cfg.rewards]
+    check = build_reward(check_name)
+    run_dir = fresh_run_dir(Path(cfg.output_dir))
     save_config(cfg, run_dir / "config.yaml")
 
     model, tokenizer = load_policy(cfg.model.name, cfg.lora_spec(), cfg.model.gradient_checkpointing)
@@ -61,9 +70,6 @@ def train(cfg: RunConfig) -> dict:
     warmup = cfg.train.warmup_steps
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: min(1.0, (i + 1) / warmup) if warmup else 1.0)
 
-    train_rows, eval_rows, check_name = load_task(cfg.task)
-    rewards = [WeightedReward(r.name, build_reward(r.name, r.kwargs), r.weight) for r in cfg.rewards]
-    check = build_reward(check_name)
     G, B = cfg.rollout.group_size, cfg.train.prompts_per_step
     sampling = SamplingParams(cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.top_k, cfg.rollout.max_new_tokens)
     eval_tokens = cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens
@@ -90,7 +96,7 @@ def train(cfg: RunConfig) -> dict:
         # 3. score every completion; 4. group-relative advantages
         flat_prompts = [p for p in prompts for _ in range(G)]
         columns = {**reward_columns(rows, G), "completion_ids": [ids[m.bool()].tolist() for ids, m in zip(groups.completion_ids, groups.completion_mask)]}
-        total, per_fn = score_completions(rewards, flat_prompts, _as_completions(flat_prompts, groups.texts), columns)
+        total, per_fn = score_completions(rewards, flat_prompts, as_completions(flat_prompts, groups.texts), columns)
         adv = group_advantages(total, G, cfg.algo.scale, cfg.algo.adv_eps)  # [B*G]
         t2 = time.perf_counter()
 
@@ -113,19 +119,21 @@ def train(cfg: RunConfig) -> dict:
             max_new_tokens=cfg.rollout.max_new_tokens,
             max_grad_norm=cfg.train.max_grad_norm,
             chunk_tokens=cfg.train.logprob_chunk,
+            share_prompt=cfg.train.share_prompt and not cfg.model.gradient_checkpointing,
         )
         t3 = time.perf_counter()
 
         # 6. log, and evaluate when due
         lengths = groups.completion_mask.sum(-1).float()
         gen_tokens = float(lengths.sum())
-        train_tokens = float(batch.completion_mask.sum() + groups.prompt_mask.sum() * G) * cfg.algo.num_iterations
+        prompt_copies = 1 if cfg.train.share_prompt else G
+        train_tokens = float(batch.completion_mask.sum() + groups.prompt_mask.sum() * prompt_copies) * cfg.algo.num_iterations
         reward_mean, reward_std = _masked_stats(total)
         metrics = {
             "reward_mean": reward_mean,
             "reward_std": reward_std,
             "reward_missing_frac": float((~included).float().mean()),
-            **{f"reward/{k}_mean": _masked_stats(v)[0] for k, v in per_fn.items()},
+            **{f"reward/{k}_{stat}": x for k, v in per_fn.items() for stat, x in zip(("mean", "std"), _masked_stats(v))},
             **{f"reward/{k}_missing": int(torch.isnan(v).sum()) for k, v in per_fn.items()},
             "zero_variance_frac": zero_variance_fraction(total, G),
             **stats,
@@ -140,6 +148,7 @@ def train(cfg: RunConfig) -> dict:
         }
         if step == cfg.train.steps or (cfg.eval.every and step % cfg.eval.every == 0):
             acc = metrics["eval_accuracy"] = run_eval()
+            metrics["time_eval_s"] = time.perf_counter() - t3
         writer.log(step, metrics)
         bar.set_postfix(reward=f"{reward_mean:.3f}", acc=f"{acc:.3f}")
 
