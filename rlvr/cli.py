@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
 from rlvr.config import ConfigError, load_config
+from rlvr.rewards import RewardError
+from rlvr.train.sync import NonFiniteError, train
 
 
 def _train(args: argparse.Namespace) -> int:
-    from rlvr.train.sync import train
-
     cfg = load_config(args.config, args.overrides)
     summary = train(cfg)
     before, after = summary["eval_accuracy_before"], summary["eval_accuracy_after"]
@@ -53,7 +54,9 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _quiet_libraries() -> None:
-    """Keep the terminal for rlvr's own progress bar: no per-file loading bars or upstream deprecations."""
+    """Keep the terminal for rlvr's own progress bar: no per-file loading bars or upstream deprecations.
+
+    Errors rlvr raises on bad input are printed as one line; RLVR_DEBUG=1 shows the traceback instead."""
     import warnings
 
     warnings.filterwarnings("ignore", category=FutureWarning)
@@ -77,8 +80,11 @@ def main(argv: list[str] | None = None) -> int:
     _quiet_libraries()
     try:
         return args.run(args)
-    except (ConfigError, FileNotFoundError) as err:
-        print(f"rlvr: error: {err}", file=sys.stderr)
+    except (ConfigError, FileNotFoundError, ValueError, KeyError, RewardError, NonFiniteError) as err:
+        if os.environ.get("RLVR_DEBUG"):
+            raise
+        message = err.args[0] if isinstance(err, KeyError) and err.args else err
+        print(f"rlvr: error: {message}", file=sys.stderr)
         return 2
 
 

@@ -19,6 +19,7 @@ from rlvr.core.advantages import SCALES
 from rlvr.core.losses import AGGREGATIONS, KL_ESTIMATORS, LossSettings
 from rlvr.core.presets import PRESETS
 from rlvr.models import LORA_TARGETS_ALL_LINEAR, LoraSpec
+from rlvr.rewards.base import ON_ERROR
 
 ARITHMETIC_SYSTEM_PROMPT = "Reply with only the number."
 
@@ -61,6 +62,9 @@ class TaskConfig:
     """jsonl: training rows, one JSON object per line with prompt or messages plus answer columns."""
     eval_path: str = ""
     """jsonl: held-out rows in the same format."""
+    drop_long_prompts: bool = False
+    """Skip (and count) prompts that leave no room for rollout.max_new_tokens in the model's context,
+    instead of stopping with an error naming the row."""
     eval_reward: str = ""
     """Reward whose value 1.0 means 'correct' for held-out accuracy ('' = arithmetic_correct for
     arithmetic, math_correct for jsonl)."""
@@ -74,6 +78,11 @@ class RewardConfig:
     """Weight of this function in the total reward."""
     kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments for the built-in factory or bound to the user function."""
+    on_error: str = "raise"
+    """When the function raises or times out: raise (stop with an error naming it) or none (score the batch
+    None for this function, excluded and counted)."""
+    timeout_s: float = 0.0
+    """Seconds one call may take (0: no limit); exceeding it counts as an error."""
 
 
 @dataclass(frozen=True)
@@ -148,6 +157,12 @@ class TrainConfig:
     """Tokens per output-layer chunk when computing log-probs."""
     share_prompt: bool = True
     """Run each prompt once per group in the training forward (its keys/values reused by the G completions)."""
+    checkpoint_every: int = 10
+    """Write a checkpoint every this many steps (0: only at the end and on Ctrl-C)."""
+    keep_last: int = 2
+    """Checkpoints to keep (the newest complete one is never deleted)."""
+    max_consecutive_skips: int = 3
+    """Stop after this many consecutive steps whose updates were all skipped as non-finite."""
 
 
 @dataclass(frozen=True)
@@ -168,12 +183,19 @@ class LogConfig:
     """Show a live progress bar."""
     plot: bool = True
     """Write plot.png (reward and held-out accuracy against step) at the end."""
+    samples: bool = True
+    """Write samples.jsonl: every completion's text and reward, with its prompt's row index, per step."""
+    sample_token_ids: bool = False
+    """Also write each completion's token ids into samples.jsonl."""
 
 
 @dataclass(frozen=True)
 class RunConfig:
     output_dir: str = "runs/default"
-    """Run directory: config, metrics, summary, plot, trained weights."""
+    """Run directory: config, metrics, summary, plot, checkpoints, trained weights."""
+    resume: str = ""
+    """'' starts fresh (an earlier run in output_dir is moved aside); 'auto' continues from the newest
+    complete checkpoint in output_dir (fresh if there is none); a path continues from that checkpoint."""
     model: ModelConfig = ModelConfig()
     """The policy: which model, LoRA or full fine-tuning."""
     task: TaskConfig = TaskConfig()
@@ -210,7 +232,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "algo.kl_estimator": KL_ESTIMATORS,
 }
 POSITIVE = ("rollout.group_size", "rollout.max_new_tokens", "train.prompts_per_step", "train.micro_batch_size",
-            "algo.num_iterations", "eval.batch_size", "train.logprob_chunk")
+            "algo.num_iterations", "eval.batch_size", "train.logprob_chunk", "train.keep_last",
+            "train.max_consecutive_skips")
 
 
 def _convert(value: Any, tp: Any, key: str) -> Any:
@@ -277,6 +300,9 @@ def _validate(cfg: RunConfig) -> None:
         raise ConfigError("rollout.temperature must be >= 0 and rollout.top_p in (0, 1]")
     if not cfg.rewards:
         raise ConfigError("rewards must list at least one reward function")
+    for i, reward in enumerate(cfg.rewards):
+        if reward.on_error not in ON_ERROR:
+            raise ConfigError(f"rewards[{i}].on_error must be one of {', '.join(ON_ERROR)}; got {reward.on_error!r}")
     if cfg.task.name == "jsonl" and not (cfg.task.train_path and cfg.task.eval_path):
         raise ConfigError("task.name=jsonl needs task.train_path and task.eval_path")
 
@@ -341,5 +367,9 @@ def to_dict(cfg: Any) -> Any:
     return cfg
 
 
+def to_yaml(cfg: RunConfig) -> str:
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False)
+
+
 def save_config(cfg: RunConfig, path: Path) -> None:
-    path.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    path.write_text(to_yaml(cfg))

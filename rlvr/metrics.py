@@ -1,21 +1,45 @@
-"""Metric sinks: metrics.jsonl (one object per step), TensorBoard, and a PNG of the run."""
+"""Metric sinks: metrics.jsonl (one object per step), samples.jsonl, TensorBoard, and a PNG of the run."""
 
 from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 
+def _truncate_after(path: Path, step: int) -> None:
+    """Drop records of steps after ``step`` (they are redone on resume); atomic rewrite."""
+    if not path.is_file():
+        return
+    kept = [line for line in path.read_text().splitlines(keepends=True) if line.strip() and json.loads(line)["step"] <= step]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(kept))
+    os.replace(tmp, path)
+
+
 class MetricsWriter:
-    def __init__(self, run_dir: Path, tensorboard: bool = True):
+    """Appends one JSON object per step; on resume, first forgets the steps after the checkpoint."""
+
+    def __init__(self, run_dir: Path, tensorboard: bool = True, samples: bool = True, resume_step: int | None = None):
         self.path = run_dir / "metrics.jsonl"
+        self.samples_path = run_dir / "samples.jsonl"
+        if resume_step is not None:
+            _truncate_after(self.path, resume_step)
+            _truncate_after(self.samples_path, resume_step)
         self._file = self.path.open("a", encoding="utf-8")
+        self._samples = self.samples_path.open("a", encoding="utf-8") if samples else None
         self._tb = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+            purge = None if resume_step is None else resume_step + 1
+            self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"), purge_step=purge)
+
+    def log_samples(self, step: int, samples: list[dict]) -> None:
+        if self._samples is not None:
+            self._samples.write("".join(json.dumps({"step": step, **s}) + "\n" for s in samples))
+            self._samples.flush()
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         record = {"step": step, **metrics}
@@ -28,6 +52,8 @@ class MetricsWriter:
 
     def close(self) -> None:
         self._file.close()
+        if self._samples is not None:
+            self._samples.close()
         if self._tb is not None:
             self._tb.close()
 

@@ -106,6 +106,14 @@ def load_tokenizer(model_dir: Path):
     return tokenizer
 
 
+def model_context(model_dir: Path) -> int:
+    """Longest sequence (prompt + completion) the model supports, from its config."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_dir)
+    return int(getattr(config, "max_position_embeddings", None) or 1 << 30)
+
+
 def load_causal_lm(model_dir: Path, dtype: torch.dtype = torch.float32) -> nn.Module:
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -175,18 +183,20 @@ def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
     return [p for p in model.parameters() if p.requires_grad]
 
 
-def load_policy(
-    name: str, lora: LoraSpec | None, gradient_checkpointing: bool = False
-) -> tuple[nn.Module, object]:
-    """The trainable policy (LoRA-wrapped when ``lora`` is given) and its tokenizer."""
-    model_dir = resolve_model_dir(name)
-    tokenizer = load_tokenizer(model_dir)
+def load_trainable(model_dir: Path, lora: LoraSpec | None, gradient_checkpointing: bool = False) -> nn.Module:
+    """The trainable policy: the model, LoRA-wrapped when ``lora`` is given."""
     model = load_causal_lm(model_dir)
     if gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    if lora is not None:
-        model = add_lora(model, lora)
-    return model, tokenizer
+    return add_lora(model, lora) if lora is not None else model
+
+
+def load_policy(
+    name: str, lora: LoraSpec | None, gradient_checkpointing: bool = False
+) -> tuple[nn.Module, object]:
+    """The trainable policy (LoRA-wrapped when ``lora`` is given) and its tokenizer, by alias or path."""
+    model_dir = resolve_model_dir(name)
+    return load_trainable(model_dir, lora, gradient_checkpointing), load_tokenizer(model_dir)
 
 
 def save_policy(model: nn.Module, tokenizer, directory: Path) -> Path:

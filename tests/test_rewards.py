@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from rlvr.rewards import WeightedReward, build_reward, score_completions
+from rlvr.rewards import RewardError, WeightedReward, build_reward, score_completions
 
 
 def trl_style(prompts, completions, **kwargs):
@@ -16,14 +16,14 @@ def trl_style(prompts, completions, **kwargs):
 def test_trl_reward_function_works_unchanged():
     prompts = [[{"role": "user", "content": "q"}]] * 2
     completions = [[{"role": "assistant", "content": "a"}], [{"role": "assistant", "content": "b"}]]
-    total, per_fn = score_completions([WeightedReward("trl", trl_style)], prompts, completions, {"solution": ["a", "a"]})
+    total, per_fn, _ = score_completions([WeightedReward("trl", trl_style)], prompts, completions, {"solution": ["a", "a"]})
     assert total.tolist() == [1.0, 0.0]
 
 
 def test_weighted_sum_and_none():
     a = WeightedReward("a", lambda prompts, completions, **kw: [1.0, None, None], weight=2.0)
     b = WeightedReward("b", lambda prompts, completions, **kw: [0.5, 0.25, None], weight=-1.0)
-    total, per_fn = score_completions([a, b], ["p"] * 3, ["c"] * 3, {})
+    total, per_fn, _ = score_completions([a, b], ["p"] * 3, ["c"] * 3, {})
     # row 0: 2*1 - 0.5; row 1: only b scores -> -0.25; row 2: nothing scored -> NaN (excluded)
     assert total[:2].tolist() == [1.5, -0.25] and math.isnan(total[2])
     assert math.isnan(per_fn["a"][1]) and per_fn["b"][1] == 0.25
@@ -31,19 +31,19 @@ def test_weighted_sum_and_none():
 
 def test_nan_counts_as_missing():
     f = WeightedReward("f", lambda prompts, completions, **kw: [float("nan"), 1.0])
-    total, _ = score_completions([f], ["p"] * 2, ["c"] * 2, {})
+    total, _, _ = score_completions([f], ["p"] * 2, ["c"] * 2, {})
     assert math.isnan(total[0]) and total[1] == 1.0
 
 
 def test_wrong_length_names_the_function():
     f = WeightedReward("short_fn", lambda prompts, completions, **kw: [1.0])
-    with pytest.raises(ValueError, match="reward function 'short_fn' returned 1 values for 2 completions"):
+    with pytest.raises(RewardError, match="reward function 'short_fn' returned 1 values for 2 completions"):
         score_completions([f], ["p"] * 2, ["c"] * 2, {})
 
 
 def test_wrong_type_names_the_function():
     f = WeightedReward("str_fn", lambda prompts, completions, **kw: ["1.0"])
-    with pytest.raises(TypeError, match="reward function 'str_fn' returned str at index 0"):
+    with pytest.raises(RewardError, match="reward function 'str_fn' returned str at index 0; expected a float or None"):
         score_completions([f], ["p"], ["c"], {})
 
 
@@ -89,5 +89,5 @@ def test_import_path_and_unknown_names():
 
 
 def test_total_dtype():
-    total, _ = score_completions([WeightedReward("f", lambda prompts, completions, **kw: [1, 0])], ["p"] * 2, ["c"] * 2, {})
+    total, _, _ = score_completions([WeightedReward("f", lambda prompts, completions, **kw: [1, 0])], ["p"] * 2, ["c"] * 2, {})
     assert total.dtype == torch.float32 and total.tolist() == [1.0, 0.0]

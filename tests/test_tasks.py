@@ -47,7 +47,7 @@ def test_arithmetic_rejects_bad_settings():
 
 def test_jsonl_prompt_and_messages(tmp_path):
     path = tmp_path / "d.jsonl"
-    rows = [{"prompt": "What is 2+2?", "answer": "4"},
+    rows = [{"prompt": "What is 2+2?", "answer": "4", "level": 0},
             {"messages": [{"role": "user", "content": "3+3?"}], "answer": "6", "level": 1}]
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
     loaded = load_jsonl(path)

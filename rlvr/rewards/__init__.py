@@ -6,7 +6,15 @@ import functools
 import importlib
 from typing import Any
 
-from rlvr.rewards.base import RewardFn, WeightedReward, as_completions, completion_text, score_completions
+from rlvr.rewards.base import (
+    RewardError,
+    RewardFn,
+    Scores,
+    WeightedReward,
+    as_completions,
+    completion_text,
+    score_completions,
+)
 from rlvr.rewards.format import format_match
 from rlvr.rewards.math import math_correct
 from rlvr.rewards.arithmetic import arithmetic_correct
@@ -35,4 +43,14 @@ def build_reward(name: str, kwargs: dict[str, Any] | None = None) -> RewardFn:
     return functools.partial(fn, **kwargs) if kwargs else fn
 
 
-__all__ = ["BUILTINS", "RewardFn", "as_completions", "WeightedReward", "build_reward", "completion_text", "score_completions"]
+__all__ = [
+    "BUILTINS",
+    "RewardError",
+    "RewardFn",
+    "Scores",
+    "WeightedReward",
+    "as_completions",
+    "build_reward",
+    "completion_text",
+    "score_completions",
+]

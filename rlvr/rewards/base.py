@@ -13,17 +13,28 @@ Combination policy: the total is the weighted sum of the values that are present
 means "this function does not apply to / could not score this completion" and contributes nothing; a
 completion that no function scored has no reward (NaN) and is excluded from the update. Missing values
 are counted per function in the metrics.
+
+Failure policy, per function (``on_error``):
+- a function that raises or exceeds ``timeout_s``: ``"raise"`` (default) stops with an error naming the
+  function; ``"none"`` scores the whole batch None for that function and records the error.
+- a wrong number of values is always an error naming the function (a silent misalignment would train
+  on other completions' rewards); a value that is not a number or None, or is infinite, is an error too.
+- NaN is read as None.
+A timed-out function cannot be killed from Python: it is abandoned in a daemon thread, which may keep
+a core busy. Untrusted or hang-prone checks belong in the process-isolated verifiers.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import torch
 
 RewardFn = Callable[..., list]
+ON_ERROR = ("raise", "none")
 
 
 @dataclass(frozen=True)
@@ -31,6 +42,18 @@ class WeightedReward:
     name: str
     fn: RewardFn
     weight: float = 1.0
+    on_error: str = "raise"  # "raise" or "none" (see module docstring)
+    timeout_s: float = 0.0  # 0: no limit
+
+
+class RewardError(RuntimeError):
+    pass
+
+
+class Scores(NamedTuple):
+    total: torch.Tensor  # [N] float32, NaN where no function scored
+    per_function: dict[str, torch.Tensor]  # name -> [N] float32, NaN = None
+    errors: dict[str, str]  # name -> what went wrong, for functions contained under on_error="none"
 
 
 def completion_text(completion: Any) -> str:
@@ -51,8 +74,33 @@ def _as_float(value: Any, name: str, index: int) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         if isinstance(value, torch.Tensor) and value.numel() == 1:
             return float(value)
-        raise TypeError(f"reward function {name!r} returned {type(value).__name__} at index {index}; expected float or None")
+        raise RewardError(
+            f"reward function {name!r} returned {type(value).__name__} at index {index}; expected a float or None"
+        )
+    if math.isinf(value):
+        raise RewardError(f"reward function {name!r} returned {value} at index {index}; rewards must be finite or None")
     return float(value)
+
+
+def _call_with_timeout(fn: Callable[[], Any], timeout_s: float) -> Any:
+    if timeout_s <= 0:
+        return fn()
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as err:  # handed to the caller's thread
+            box["error"] = err
+
+    worker = threading.Thread(target=run, daemon=True, name="rlvr-reward")
+    worker.start()
+    worker.join(timeout_s)
+    if worker.is_alive():
+        raise TimeoutError(f"did not return within {timeout_s:g} s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
 
 
 def score_completions(
@@ -60,25 +108,35 @@ def score_completions(
     prompts: list,
     completions: list,
     columns: dict[str, list],
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Run every reward function once over the batch.
-
-    Returns:
-        total [N] float32 (NaN where no function scored), and per-function values {name: [N]} (NaN = None).
-    """
+) -> Scores:
+    """Run every reward function once over the batch and combine the values (see the module docstring)."""
     n = len(completions)
     per_fn: dict[str, torch.Tensor] = {}
+    errors: dict[str, str] = {}
     total = torch.zeros(n, dtype=torch.float64)
     scored = torch.zeros(n, dtype=torch.bool)
     for reward in rewards:
-        values = reward.fn(prompts=prompts, completions=completions, **columns)
+        call = lambda: reward.fn(prompts=prompts, completions=completions, **columns)  # noqa: E731
+        try:
+            values = _call_with_timeout(call, reward.timeout_s)
+        except Exception as err:
+            what = f"{type(err).__name__}: {err}"
+            if reward.on_error != "none":
+                raise RewardError(
+                    f"reward function {reward.name!r} failed ({what}); fix it, or set on_error: none for it to "
+                    "score such batches as None"
+                ) from err
+            errors[reward.name] = what
+            values = [None] * n
         if not isinstance(values, (list, tuple)) or len(values) != n:
             got = len(values) if isinstance(values, (list, tuple)) else type(values).__name__
-            raise ValueError(f"reward function {reward.name!r} returned {got} values for {n} completions; it must return a list of {n}")
+            raise RewardError(
+                f"reward function {reward.name!r} returned {got} values for {n} completions; it must return a list of {n}"
+            )
         v = torch.tensor([_as_float(x, reward.name, i) for i, x in enumerate(values)], dtype=torch.float64)
         per_fn[reward.name] = v.float()
         present = ~torch.isnan(v)
         total += torch.where(present, reward.weight * v, torch.zeros_like(v))
         scored |= present
     total = torch.where(scored, total, torch.full_like(total, math.nan))
-    return total.float(), per_fn
+    return Scores(total.float(), per_fn, errors)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from rlvr.rollout.groups import prompt_text
 from rlvr.tasks.arithmetic import arithmetic_rows
 from rlvr.tasks.jsonl import load_jsonl
 
@@ -32,6 +33,27 @@ def reward_columns(rows: list[dict], group_size: int) -> dict[str, list]:
     return columns
 
 
+def fit_prompts(tokenizer, rows: list[dict], max_prompt_tokens: int, drop: bool, split: str) -> tuple[list[dict], int]:
+    """Rows whose prompt fits ``max_prompt_tokens``; a longer one is an error naming it, or dropped if ``drop``.
+
+    Returns the kept rows and how many were dropped.
+    """
+    kept = []
+    for i, row in enumerate(rows):
+        n = len(tokenizer(prompt_text(tokenizer, row["prompt"]), add_special_tokens=isinstance(row["prompt"], str))["input_ids"])
+        if n <= max_prompt_tokens:
+            kept.append(row)
+        elif not drop:
+            raise ValueError(
+                f"{split} row {i} has a {n}-token prompt; with rollout.max_new_tokens the model's context leaves room "
+                f"for {max_prompt_tokens}. Shorten it, lower rollout.max_new_tokens, or set task.drop_long_prompts=true "
+                f"to skip such rows (they are counted)."
+            )
+    if not kept:
+        raise ValueError(f"no {split} prompt fits in {max_prompt_tokens} tokens")
+    return kept, len(rows) - len(kept)
+
+
 def step_indices(num_rows: int, batch: int, seed: int, step: int) -> list[int]:
     """Row indices for ``step``: epochs of a seeded permutation, a pure function of (seed, step)."""
     perms: dict[int, torch.Tensor] = {}
@@ -44,4 +66,4 @@ def step_indices(num_rows: int, batch: int, seed: int, step: int) -> list[int]:
     return out
 
 
-__all__ = ["arithmetic_rows", "load_jsonl", "load_task", "reward_columns", "step_indices"]
+__all__ = ["arithmetic_rows", "fit_prompts", "load_jsonl", "load_task", "reward_columns", "step_indices"]

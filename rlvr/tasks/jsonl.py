@@ -39,6 +39,12 @@ def load_jsonl(path: str | Path) -> list[dict]:
                     f"{path}:{lineno}: needs a non-empty 'prompt' string or 'messages' list of "
                     "{'role', 'content'} objects"
                 )
+            if rows and set(row) != set(rows[0]):
+                missing, extra = sorted(set(rows[0]) - set(row)), sorted(set(row) - set(rows[0]))
+                raise ValueError(
+                    f"{path}:{lineno}: columns differ from the first row (missing {missing}, extra {extra}); "
+                    "every row needs the same columns, since reward functions receive them all"
+                )
             rows.append(row)
     if not rows:
         raise ValueError(f"dataset file {path} has no rows")

@@ -5,6 +5,7 @@ The step is blind to the algorithm variant: everything variant-specific arrives 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -101,7 +102,8 @@ def train_step(
 ) -> dict[str, float]:
     """Run ``num_iterations`` optimizer steps over the batch and return metrics.
 
-    Old-policy log-probs are the detached current ones when num_iterations == 1 (no extra forward);
+    An update whose loss or gradient norm is not finite is skipped (weights and optimizer state untouched)
+    and counted in ``skipped_updates``. Old-policy log-probs are the detached current ones when num_iterations == 1 (no extra forward);
     reference log-probs are computed only when settings.beta != 0.
     """
     n = batch.completion_ids.shape[0]
@@ -122,6 +124,7 @@ def train_step(
     model.train()
     totals: dict[str, float] = {}
     entropy_sum = 0.0
+    skipped = 0
     params = [p for p in model.parameters() if p.requires_grad]
     for iteration in range(num_iterations):
         optimizer.zero_grad(set_to_none=True)
@@ -141,9 +144,13 @@ def train_step(
             if first:
                 entropy_sum += float((entropy * mask[rows]).sum())
         grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm > 0 else float("inf"))
-        optimizer.step()
-        if scheduler is not None:
-            scheduler.step()
+        if math.isfinite(loss_sum) and math.isfinite(float(grad_norm)):
+            optimizer.step()
+            if scheduler is not None:
+                scheduler.step()
+        else:  # numerical guard: never apply a non-finite update
+            skipped += 1
+            optimizer.zero_grad(set_to_none=True)
     tokens = max(totals.get("tokens", 0.0), 1.0)
     metrics = {
         "loss": loss_sum,
@@ -152,6 +159,7 @@ def train_step(
         "clip_high": totals.get("clip_high", 0.0) / tokens,
         "entropy": entropy_sum / max(float(mask.sum()), 1.0),
         "lr": optimizer.param_groups[0]["lr"],
+        "skipped_updates": skipped,
     }
     if "clip_dual" in totals:
         metrics["clip_dual"] = totals["clip_dual"] / tokens

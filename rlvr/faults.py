@@ -1,0 +1,16 @@
+"""Fault injection for crash tests: ``RLVR_FAULT=NAME@STEP`` SIGKILLs the process at that point.
+
+Points: ``after_generate`` (completions sampled, nothing updated), ``after_update`` (weights updated, step
+not yet logged or checkpointed), ``checkpoint_file_written`` (one checkpoint file on disk, the rest not).
+Without the variable this is a dictionary lookup and nothing else.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+
+def fault_point(name: str, step: int) -> None:
+    if os.environ.get("RLVR_FAULT") == f"{name}@{step}":
+        os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,101 @@
+"""Exact resume: SIGKILL at several points, resume=auto, and the run matches an uninterrupted one bit for bit."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlvr.config import load_config
+from rlvr.train.sync import train
+
+ROOT = Path(__file__).resolve().parent.parent
+VOLATILE = ("time_", "_per_s")
+
+
+def _overrides(model_dir, out, lora):
+    return [
+        f"model.name={model_dir}", f"model.lora={str(lora).lower()}", "model.lora_r=4",
+        f"output_dir={out}", "task.eval_size=4", "rewards=[{name: 'tests.helpers:length_reward'}]",
+        "rollout.group_size=4", "rollout.max_new_tokens=6", "train.prompts_per_step=2", "train.micro_batch_size=3",
+        "train.steps=4", "train.checkpoint_every=1", "train.keep_last=2", "train.threads=1", "algo.beta=0.05",
+        "train.lr=0.01", "eval.every=2", "eval.batch_size=4", "log.progress=false", "log.tensorboard=false",
+        "log.plot=false", "log.sample_token_ids=true",
+    ]
+
+
+def _records(run: Path, name: str) -> list[dict]:
+    rows = [json.loads(line) for line in (run / name).read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not any(mark in k for mark in VOLATILE)} for r in rows]
+
+
+def _cli(args, fault=None, **kw):
+    env = {**os.environ, "RLVR_FAULT": fault or ""}
+    return subprocess.run([sys.executable, "-m", "rlvr", "train", *args], cwd=ROOT, env=env, capture_output=True, text=True, **kw)
+
+
+@pytest.fixture(scope="module")
+def reference_runs(tiny_model_dir, tmp_path_factory):
+    threads = torch.get_num_threads()
+    runs = {}
+    try:
+        for lora in (True, False):
+            out = tmp_path_factory.mktemp(f"reference-{lora}") / "run"
+            train(load_config(ROOT / "examples" / "demo.yaml", _overrides(tiny_model_dir, out, lora)))
+            runs[lora] = out
+    finally:
+        torch.set_num_threads(threads)
+    return runs
+
+
+@pytest.mark.parametrize(
+    "lora, fault, resumes_from",
+    [
+        (True, "after_generate@3", 2),  # mid-step: completions sampled, no update yet
+        (True, "after_update@3", 2),  # weights updated in memory, step not checkpointed
+        (True, "checkpoint_file_written@2", 1),  # torn checkpoint write: step 2 must not load
+        (False, "after_generate@3", 2),  # full fine-tuning
+    ],
+)
+def test_kill_and_resume_matches_uninterrupted(tiny_model_dir, tmp_path, reference_runs, lora, fault, resumes_from):
+    out = tmp_path / "run"
+    args = ["examples/demo.yaml", *_overrides(tiny_model_dir, out, lora)]
+    crashed = _cli(args, fault=fault)
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
+    resumed = _cli([*args, "resume=auto"])
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert f"resuming from {out / 'checkpoints' / f'step-{resumes_from:08d}'}" in resumed.stdout
+    reference = reference_runs[lora]
+    assert _records(out, "metrics.jsonl") == _records(reference, "metrics.jsonl")
+    assert _records(out, "samples.jsonl") == _records(reference, "samples.jsonl")  # prompts, token ids, rewards
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["eval_accuracy_after"] == json.loads((reference / "summary.json").read_text())["eval_accuracy_after"]
+
+
+def test_ctrl_c_checkpoints_and_exits_cleanly(tiny_model_dir, tmp_path):
+    out = tmp_path / "run"
+    args = ["examples/demo.yaml", *_overrides(tiny_model_dir, out, True), "train.steps=50", "train.checkpoint_every=0"]
+    proc = subprocess.Popen([sys.executable, "-m", "rlvr", "train", *args], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not (out / "metrics.jsonl").is_file() or len(_lines(out)) < 2:
+        assert proc.poll() is None, proc.communicate()[1][-2000:]
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr[-2000:]
+    assert "interrupted; saved" in stdout and "Continue with resume=auto" in stdout
+    checkpoints = sorted((out / "checkpoints").glob("step-*"))
+    assert checkpoints, stdout
+    step = int(checkpoints[-1].name.split("-")[1])
+    assert step == json.loads(_lines(out)[-1])["step"]  # the checkpoint is the last logged step
+
+
+def _lines(out: Path) -> list[str]:
+    path = out / "metrics.jsonl"
+    return path.read_text().splitlines() if path.is_file() else []
