@@ -45,7 +45,8 @@ class ModelConfig:
 @dataclass(frozen=True)
 class TaskConfig:
     name: str = "arithmetic"
-    """arithmetic (generated from the seed) or jsonl (train_path / eval_path)."""
+    """arithmetic (generated from the seed); jsonl, math_jsonl (needs an answer column) or code_jsonl
+    (needs entry_point and tests columns), read from train_path / eval_path."""
     digits: int = 1
     """arithmetic: digits per operand (1 means 0-9)."""
     operators: tuple[str, ...] = ("+",)
@@ -67,7 +68,7 @@ class TaskConfig:
     instead of stopping with an error naming the row."""
     eval_reward: str = ""
     """Reward whose value 1.0 means 'correct' for held-out accuracy ('' = arithmetic_correct for
-    arithmetic, math_correct for jsonl)."""
+    arithmetic, code_tests for code_jsonl, math_correct otherwise)."""
 
 
 @dataclass(frozen=True)
@@ -225,7 +226,7 @@ class ConfigError(ValueError):
 
 
 CHOICES: dict[str, tuple[str, ...]] = {
-    "task.name": ("arithmetic", "jsonl"),
+    "task.name": ("arithmetic", "jsonl", "math_jsonl", "code_jsonl"),
     "algo.preset": tuple(PRESETS),
     "algo.scale": SCALES,
     "algo.aggregation": AGGREGATIONS,
@@ -303,8 +304,8 @@ def _validate(cfg: RunConfig) -> None:
     for i, reward in enumerate(cfg.rewards):
         if reward.on_error not in ON_ERROR:
             raise ConfigError(f"rewards[{i}].on_error must be one of {', '.join(ON_ERROR)}; got {reward.on_error!r}")
-    if cfg.task.name == "jsonl" and not (cfg.task.train_path and cfg.task.eval_path):
-        raise ConfigError("task.name=jsonl needs task.train_path and task.eval_path")
+    if cfg.task.name.endswith("jsonl") and not (cfg.task.train_path and cfg.task.eval_path):
+        raise ConfigError(f"task.name={cfg.task.name} needs task.train_path and task.eval_path")
 
 
 def _set_dotted(tree: dict, dotted: str, value: Any) -> None:

@@ -24,8 +24,8 @@ def test_readme_library_example_runs(tiny_model_dir, capsys):
 def test_example_configs_load(path, monkeypatch):
     monkeypatch.chdir(ROOT)
     cfg = load_config(path)
-    if cfg.task.name == "jsonl":
+    if cfg.task.name.endswith("jsonl"):
         from rlvr.tasks import load_task
 
         train, held_out, _ = load_task(cfg.task)
-        assert len(train) == 250 and len(held_out) == 50
+        assert train and held_out and len(held_out) <= cfg.task.eval_size

@@ -91,3 +91,12 @@ def test_import_path_and_unknown_names():
 def test_total_dtype():
     total, _, _ = score_completions([WeightedReward("f", lambda prompts, completions, **kw: [1, 0])], ["p"] * 2, ["c"] * 2, {})
     assert total.dtype == torch.float32 and total.tolist() == [1.0, 0.0]
+
+
+def test_overlong_penalty_by_hand():
+    f = build_reward("overlong_penalty", {"max_tokens": 10, "cache_tokens": 4})
+    ids = [[0] * n for n in (3, 6, 7, 8, 10, 11)]
+    # free up to 6 tokens; 7 -> (6 - 7) / 4 = -0.25; 8 -> -0.5; 10 -> -1; 11 -> -1
+    assert f(None, [""] * 6, completion_ids=ids) == [0.0, 0.0, -0.25, -0.5, -1.0, -1.0]
+    with pytest.raises(ValueError, match="0 < cache_tokens <= max_tokens"):
+        build_reward("overlong_penalty", {"max_tokens": 4, "cache_tokens": 5})

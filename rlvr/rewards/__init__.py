@@ -15,15 +15,19 @@ from rlvr.rewards.base import (
     completion_text,
     score_completions,
 )
+from rlvr.rewards.code import code_tests
 from rlvr.rewards.format import format_match
+from rlvr.rewards.length import overlong_penalty
 from rlvr.rewards.math import math_correct
 from rlvr.rewards.arithmetic import arithmetic_correct
 
 # Built-in names map to factories that take the configured keyword arguments.
 BUILTINS = {
     "arithmetic_correct": arithmetic_correct,
+    "code_tests": code_tests,
     "format": format_match,
     "math_correct": math_correct,
+    "overlong_penalty": overlong_penalty,
 }
 
 

@@ -9,6 +9,14 @@ from rlvr.tasks.arithmetic import arithmetic_rows
 from rlvr.tasks.jsonl import load_jsonl
 
 
+# JSONL task flavours: required columns (checked row by row) and the default correctness reward.
+JSONL_TASKS = {
+    "jsonl": ((), "math_correct"),
+    "math_jsonl": (("answer",), "math_correct"),
+    "code_jsonl": (("entry_point", "tests"), "code_tests"),
+}
+
+
 def load_task(cfg) -> tuple[list[dict], list[dict], str]:
     """Train rows, held-out rows and the name of the correctness reward, from a ``TaskConfig``."""
     if cfg.name == "arithmetic":
@@ -16,9 +24,27 @@ def load_task(cfg) -> tuple[list[dict], list[dict], str]:
             cfg.digits, tuple(cfg.operators), cfg.eval_size, cfg.train_size, seed=cfg.seed, system_prompt=cfg.system_prompt
         )
         return train, held_out, cfg.eval_reward or "arithmetic_correct"
-    if cfg.name == "jsonl":
-        return load_jsonl(cfg.train_path), load_jsonl(cfg.eval_path)[: cfg.eval_size], cfg.eval_reward or "math_correct"
-    raise ValueError(f"task.name must be arithmetic or jsonl, got {cfg.name!r}")
+    if cfg.name in JSONL_TASKS:
+        required, check = JSONL_TASKS[cfg.name]
+        train, held_out = load_jsonl(cfg.train_path, required), load_jsonl(cfg.eval_path, required)[: cfg.eval_size]
+        if cfg.name == "code_jsonl":
+            for path, rows in ((cfg.train_path, train), (cfg.eval_path, held_out)):
+                validate_code_rows(path, rows)
+        return train, held_out, cfg.eval_reward or check
+    raise ValueError(f"task.name must be arithmetic or one of {', '.join(JSONL_TASKS)}, got {cfg.name!r}")
+
+
+def validate_code_rows(path: str, rows: list[dict]) -> None:
+    """Code rows need an entry point name and tests [{"input": [args...], "output": value}, ...]."""
+    for i, row in enumerate(rows):
+        entry, tests = row["entry_point"], row["tests"]
+        ok = isinstance(entry, str) and entry.isidentifier() and isinstance(tests, list) and bool(tests)
+        ok = ok and all(isinstance(t, dict) and isinstance(t.get("input"), list) and "output" in t for t in tests)
+        if not ok:
+            raise ValueError(
+                f"{path}: row {i + 1}: code rows need 'entry_point' (a function name) and a non-empty 'tests' list "
+                'of {"input": [args...], "output": value}'
+            )
 
 
 def reward_columns(rows: list[dict], group_size: int) -> dict[str, list]:

@@ -10,7 +10,8 @@ import json
 from pathlib import Path
 
 
-def load_jsonl(path: str | Path) -> list[dict]:
+def load_jsonl(path: str | Path, required: tuple[str, ...] = ()) -> list[dict]:
+    """Rows of a JSONL file, validated: a prompt, the same columns on every line, the ``required`` ones."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"dataset file {path} does not exist")
@@ -39,6 +40,9 @@ def load_jsonl(path: str | Path) -> list[dict]:
                     f"{path}:{lineno}: needs a non-empty 'prompt' string or 'messages' list of "
                     "{'role', 'content'} objects"
                 )
+            missing_required = [c for c in required if c not in row]
+            if missing_required:
+                raise ValueError(f"{path}:{lineno}: missing required column(s) {missing_required} for this task")
             if rows and set(row) != set(rows[0]):
                 missing, extra = sorted(set(rows[0]) - set(row)), sorted(set(row) - set(rows[0]))
                 raise ValueError(

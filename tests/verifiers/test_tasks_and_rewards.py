@@ -1,0 +1,68 @@
+"""The code and math JSONL tasks, their rewards, and both from the CLI on a tiny model."""
+
+import json
+
+import pytest
+
+from rlvr.cli import main
+from rlvr.metrics import read_metrics
+from rlvr.rewards import build_reward
+from rlvr.rewards.code import extract_code
+from rlvr.tasks import load_jsonl, validate_code_rows
+
+PROMPT = [{"role": "user", "content": "Write add(a, b)."}]
+TESTS = [{"input": [1, 2], "output": 3}, {"input": [-1, 1], "output": 0}]
+
+
+def test_extract_code_prefers_the_last_python_block():
+    text = "Here:\n```\nprint(1)\n```\nand\n```python\ndef f():\n    return 1\n```\nthanks"
+    assert extract_code(text) == "def f():\n    return 1\n"
+    assert extract_code("```js\nx\n```") == "x\n"
+    assert extract_code("def f(): return 2") == "def f(): return 2"
+
+
+def test_code_reward_scores_by_hidden_tests():
+    reward = build_reward("code_tests", {"timeout_s": 3})
+    completions = [
+        "```python\ndef add(a, b):\n    return a + b\n```",
+        "```python\ndef add(a, b):\n    return abs(a) + b\n```",  # passes the first test only
+        "print('PASSED')",
+    ]
+    scores = reward([PROMPT] * 3, completions, entry_point=["add"] * 3, tests=[TESTS] * 3)
+    assert scores == [1.0, 0.0, 0.0]
+    partial = build_reward("code_tests", {"timeout_s": 3, "partial_credit": True})
+    assert partial([PROMPT] * 2, completions[:2], entry_point=["add"] * 2, tests=[TESTS] * 2) == [1.0, 0.5]
+
+
+def test_code_rows_are_validated(tmp_path):
+    path = tmp_path / "code.jsonl"
+    path.write_text(json.dumps({"prompt": "x", "entry_point": "add", "tests": [{"input": 1, "output": 2}]}) + "\n")
+    with pytest.raises(ValueError, match='row 1: code rows need .* a non-empty \'tests\' list of {"input": \\[args...\\], "output": value}'):
+        validate_code_rows(str(path), load_jsonl(path, ("entry_point", "tests")))
+    path.write_text(json.dumps({"prompt": "x", "tests": []}) + "\n")
+    with pytest.raises(ValueError, match=r"code.jsonl:1: missing required column\(s\) \['entry_point'\] for this task"):
+        load_jsonl(path, ("entry_point", "tests"))
+
+
+def _cli_run(tiny_model_dir, tmp_path, *overrides):
+    out = tmp_path / "run"
+    args = [f"model.name={tiny_model_dir}", "model.lora_r=4", f"output_dir={out}", "train.steps=1", "rollout.group_size=2",
+            "rollout.max_new_tokens=8", "train.prompts_per_step=2", "eval.batch_size=4", "log.progress=false", *overrides]
+    assert main(["train", "examples/demo.yaml", *args]) == 0
+    return read_metrics(out / "metrics.jsonl")
+
+
+def test_code_task_from_the_cli(tiny_model_dir, tmp_path):
+    records = _cli_run(tiny_model_dir, tmp_path, "task.name=code_jsonl", "task.train_path=examples/data/code_train.jsonl",
+                       "task.eval_path=examples/data/code_eval.jsonl", "task.eval_size=2",
+                       "rewards=[{name: code_tests, kwargs: {timeout_s: 3}}]")
+    assert records[1]["reward/code_tests_missing"] == 0  # every completion was executed and graded
+    assert records[-1]["eval_accuracy"] == 0.0  # a random model writes no working code
+
+
+def test_math_task_from_the_cli(tiny_model_dir, tmp_path):
+    records = _cli_run(tiny_model_dir, tmp_path, "task.name=math_jsonl",
+                       "task.train_path=examples/data/word_problems_train.jsonl",
+                       "task.eval_path=examples/data/word_problems_eval.jsonl", "task.eval_size=4",
+                       "rewards=[{name: math_correct, kwargs: {timeout_s: 3}}, {name: format, weight: 0.1}]")
+    assert records[1]["reward/math_correct_missing"] == 0 and "reward/format_mean" in records[1]
