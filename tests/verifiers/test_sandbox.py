@@ -2,7 +2,9 @@
 process behind, reaches no network and no secret, and leaves the trainer untouched."""
 
 import os
+import shutil
 import socket
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -18,7 +20,10 @@ SECRET = "hunter2-do-not-leak"
 
 @pytest.fixture(scope="module")
 def sandbox():
-    box = Sandbox(slots=2, limits=Limits(timeout_s=TIMEOUT, cpu_s=2))
+    try:
+        box = Sandbox(slots=2, limits=Limits(timeout_s=TIMEOUT, cpu_s=2))
+    except SandboxUnavailable as err:  # the refusal itself is tested below
+        pytest.skip(f"no isolation on this machine: {err}")
     yield box
     box.close()
 
@@ -114,14 +119,21 @@ def test_network_is_unreachable(sandbox, listener):
     assert accepted == []
 
 
-def test_files_outside_the_workdir_stay_intact(sandbox, tmp_path):
-    canary = tmp_path / "canary.txt"
-    canary.write_text("intact")
-    tmp_path.chmod(0o755)
-    code = f"def solve(x):\n    open({str(canary)!r}, 'w').write('pwned')\n    return x + 1\n"
-    run, score, _ = _hostile(sandbox, code)
-    assert score == 0.0 and "PermissionError" in run.errors[0]
-    assert canary.read_text() == "intact"
+def test_files_outside_the_workdir_stay_intact(sandbox):
+    folder = Path(tempfile.mkdtemp(prefix="rlvr-canary-"))
+    try:
+        folder.chmod(0o755)  # reachable by anyone: only the file's own permissions protect it
+        canary = folder / "canary.txt"
+        canary.write_text("intact")
+        canary.chmod(0o644)
+        read_back = f"def solve(x):\n    return open({str(canary)!r}).read()\n"
+        assert sandbox.run(read_back, "solve", [[1]]).outputs[0] == '"intact"'  # reading is NOT prevented
+        code = f"def solve(x):\n    open({str(canary)!r}, 'w').write('pwned')\n    return x + 1\n"
+        run, score, _ = _hostile(sandbox, code)
+        assert score == 0.0 and "PermissionError" in run.errors[0]
+        assert canary.read_text() == "intact"
+    finally:
+        shutil.rmtree(folder)
 
 
 def test_environment_secrets_do_not_leak(sandbox, monkeypatch):
