@@ -47,7 +47,7 @@ def _eval(args: argparse.Namespace) -> int:
     _, eval_rows, check_name = load_task(cfg.task)
     accuracy = evaluate(
         model.eval(), tokenizer, eval_rows, build_reward(check_name), cfg.eval.batch_size,
-        cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
+        cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens, tuple(cfg.rollout.stop),
     )
     print(json.dumps({"model": name, "trained": run_dir is not None, "eval_size": len(eval_rows), "eval_accuracy": accuracy}))
     return 0

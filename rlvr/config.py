@@ -38,8 +38,11 @@ class ModelConfig:
     """Dropout on the LoRA input."""
     lora_targets: tuple[str, ...] = LORA_TARGETS_ALL_LINEAR
     """Names of the linear modules that get adapters."""
+    autocast: str = "none"
+    """none (fp32) or bf16: run generation and training matmuls under bf16 autocast (fp32 master weights;
+    log-probs and the loss stay fp32). Only worth it where the hardware has bf16 units (AMX, GPUs)."""
     gradient_checkpointing: bool = False
-    """Recompute activations in backward to save memory."""
+    """Recompute each layer's activations in backward: far less memory for about one extra forward pass."""
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,8 @@ class RolloutConfig:
     """Top-k sampling (0 disables)."""
     max_new_tokens: int = 32
     """Completion length cap; a completion without EOS by then counts as truncated."""
+    stop: tuple[str, ...] = ()
+    """Stop strings: a completion ends with the token that completes one of them (kept in the completion)."""
 
 
 @dataclass(frozen=True)
@@ -158,6 +163,9 @@ class TrainConfig:
     """Tokens per output-layer chunk when computing log-probs."""
     share_prompt: bool = True
     """Run each prompt once per group in the training forward (its keys/values reused by the G completions)."""
+    fused_head: bool = True
+    """Compute output layer + log-softmax + loss in chunks with gradients taken in the forward pass, so the
+    [tokens, vocab] logits are never held (rlvr.core.fused)."""
     checkpoint_every: int = 10
     """Write a checkpoint every this many steps (0: only at the end and on Ctrl-C)."""
     keep_last: int = 2
@@ -227,6 +235,7 @@ class ConfigError(ValueError):
 
 CHOICES: dict[str, tuple[str, ...]] = {
     "task.name": ("arithmetic", "jsonl", "math_jsonl", "code_jsonl"),
+    "model.autocast": ("none", "bf16"),
     "algo.preset": tuple(PRESETS),
     "algo.scale": SCALES,
     "algo.aggregation": AGGREGATIONS,

@@ -179,6 +179,14 @@ def backbone_and_head(model: nn.Module) -> tuple[nn.Module, nn.Module]:
     return getattr(inner, inner.base_model_prefix), inner.get_output_embeddings()
 
 
+def autocast(model: nn.Module, mode: str) -> contextlib.AbstractContextManager:
+    """bf16 autocast on the model's device for mode 'bf16'; nothing for 'none'."""
+    if mode == "none":
+        return contextlib.nullcontext()
+    device = next(model.parameters()).device.type
+    return torch.autocast(device_type=device, dtype=torch.bfloat16)
+
+
 def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
     return [p for p in model.parameters() if p.requires_grad]
 

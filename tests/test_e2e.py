@@ -1,6 +1,7 @@
 """End to end on a tiny random Llama: the library loop and the CLI write every promised output."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -96,3 +97,10 @@ def test_gradient_checkpointing_trains(tiny_model_dir, tmp_path):
     summary = train(cfg)
     weights = load_file(tmp_path / "gc" / "adapter" / "adapter_model.safetensors")
     assert summary["steps"] == 1 and any(torch.count_nonzero(w) for k, w in weights.items() if "lora_B" in k)
+
+
+def test_bf16_autocast_trains(tiny_model_dir, tmp_path):
+    cfg = load_config(None, _overrides(tiny_model_dir, tmp_path / "bf16") + ["model.autocast=bf16", "train.steps=1"])
+    summary = train(cfg)
+    step = read_metrics(tmp_path / "bf16" / "metrics.jsonl")[1]
+    assert summary["steps"] == 1 and math.isfinite(step["loss"]) and math.isfinite(step["kl"])

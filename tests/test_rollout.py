@@ -96,3 +96,19 @@ def test_seeded_and_groups_differ(model, tokenizer):
     assert torch.equal(a.ids, b.ids)
     assert not torch.equal(a.ids, c.ids)
     assert len({tuple(r.tolist()) for r in a.ids[:4]}) > 1
+
+
+def test_stop_strings_end_completions(model, tokenizer):
+    from rlvr.rollout import sample_groups
+
+    params = SamplingParams(max_new_tokens=24, stop=("e",))
+    groups = sample_groups(model, tokenizer, PROMPTS, 4, params, torch.Generator().manual_seed(3))
+    stopped = 0
+    for ids, mask, trunc in zip(groups.completion_ids, groups.completion_mask, groups.truncated):
+        tokens = ids[mask.bool()].tolist()
+        pieces = [tokenizer.decode(tokens[:k], skip_special_tokens=True) for k in range(1, len(tokens) + 1)]
+        assert all("e" not in p for p in pieces[:-1])  # nothing before the last token completed a stop string
+        if "e" in pieces[-1]:
+            stopped += 1
+            assert not trunc  # a stop string ends a completion normally
+    assert stopped > 0

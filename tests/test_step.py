@@ -124,3 +124,44 @@ def test_shared_prompt_forward_equals_unshared(tokenizer, rows):
     # HF's Llama runs RMSNorm in float32 even in a float64 model, so gradients (summed over the group in a
     # different order) agree to float32 precision: 1e-6 of each tensor's largest entry.
     assert all(torch.allclose(x, y, rtol=0, atol=1e-6 * float(y.abs().max())) for x, y in zip(ga, gb))
+
+
+@pytest.mark.parametrize("aggregation", ["sequence_mean", "token_mean"])
+@pytest.mark.parametrize("share_prompt", [False, True])
+def test_fused_head_step_equals_unfused(tokenizer, aggregation, share_prompt):
+    """Fused output layer (gradient in forward) vs autograd through full logits: same update, mu = 2."""
+    base = make_model(len(tokenizer))
+    batch = _batch(base, tokenizer)
+    base = base.double()
+    settings = LossSettings(beta=0.1, aggregation=aggregation, eps_low=0.05, eps_high=0.05)
+    results = []
+    for fused in (False, True):
+        model = copy.deepcopy(base)
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        metrics = train_step(model, opt, None, batch, settings, reference=ReferencePolicy(model), num_iterations=2,
+                             micro_batch_size=3, temperature=0.8, max_new_tokens=8, max_grad_norm=0.0,
+                             share_prompt=share_prompt, fused_head=fused, chunk_tokens=5)
+        results.append((metrics, dict(model.named_parameters())))
+    (m0, p0), (m1, p1) = results
+    for key in ("loss", "kl", "entropy", "clip_low", "clip_high"):
+        assert m0[key] == pytest.approx(m1[key], rel=1e-6, abs=1e-9), key
+    for name, p in p0.items():
+        assert torch.allclose(p, p1[name], rtol=0, atol=1e-6 * float(p.detach().abs().max())), name  # see shared-prompt test
+
+
+def test_checkpointing_with_shared_prompt_equals_plain(tokenizer):
+    from rlvr.train.step import completion_logprobs
+
+    model = make_model(len(tokenizer)).double()
+    batch = _batch(make_model(len(tokenizer)), tokenizer)
+    rows = torch.arange(8)
+    grads = []
+    for checkpointing in (False, True):
+        m = copy.deepcopy(model).train()
+        if checkpointing:
+            m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        logp, _ = completion_logprobs(m, batch, rows, 1.0, 7, share_prompt=True)
+        (logp * batch.completion_mask).sum().backward()
+        grads.append((logp.detach(), [p.grad.clone() for p in m.parameters()]))
+    assert torch.allclose(grads[0][0], grads[1][0], atol=1e-10)
+    assert all(torch.allclose(a, b, rtol=0, atol=1e-6 * float(b.abs().max())) for a, b in zip(grads[0][1], grads[1][1]))

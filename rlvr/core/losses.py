@@ -64,17 +64,17 @@ def clipped_surrogate(
     eps_high: float,
     dual_clip: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """PPO-style clipped per-token loss (to minimise).
+    """PPO-style clipped per-token loss (to minimise), elementwise.
 
     Args:
-        logp: [N, T] current log-probs (carry gradient).
-        old_logp: [N, T] log-probs of the policy that sampled the tokens.
-        adv: [N] advantage of each completion (broadcast over its tokens).
+        logp: [N, T] (or any shape) current log-probs (carry gradient).
+        old_logp: same shape, log-probs of the policy that sampled the tokens.
+        adv: advantages broadcastable to logp: [N, 1] for one per completion, or one per token.
     Returns:
-        loss [N, T] and boolean masks [N, T]: ``clip_low`` (ratio < 1-eps_low with A < 0),
+        loss and boolean masks, shaped like logp: ``clip_low`` (ratio < 1-eps_low with A < 0),
         ``clip_high`` (ratio > 1+eps_high with A > 0), ``clip_dual`` (dual clip active).
     """
-    a = adv.unsqueeze(-1)  # [N, 1]
+    a = adv
     ratio = torch.exp(logp - old_logp)
     unclipped = -a * ratio
     clipped = -a * ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
@@ -107,17 +107,42 @@ def loss_normaliser(mask: torch.Tensor, aggregation: Aggregation, max_new_tokens
     return float(max(value, 1))
 
 
+def token_weights(mask: torch.Tensor, aggregation: Aggregation, normaliser: float) -> torch.Tensor:
+    """Weights [N, T] such that sum(weights * per_token) is the micro-batch's share of the step's loss."""
+    mask = mask.to(torch.get_default_dtype() if not mask.is_floating_point() else mask.dtype)
+    if aggregation == "sequence_mean":
+        mask = mask / mask.sum(dim=-1, keepdim=True).clamp(min=1.0)
+    elif aggregation not in AGGREGATIONS:
+        raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
+    return mask / normaliser
+
+
 def aggregate(
     per_token: torch.Tensor, mask: torch.Tensor, aggregation: Aggregation, normaliser: float
 ) -> torch.Tensor:
     """Sum per-token losses [N, T] under ``mask`` into this micro-batch's share of the step's loss."""
-    mask = mask.to(per_token.dtype)
-    per_seq = (per_token * mask).sum(dim=-1)  # [N]
-    if aggregation == "sequence_mean":
-        per_seq = per_seq / mask.sum(dim=-1).clamp(min=1.0)
-    elif aggregation not in AGGREGATIONS:
-        raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
-    return per_seq.sum() / normaliser
+    return (per_token * token_weights(mask.to(per_token.dtype), aggregation, normaliser)).sum()
+
+
+def token_objective(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    ref_logp: torch.Tensor | None,
+    adv: torch.Tensor,
+    settings: LossSettings,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor | None]:
+    """Per-token loss (surrogate + beta * KL), elementwise; adv broadcastable to logp.
+
+    Returns the loss, the clip masks, and the KL estimate (None when beta == 0).
+    """
+    loss, flags = clipped_surrogate(logp, old_logp, adv, settings.eps_low, settings.eps_high, settings.dual_clip)
+    kl = None
+    if settings.beta != 0.0:
+        if ref_logp is None:
+            raise ValueError("beta != 0 needs ref_logp")
+        kl = kl_penalty(logp, ref_logp, settings.kl_estimator)
+        loss = loss + settings.beta * kl
+    return loss, flags, kl
 
 
 def policy_loss(
@@ -138,14 +163,10 @@ def policy_loss(
         scalar loss (this micro-batch's additive share) and detached token counts/sums for logging:
         tokens, clip_low, clip_high, clip_dual, kl_sum.
     """
-    per_token, flags = clipped_surrogate(logp, old_logp, adv, settings.eps_low, settings.eps_high, settings.dual_clip)
+    per_token, flags, kl = token_objective(logp, old_logp, ref_logp, adv[:, None], settings)
     m = mask.bool()
     stats = {name: (flag & m).sum().detach() for name, flag in flags.items()}
     stats["tokens"] = m.sum().detach()
-    if settings.beta != 0.0:
-        if ref_logp is None:
-            raise ValueError("beta != 0 needs ref_logp")
-        kl = kl_penalty(logp, ref_logp, settings.kl_estimator)
-        per_token = per_token + settings.beta * kl
+    if kl is not None:
         stats["kl_sum"] = (kl.detach() * mask).sum()
     return aggregate(per_token, mask, settings.aggregation, normaliser), stats

@@ -15,6 +15,7 @@ decoding (temperature 0) records log softmax(logits)[token].
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import nn
@@ -27,6 +28,7 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0  # 0 disables
     max_new_tokens: int = 32
+    stop: tuple[str, ...] = ()  # stop strings: a completion ends once its text contains one
 
 
 @dataclass
@@ -82,6 +84,7 @@ def generate_groups(
     eos_ids: list[int],
     pad_id: int,
     generator: torch.Generator | None = None,
+    stop: Callable[[list[int]], bool] | None = None,
 ) -> Completions:
     """Sample ``group_size`` completions for each prompt.
 
@@ -89,6 +92,8 @@ def generate_groups(
         backbone, head: the model body (returns last_hidden_state) and output layer.
         prompt_ids, prompt_mask: [B, P] left-padded prompts.
         eos_ids: token ids that end a completion (kept in it, with mask 1).
+        stop: called with a row's completion tokens so far; True ends that completion after the current
+            token (used for stop strings; the token completing the stop string is kept).
     """
     b, p = prompt_ids.shape
     n = b * group_size
@@ -113,6 +118,8 @@ def generate_groups(
         logps[active, t] = token_logp
         lengths[active] = t + 1
         done = torch.isin(tokens, eos)
+        if stop is not None:  # stop strings: checked on each still-running row's tokens so far
+            done |= torch.tensor([bool(not d and stop(ids[row, : t + 1].tolist())) for row, d in zip(active.tolist(), done.tolist())])
         finished[active] = done
         if t + 1 == params.max_new_tokens or bool(done.all()):
             break

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -65,6 +65,20 @@ def eos_token_ids(model: nn.Module, tokenizer) -> list[int]:
     return sorted(i for i in ids if i is not None)
 
 
+def stop_string_checker(tokenizer, stops: tuple[str, ...]) -> Callable[[list[int]], bool] | None:
+    """True once the decoded tail of a completion contains a stop string (tail: enough tokens to hold the
+    longest stop string, since every token decodes to at least one character)."""
+    if not stops:
+        return None
+    window = max(len(s) for s in stops) + 1
+
+    def stopped(token_ids: list[int]) -> bool:
+        tail = tokenizer.decode(token_ids[-window:], skip_special_tokens=True)
+        return any(s in tail for s in stops)
+
+    return stopped
+
+
 def sample_groups(
     model: nn.Module,
     tokenizer,
@@ -89,6 +103,7 @@ def sample_groups(
             eos_ids=eos_token_ids(model, tokenizer),
             pad_id=tokenizer.pad_token_id,
             generator=generator,
+            stop=stop_string_checker(tokenizer, params.stop),
         )
     finally:
         model.train(was_training)

@@ -10,9 +10,15 @@ from rlvr.tasks import reward_columns
 
 
 def evaluate(
-    model: nn.Module, tokenizer, rows: list[dict], check: RewardFn, batch_size: int, max_new_tokens: int
+    model: nn.Module,
+    tokenizer,
+    rows: list[dict],
+    check: RewardFn,
+    batch_size: int,
+    max_new_tokens: int,
+    stop: tuple[str, ...] = (),
 ) -> float:
-    greedy = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, stop=stop)
     correct = 0.0
     for start in range(0, len(rows), batch_size):
         chunk = rows[start : start + batch_size]

@@ -25,9 +25,11 @@ from rlvr.checkpoint import latest_valid, load_training_state, save_training_sta
 from rlvr.config import RunConfig, save_config, to_yaml
 from rlvr.core import group_advantages, zero_variance_fraction
 from rlvr.faults import fault_point
+from rlvr.memory import return_freed_memory
 from rlvr.metrics import MetricsWriter, plot_run
 from rlvr.models import (
     ReferencePolicy,
+    autocast,
     load_tokenizer,
     load_trainable,
     model_context,
@@ -111,6 +113,7 @@ def train(cfg: RunConfig) -> dict:
     """Train as configured; returns the summary also written to ``summary.json``."""
     started = time.perf_counter()
     torch.set_num_threads(cfg.train.threads or torch.get_num_threads())
+    return_freed_memory()
     seed_everything(cfg.train.seed)
 
     # Data, rewards and prompt lengths are checked before the model loads, so bad input fails fast.
@@ -142,12 +145,14 @@ def train(cfg: RunConfig) -> dict:
         print(f"rlvr: resuming from {checkpoint} (step {start})")
 
     G, B = cfg.rollout.group_size, cfg.train.prompts_per_step
-    sampling = SamplingParams(cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.top_k, cfg.rollout.max_new_tokens)
+    rollout = cfg.rollout
+    sampling = SamplingParams(rollout.temperature, rollout.top_p, rollout.top_k, rollout.max_new_tokens, tuple(rollout.stop))
     eval_tokens = cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens
     writer = MetricsWriter(run_dir, cfg.log.tensorboard, cfg.log.samples, resume_step=start if checkpoint else None)
 
     def run_eval() -> float:
-        return evaluate(model, tokenizer, eval_rows, check, cfg.eval.batch_size, eval_tokens)
+        with autocast(model, cfg.model.autocast):
+            return evaluate(model, tokenizer, eval_rows, check, cfg.eval.batch_size, eval_tokens, tuple(rollout.stop))
 
     def save_checkpoint(step: int) -> Path:
         elapsed = state["elapsed_s"] + time.perf_counter() - started
@@ -169,7 +174,8 @@ def train(cfg: RunConfig) -> dict:
             # 2. G completions per prompt
             t0 = time.perf_counter()
             generator = torch.Generator().manual_seed(cfg.train.seed * 1_000_003 + step)
-            groups = sample_groups(model, tokenizer, prompts, G, sampling, generator, policy_version=step - 1)
+            with autocast(model, cfg.model.autocast):
+                groups = sample_groups(model, tokenizer, prompts, G, sampling, generator, policy_version=step - 1)
             fault_point("after_generate", step)
             t1 = time.perf_counter()
 
@@ -185,17 +191,19 @@ def train(cfg: RunConfig) -> dict:
             included = ~torch.isnan(scores.total)
             batch = StepBatch(groups.prompt_ids, groups.prompt_mask, groups.completion_ids,
                               groups.completion_mask * included[:, None].long(), adv, G)
-            stats = train_step(
-                model, optimizer, scheduler, batch, settings,
-                reference=reference,
-                num_iterations=cfg.algo.num_iterations,
-                micro_batch_size=cfg.train.micro_batch_size,
-                temperature=cfg.rollout.temperature or 1.0,
-                max_new_tokens=cfg.rollout.max_new_tokens,
-                max_grad_norm=cfg.train.max_grad_norm,
-                chunk_tokens=cfg.train.logprob_chunk,
-                share_prompt=cfg.train.share_prompt and not cfg.model.gradient_checkpointing,
-            )
+            with autocast(model, cfg.model.autocast):
+                stats = train_step(
+                    model, optimizer, scheduler, batch, settings,
+                    reference=reference,
+                    num_iterations=cfg.algo.num_iterations,
+                    micro_batch_size=cfg.train.micro_batch_size,
+                    temperature=cfg.rollout.temperature or 1.0,
+                    max_new_tokens=cfg.rollout.max_new_tokens,
+                    max_grad_norm=cfg.train.max_grad_norm,
+                    chunk_tokens=cfg.train.logprob_chunk,
+                    share_prompt=cfg.train.share_prompt,
+                    fused_head=cfg.train.fused_head,
+                )
             fault_point("after_update", step)
             t3 = time.perf_counter()
 

@@ -1,0 +1,314 @@
+"""rlvr vs TRL's GRPOTrainer at identical settings, measured side by side in one run.
+
+    pip install -e '.[bench]'                  # TRL 1.16, for this benchmark only
+    python benchmarks/vs_trl.py --steps 6       # writes benchmarks/results/vs_trl.json + a BENCHMARKS.md section
+
+Every trainer runs in its own fresh subprocess, one after the other, so peak RSS is per trainer and no
+two compete for the cores. Settings shared by both: SmolLM2-135M-Instruct (fp32), the arithmetic task's
+prompts, 4 prompts x G=8 per step, 32 new tokens, temperature 1 (no top-p/top-k), beta 0.04 (k3), clip
+0.2, GRPO sequence-mean loss, group-std advantages, AdamW, same learning rate, grad-norm clip 1, seed 0,
+LoRA r=16 / alpha=32 on all linear layers (or full fine-tuning). Each trainer keeps its own defaults
+otherwise (TRL: gradient checkpointing on; rlvr: prompt-once forward, no checkpointing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+B, G, NEW_TOKENS, BETA, SEED = 4, 8, 32, 0.04, 0
+LR = {"lora": 5e-4, "full": 1e-5}
+SYSTEM = "Reply with only the number."
+
+
+def _rows():
+    from rlvr.tasks import arithmetic_rows
+
+    train, _ = arithmetic_rows(1, ("+", "*"), eval_size=100, train_size=0, seed=1234, system_prompt=SYSTEM)
+    return train
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+# ---------------------------------------------------------------------------------------------- children
+def _step_order(steps: int) -> list[dict]:
+    """The rows rlvr's sampler draws for steps 1..steps, in order (TRL is fed them unshuffled)."""
+    from rlvr.tasks import step_indices
+
+    rows = _rows()
+    return [rows[i] for s in range(steps) for i in step_indices(len(rows), B, SEED, s)]
+
+
+def child_rlvr(mode: str, steps: int, checkpointing: str = "on") -> dict:
+    from rlvr.config import load_config
+    from rlvr.metrics import read_metrics
+    from rlvr.train.sync import train
+
+    out = Path(tempfile.mkdtemp(prefix="bench-rlvr-"))
+    cfg = load_config(None, [
+        f"output_dir={out}", f"model.lora={str(mode == 'lora').lower()}", "model.lora_r=16", "model.lora_alpha=32",
+        f"model.gradient_checkpointing={str(checkpointing == 'on').lower()}",
+        "task.operators=[+, '*']", f"task.system_prompt={SYSTEM}",
+        f"rollout.group_size={G}", f"rollout.max_new_tokens={NEW_TOKENS}", "rollout.temperature=1.0",
+        "algo.preset=grpo", f"algo.beta={BETA}", f"train.steps={steps}", f"train.prompts_per_step={B}",
+        f"train.micro_batch_size={B * G}", f"train.lr={LR[mode]}", f"train.seed={SEED}", "train.checkpoint_every=0",
+        "eval.every=0", "eval.batch_size=4", "task.eval_size=4", "log.progress=false", "log.tensorboard=false",
+        "log.plot=false",
+    ])
+    train(cfg)
+    records = [r for r in read_metrics(out / "metrics.jsonl") if "reward_mean" in r]
+    return {
+        "step_s": [r["time_generate_s"] + r["time_reward_s"] + r["time_train_s"] for r in records],
+        "generate_s": [r["time_generate_s"] for r in records],
+        "train_s": [r["time_train_s"] for r in records],
+        "generated_tokens": [r["completion_len_mean"] * B * G for r in records],
+        "train_tokens": [r["train_tokens_per_s"] * r["time_train_s"] for r in records],
+        "reward": [r["reward_mean"] for r in records],
+        "peak_rss_mb": _peak_rss_mb(),
+    }
+
+
+def child_trl(mode: str, steps: int) -> dict:
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from rlvr.models import LORA_TARGETS_ALL_LINEAR, resolve_model_dir
+    from rlvr.rewards import build_reward
+
+    torch.set_num_threads(os.cpu_count())
+    dataset = Dataset.from_list([{"prompt": r["prompt"], "answer": r["answer"]} for r in _step_order(steps)])
+    check = build_reward("arithmetic_correct")
+
+    def arithmetic_correct(prompts, completions, answer, **kwargs):
+        return check(prompts=prompts, completions=completions, answer=answer)
+
+    marks: dict[str, list] = {"begin": [], "end": [], "reward": [], "gen_tokens": []}
+
+    class Timer(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kw):
+            marks["begin"].append(time.perf_counter())
+
+        def on_step_end(self, args, state, control, **kw):
+            marks["end"].append(time.perf_counter())
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            if logs and "reward" in logs:
+                marks["reward"].append(logs["reward"])
+                marks["gen_tokens"].append(logs.get("completions/mean_length", 0.0) * B * G)
+
+    out = tempfile.mkdtemp(prefix="bench-trl-")
+    config = GRPOConfig(
+        output_dir=out, per_device_train_batch_size=B * G, num_generations=G, max_completion_length=NEW_TOKENS,
+        temperature=1.0, top_p=1.0, top_k=0, beta=BETA, epsilon=0.2, loss_type="grpo", scale_rewards="group",
+        num_iterations=1, learning_rate=LR[mode], max_grad_norm=1.0, max_steps=steps, logging_steps=1,
+        report_to="none", use_cpu=True, bf16=False, seed=SEED, save_strategy="no", dataloader_num_workers=0,
+        shuffle_dataset=False,
+    )
+    peft = LoraConfig(r=16, lora_alpha=32, target_modules=list(LORA_TARGETS_ALL_LINEAR), task_type="CAUSAL_LM")
+    trainer = GRPOTrainer(
+        model=str(resolve_model_dir("smollm2-135m-instruct")), reward_funcs=[arithmetic_correct], args=config,
+        train_dataset=dataset, peft_config=peft if mode == "lora" else None, callbacks=[Timer()],
+    )
+    trainer.train()
+    return {
+        "step_s": [e - b for b, e in zip(marks["begin"], marks["end"])],
+        "generated_tokens": marks["gen_tokens"],
+        "reward": marks["reward"],
+        "peak_rss_mb": _peak_rss_mb(),
+        "gradient_checkpointing": bool(config.gradient_checkpointing),
+    }
+
+
+def child_generation(repeats: int) -> dict:
+    """Generation tokens/s: rlvr's group sampler vs HF generate(num_return_sequences=G), same prompts."""
+    import torch
+
+    from rlvr.models import load_policy
+    from rlvr.rollout import SamplingParams, encode_prompts, sample_groups
+
+    torch.set_num_threads(os.cpu_count())
+    model, tokenizer = load_policy("smollm2-135m-instruct", None)
+    model.eval()
+    prompts = [r["prompt"] for r in _rows()[:B]]
+    ids, mask = encode_prompts(tokenizer, prompts)
+    params = SamplingParams(temperature=1.0, max_new_tokens=NEW_TOKENS)
+    ours, theirs = [], []
+    for i in range(repeats):
+        started = time.perf_counter()
+        groups = sample_groups(model, tokenizer, prompts, G, params, torch.Generator().manual_seed(i))
+        ours.append(float(groups.completion_mask.sum()) / (time.perf_counter() - started))
+        torch.manual_seed(i)
+        started = time.perf_counter()
+        with torch.no_grad():
+            out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+                                 max_new_tokens=NEW_TOKENS, num_return_sequences=G, pad_token_id=tokenizer.pad_token_id)
+        new = out[:, ids.shape[1]:]
+        eos = tokenizer.eos_token_id
+        lengths = [(row == eos).nonzero()[0].item() + 1 if (row == eos).any() else row.numel() for row in new]
+        theirs.append(sum(lengths) / (time.perf_counter() - started))
+    return {"rlvr_tokens_per_s": statistics.median(ours), "hf_generate_tokens_per_s": statistics.median(theirs)}
+
+
+def child_bf16() -> dict:
+    """bf16 autocast vs fp32: trainer log-probs of the same sampled completions, and forward time."""
+    import torch
+
+    from rlvr.models import load_policy
+    from rlvr.rollout import SamplingParams, sample_groups
+    from rlvr.train.step import StepBatch, completion_logprobs
+
+    torch.set_num_threads(os.cpu_count())
+    model, tokenizer = load_policy("smollm2-135m-instruct", None)
+    model.eval()
+    prompts = [r["prompt"] for r in _rows()[:2]]
+    groups = sample_groups(model, tokenizer, prompts, 4, SamplingParams(max_new_tokens=16), torch.Generator().manual_seed(0))
+    batch = StepBatch(groups.prompt_ids, groups.prompt_mask, groups.completion_ids, groups.completion_mask,
+                      torch.zeros(8), 4)
+    rows, mask = torch.arange(8), groups.completion_mask.bool()
+    out = {}
+    for name, ctx in (("fp32", torch.autocast("cpu", enabled=False)), ("bf16", torch.autocast("cpu", dtype=torch.bfloat16))):
+        with torch.no_grad(), ctx:
+            started = time.perf_counter()
+            logp, _ = completion_logprobs(model, batch, rows, 1.0, 512, share_prompt=True)
+            out[f"{name}_forward_s"] = time.perf_counter() - started
+        out[name] = logp[mask]
+    delta = (out.pop("bf16") - out.pop("fp32")).abs()
+    out.update(logp_abs_diff_mean=float(delta.mean()), logp_abs_diff_max=float(delta.max()), tokens=int(mask.sum()))
+    out["sampler_vs_trainer_fp32_abs_diff_mean"] = float((groups.sampling_logp[mask] - completion_logprobs(
+        model, batch, rows, 1.0, 512, share_prompt=True)[0].detach()[mask]).abs().mean())
+    return out
+
+
+def child_matmul_peak() -> dict:
+    import torch
+
+    torch.set_num_threads(os.cpu_count())
+    out = {}
+    for name, dtype, n in (("fp32", torch.float32, 2048), ("bf16", torch.bfloat16, 512)):
+        a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+        a @ b
+        best = 0.0
+        for _ in range(3):
+            started = time.perf_counter()
+            a @ b
+            best = max(best, 2 * n**3 / (time.perf_counter() - started))
+        out[f"{name}_gflops"] = best / 1e9
+    return out
+
+
+CHILDREN = {"rlvr": child_rlvr, "trl": child_trl}
+
+
+# ---------------------------------------------------------------------------------------------- parent
+def _run_child(*args: str) -> dict:
+    cmd = [sys.executable, __file__, "--child", *args]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(args)} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _summary(run: dict) -> dict:
+    steps = run["step_s"]
+    return {"first_step_s": steps[0], "steady_step_s": statistics.mean(steps[1:]) if len(steps) > 1 else steps[0],
+            "peak_rss_mb": run["peak_rss_mb"], "reward_mean": statistics.mean(run["reward"])}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--modes", nargs="+", default=["lora", "full"])
+    parser.add_argument("--child", nargs="+")
+    args = parser.parse_args()
+    if args.child:
+        kind, rest = args.child[0], args.child[1:]
+        if kind == "generation":
+            result = child_generation(int(rest[0]))
+        elif kind == "matmul":
+            result = child_matmul_peak()
+        elif kind == "bf16":
+            result = child_bf16()
+        else:
+            result = CHILDREN[kind](rest[0], int(rest[1]), *rest[2:])
+        print(json.dumps(result))
+        return
+
+    from benchmarks.machine import describe
+    from benchmarks.report import publish
+    from benchmarks.flops import training_flops
+
+    results: dict = {"machine": describe(), "settings": {"B": B, "G": G, "new_tokens": NEW_TOKENS, "beta": BETA, "steps": args.steps}}
+    results["matmul"] = _run_child("matmul")
+    results["generation"] = _run_child("generation", "3")
+    results["bf16"] = _run_child("bf16")
+    runs = [(mode, "rlvr", "on") for mode in args.modes] + [(mode, "trl", "on") for mode in args.modes]
+    runs += [("lora", "rlvr", "off")] if "lora" in args.modes else []
+    for mode, trainer, ckpt in runs:
+        print(f"running {trainer} ({mode}, checkpointing {ckpt}) ...", flush=True)
+        extra = (ckpt,) if trainer == "rlvr" else ()
+        results[f"{trainer}_{mode}" + ("_nockpt" if ckpt == "off" else "")] = _run_child(trainer, mode, str(args.steps), *extra)
+    rows = []
+    peak32, peak16 = results["matmul"]["fp32_gflops"], results["matmul"]["bf16_gflops"]
+    for mode, key in [(m, f"rlvr_{m}") for m in args.modes] + ([("lora", "rlvr_lora_nockpt")] if "lora" in args.modes else []):
+        ours, theirs = _summary(results[key]), _summary(results[f"trl_{mode}"])
+        flops = training_flops(results[key], mode, B, G, BETA)
+        results[f"ratios_{key}"] = {
+            "steady_step_time": ours["steady_step_s"] / theirs["steady_step_s"],
+            "peak_rss": ours["peak_rss_mb"] / theirs["peak_rss_mb"],
+            "train_mfu_vs_fp32_peak": flops / peak32 / 1e9,
+            "train_mfu_vs_bf16_peak": flops / peak16 / 1e9,
+        }
+        label = f"{mode}, checkpointing {'off' if key.endswith('nockpt') else 'on'}"
+        rows.append(
+            f"| {label} | {ours['first_step_s']:.1f} / {theirs['first_step_s']:.1f} | {ours['steady_step_s']:.1f} / "
+            f"{theirs['steady_step_s']:.1f} (**{ours['steady_step_s'] / theirs['steady_step_s']:.2f}×**) | "
+            f"{ours['peak_rss_mb'] / 1024:.2f} / {theirs['peak_rss_mb'] / 1024:.2f} GB "
+            f"(**{ours['peak_rss_mb'] / theirs['peak_rss_mb']:.2f}×**) | {ours['reward_mean']:.3f} / {theirs['reward_mean']:.3f} | "
+            f"{100 * flops / peak32 / 1e9:.0f} % ({100 * flops / peak16 / 1e9:.0f}× bf16 peak) |"
+        )
+    gen, bf16 = results["generation"], results["bf16"]
+    md = f"""## rlvr vs TRL GRPOTrainer (`python benchmarks/vs_trl.py --steps {args.steps}`)
+
+Machine: {results['machine']}. Measured matmul peak in the same run: fp32 {results['matmul']['fp32_gflops']:.0f}
+GFLOP/s, bf16 {results['matmul']['bf16_gflops']:.1f} GFLOP/s. Settings: SmolLM2-135M-Instruct fp32, {B} prompts ×
+G={G}, {NEW_TOKENS} new tokens, temperature 1, β={BETA}, GRPO loss, {args.steps} steps (first step reported apart;
+steady state = mean of the rest). Cells read rlvr / TRL; ratios are rlvr ÷ TRL (lower is better).
+
+| rlvr setting (TRL: its defaults, checkpointing on) | first step (s) | steady step (s) | peak RSS | mean reward per step | rlvr training MFU vs fp32 peak (vs bf16 peak) |
+|---|---|---|---|---|---|
+{chr(10).join(rows)}
+
+TRL is fed the same prompts in the same order (rlvr's sampler order, `shuffle_dataset=False`); sampling
+noise still differs, so mean rewards over {args.steps} steps are indicative only.
+
+bf16 autocast on this CPU: trainer log-probs of {bf16['tokens']} sampled tokens differ from fp32 by
+{bf16['logp_abs_diff_mean']:.4f} on average (max {bf16['logp_abs_diff_max']:.3f}); the forward pass took
+{bf16['bf16_forward_s']:.1f} s in bf16 vs {bf16['fp32_forward_s']:.2f} s in fp32. Sampler vs trainer log-probs in
+fp32: mean |Δ| = {bf16['sampler_vs_trainer_fp32_abs_diff_mean']:.1e}.
+
+Generation alone ({B} prompts × G={G}, {NEW_TOKENS} tokens, temperature 1, median of 3): rlvr's group sampler
+{gen['rlvr_tokens_per_s']:.0f} tokens/s vs Hugging Face `generate(num_return_sequences={G})`
+{gen['hf_generate_tokens_per_s']:.0f} tokens/s (**{gen['rlvr_tokens_per_s'] / gen['hf_generate_tokens_per_s']:.2f}×**).
+"""
+    publish("vs_trl", results, md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""Output layer + log-softmax + per-token loss, fused, with the gradient computed in the forward pass.
+
+For M completion tokens the naive path materialises logits [M, V] and keeps them (and the softmax) for
+backward: for SmolLM2 (V = 49,152) that is 200 MB per 1,000 tokens in fp32. Here the tokens are walked in
+chunks; for each chunk the logits exist only inside the loop, the per-token loss and its derivative
+with respect to the log-prob are taken right away, and the gradients with respect to the hidden states
+and the output weight are accumulated on the spot:
+
+    d logp_t / d logits_t = (onehot(y_t) - softmax(logits_t)) / temperature
+    grad_hidden_t        = dL/dlogp_t * d logp_t/d logits_t @ W         [c, H]
+    grad_W              += (dL/dlogp * d logp/d logits)^T @ hidden       [V, H]
+
+Backward then only scales the stored gradients by the incoming scalar. Memory: [M, H] (+ [V, H] when the
+output layer trains) instead of [M, V]. The loss must be a sum of per-token terms, each a function of
+that token's log-prob only - true of the clipped surrogate, the KL estimators and every aggregation here.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+TokenLoss = Callable[[torch.Tensor, slice], torch.Tensor]  # (logp [c], token slice) -> weighted loss [c]
+
+
+class _FusedHeadLoss(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, token_loss, temperature, chunk_tokens):  # type: ignore[override]
+        m = hidden.shape[0]
+        acc = torch.promote_types(hidden.dtype, torch.float32)  # fp32 at least; fp64 stays fp64
+        grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
+        grad_weight = torch.zeros_like(weight, dtype=acc) if ctx.needs_input_grad[1] else None
+        total = hidden.new_zeros((), dtype=acc)
+        logp_out = hidden.new_empty(m, dtype=acc)
+        entropy_out = hidden.new_empty(m, dtype=acc)
+        for start in range(0, m, chunk_tokens):
+            rows = slice(start, min(start + chunk_tokens, m))
+            h, y = hidden[rows], targets[rows]
+            logits = (h @ weight.T).to(acc)  # [c, V]
+            if temperature != 1.0:
+                logits.div_(temperature)
+            lse = torch.logsumexp(logits, dim=-1)  # [c]
+            logp = logits.gather(-1, y[:, None]).squeeze(-1) - lse
+            probs = torch.exp(logits - lse[:, None])  # [c, V]
+            entropy_out[rows] = lse - (probs * logits).sum(-1)
+            del logits
+            logp_out[rows] = logp
+            with torch.enable_grad():
+                lp = logp.detach().requires_grad_(True)
+                loss = token_loss(lp, rows)
+                (dloss,) = torch.autograd.grad(loss.sum(), lp)
+            total += loss.detach().sum()
+            dlogits = probs.mul_(-dloss[:, None])  # reuse the softmax buffer: -p * dL/dlogp
+            dlogits[torch.arange(dlogits.shape[0]), y] += dloss
+            if temperature != 1.0:
+                dlogits.div_(temperature)
+            if grad_hidden is not None:
+                grad_hidden[rows] = (dlogits @ weight.to(acc)).to(hidden.dtype)
+            if grad_weight is not None:
+                grad_weight.addmm_(dlogits.T, h.to(acc))
+            del probs, dlogits
+        ctx.save_for_backward(
+            grad_hidden if grad_hidden is not None else hidden.new_empty(0),
+            grad_weight.to(weight.dtype) if grad_weight is not None else weight.new_empty(0),
+        )
+        ctx.mark_non_differentiable(logp_out, entropy_out)
+        return total, logp_out, entropy_out
+
+    @staticmethod
+    def backward(ctx, grad_total, _grad_logp, _grad_entropy):  # type: ignore[override]
+        grad_hidden, grad_weight = ctx.saved_tensors
+        gh = grad_hidden * grad_total if ctx.needs_input_grad[0] else None
+        gw = grad_weight * grad_total if ctx.needs_input_grad[1] else None
+        return gh, gw, None, None, None, None
+
+
+def fused_head_loss(
+    hidden: torch.Tensor,
+    head_weight: torch.Tensor,
+    targets: torch.Tensor,
+    token_loss: TokenLoss,
+    temperature: float = 1.0,
+    chunk_tokens: int = 512,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sum over tokens of ``token_loss(logp)``, never holding more than [chunk_tokens, V] logits.
+
+    Args:
+        hidden: [M, H] final hidden states of the M tokens to score (padding already dropped).
+        head_weight: [V, H] output-layer weight (no bias).
+        targets: [M] token ids.
+        token_loss: maps a chunk's log-probs [c] (and its slice of the M tokens) to per-token losses [c],
+            already weighted so that their sum is this micro-batch's share of the step's loss.
+    Returns:
+        the scalar loss (differentiable w.r.t. hidden and head_weight), log-probs [M] and entropies [M]
+        (both detached, for statistics).
+    """
+    return _FusedHeadLoss.apply(hidden, head_weight, targets, token_loss, temperature, chunk_tokens)
