@@ -44,15 +44,15 @@ def _peak_rss_mb() -> float:
 
 
 # ---------------------------------------------------------------------------------------------- children
-def _step_order(steps: int) -> list[dict]:
+def _step_order(steps: int, seed: int) -> list[dict]:
     """The rows rlvr's sampler draws for steps 1..steps, in order (TRL is fed them unshuffled)."""
     from rlvr.tasks import step_indices
 
     rows = _rows()
-    return [rows[i] for s in range(steps) for i in step_indices(len(rows), B, SEED, s)]
+    return [rows[i] for s in range(steps) for i in step_indices(len(rows), B, seed, s)]
 
 
-def child_rlvr(mode: str, steps: int, checkpointing: str = "on") -> dict:
+def child_rlvr(mode: str, steps: int, checkpointing: str = "on", seed: str = str(SEED)) -> dict:
     from rlvr.config import load_config
     from rlvr.metrics import read_metrics
     from rlvr.train.sync import train
@@ -64,7 +64,7 @@ def child_rlvr(mode: str, steps: int, checkpointing: str = "on") -> dict:
         "task.operators=[+, '*']", f"task.system_prompt={SYSTEM}",
         f"rollout.group_size={G}", f"rollout.max_new_tokens={NEW_TOKENS}", "rollout.temperature=1.0",
         "algo.preset=grpo", f"algo.beta={BETA}", f"train.steps={steps}", f"train.prompts_per_step={B}",
-        f"train.micro_batch_size={B * G}", f"train.lr={LR[mode]}", f"train.seed={SEED}", "train.checkpoint_every=0",
+        f"train.micro_batch_size={B * G}", f"train.lr={LR[mode]}", f"train.seed={seed}", "train.checkpoint_every=0",
         "eval.every=0", "eval.batch_size=4", "task.eval_size=4", "log.progress=false", "log.tensorboard=false",
         "log.plot=false",
     ])
@@ -81,7 +81,7 @@ def child_rlvr(mode: str, steps: int, checkpointing: str = "on") -> dict:
     }
 
 
-def child_trl(mode: str, steps: int) -> dict:
+def child_trl(mode: str, steps: int, seed: str = str(SEED)) -> dict:
     import torch
     from datasets import Dataset
     from peft import LoraConfig
@@ -92,7 +92,7 @@ def child_trl(mode: str, steps: int) -> dict:
     from rlvr.rewards import build_reward
 
     torch.set_num_threads(os.cpu_count())
-    dataset = Dataset.from_list([{"prompt": r["prompt"], "answer": r["answer"]} for r in _step_order(steps)])
+    dataset = Dataset.from_list([{"prompt": r["prompt"], "answer": r["answer"]} for r in _step_order(steps, int(seed))])
     check = build_reward("arithmetic_correct")
 
     def arithmetic_correct(prompts, completions, answer, **kwargs):
@@ -117,7 +117,7 @@ def child_trl(mode: str, steps: int) -> dict:
         output_dir=out, per_device_train_batch_size=B * G, num_generations=G, max_completion_length=NEW_TOKENS,
         temperature=1.0, top_p=1.0, top_k=0, beta=BETA, epsilon=0.2, loss_type="grpo", scale_rewards="group",
         num_iterations=1, learning_rate=LR[mode], max_grad_norm=1.0, max_steps=steps, logging_steps=1,
-        report_to="none", use_cpu=True, bf16=False, seed=SEED, save_strategy="no", dataloader_num_workers=0,
+        report_to="none", use_cpu=True, bf16=False, seed=int(seed), save_strategy="no", dataloader_num_workers=0,
         shuffle_dataset=False,
     )
     peft = LoraConfig(r=16, lora_alpha=32, target_modules=list(LORA_TARGETS_ALL_LINEAR), task_type="CAUSAL_LM")
@@ -235,6 +235,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--modes", nargs="+", default=["lora", "full"])
     parser.add_argument("--child", nargs="+")
+    parser.add_argument("--reward-seeds", type=int, nargs="*", default=[],
+                        help="instead of the speed run: LoRA learning curves of both trainers over these seeds")
     args = parser.parse_args()
     if args.child:
         kind, rest = args.child[0], args.child[1:]
@@ -252,6 +254,9 @@ def main() -> None:
     from benchmarks.machine import describe
     from benchmarks.report import publish
     from benchmarks.flops import training_flops
+
+    if args.reward_seeds:
+        return reward_comparison(args.steps, args.reward_seeds)
 
     results: dict = {"machine": describe(), "settings": {"B": B, "G": G, "new_tokens": NEW_TOKENS, "beta": BETA, "steps": args.steps}}
     results["matmul"] = _run_child("matmul")
@@ -307,6 +312,34 @@ Generation alone ({B} prompts × G={G}, {NEW_TOKENS} tokens, temperature 1, medi
 {gen['hf_generate_tokens_per_s']:.0f} tokens/s (**{gen['rlvr_tokens_per_s'] / gen['hf_generate_tokens_per_s']:.2f}×**).
 """
     publish("vs_trl", results, md)
+    print(md)
+
+
+def reward_comparison(steps: int, seeds: list[int]) -> None:
+    """Same prompts per step for both trainers, several seeds: mean reward per step (LoRA)."""
+    from benchmarks.machine import describe
+    from benchmarks.report import publish
+
+    curves: dict[str, list[list[float]]] = {"rlvr": [], "trl": []}
+    for seed in seeds:
+        for trainer in ("rlvr", "trl"):
+            print(f"running {trainer} (lora, seed {seed}) ...", flush=True)
+            extra = ("on", str(seed)) if trainer == "rlvr" else (str(seed),)
+            curves[trainer].append(_run_child(trainer, "lora", str(steps), *extra)["reward"])
+    mean = {k: [statistics.mean(step) for step in zip(*v)] for k, v in curves.items()}
+    overall = {k: statistics.mean(x for run in v for x in run) for k, v in curves.items()}
+    header = "| step | " + " | ".join(str(i + 1) for i in range(steps)) + " | mean |"
+    rows = [f"| {k} | " + " | ".join(f"{x:.2f}" for x in mean[k]) + f" | **{overall[k]:.3f}** |" for k in ("rlvr", "trl")]
+    md = f"""## Reward per step, rlvr vs TRL (`python benchmarks/vs_trl.py --steps {steps} --reward-seeds {' '.join(map(str, seeds))}`)
+
+Machine: {describe()}. LoRA, same settings as the speed table; for each seed both trainers see the same prompts
+in the same order. Mean training reward over {len(seeds)} seeds ({B * G} completions per step and seed):
+
+{header}
+|---|{'---|' * (steps + 1)}
+{chr(10).join(rows)}
+"""
+    publish("vs_trl_reward", {"machine": describe(), "seeds": seeds, "curves": curves, "mean": mean, "overall": overall}, md)
     print(md)
 
 

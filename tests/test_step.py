@@ -24,9 +24,10 @@ def _batch(model, tokenizer, G=4, seed=0) -> StepBatch:
 
 
 def _run(model, batch, settings, micro, iterations=1, reference=None, lr=1.0):
+    """One train_step with SGD; prompts not shared, so every micro-batch split runs identical arithmetic."""
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=lr)
     return train_step(model, opt, None, batch, settings, reference=reference, num_iterations=iterations,
-                      micro_batch_size=micro, temperature=1.0, max_new_tokens=8, max_grad_norm=0.0)
+                      micro_batch_size=micro, temperature=1.0, max_new_tokens=8, max_grad_norm=0.0, share_prompt=False)
 
 
 @pytest.mark.parametrize("aggregation", ["sequence_mean", "token_mean", "token_sum_constant"])

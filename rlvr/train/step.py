@@ -167,16 +167,18 @@ def train_step(
     max_new_tokens: int,
     max_grad_norm: float,
     chunk_tokens: int = 512,
-    share_prompt: bool = False,
-    fused_head: bool = False,
+    share_prompt: bool = True,
+    fused_head: bool = True,
 ) -> dict[str, float]:
     """Run ``num_iterations`` optimizer steps over the batch and return metrics.
 
-    ``fused_head`` computes the output layer, log-softmax and loss chunk by chunk with gradients taken in
-    the forward pass (``rlvr.core.fused``), so [tokens, vocab] logits are never held. An update whose loss
-    or gradient norm is not finite is skipped (weights and optimizer state untouched)
-    and counted in ``skipped_updates``. Old-policy log-probs are the detached current ones when num_iterations == 1 (no extra forward);
-    reference log-probs are computed only when settings.beta != 0.
+    - ``share_prompt``: each prompt runs once per group in the forward pass (see ``completion_hidden``).
+    - ``fused_head``: output layer, log-softmax and loss chunk by chunk, gradients taken in the forward
+      pass (``rlvr.core.fused``), so [tokens, vocab] logits are never held.
+    - Old-policy log-probs are the detached current ones when num_iterations == 1 (no extra forward);
+      reference log-probs are computed (no grad, micro-batch by micro-batch) only when beta != 0.
+    - An update whose loss or gradient norm is not finite is skipped (weights and optimizer state
+      untouched) and counted in ``skipped_updates``.
     """
     n = batch.completion_ids.shape[0]
     micro_rows = list(torch.arange(n).split(micro_batch_size))

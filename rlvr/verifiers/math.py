@@ -97,7 +97,12 @@ class _Worker:
     """
 
     def __init__(self) -> None:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [_PACKAGE_ROOT, os.environ.get("PYTHONPATH")]))}
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [_PACKAGE_ROOT, os.environ.get("PYTHONPATH")])),
+            # one thread each: the trainer owns the cores, workers must not oversubscribe them
+            "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
+        }
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "rlvr.verifiers.math_worker"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, bufsize=0,
