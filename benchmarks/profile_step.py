@@ -1,0 +1,124 @@
+"""Where one rlvr GRPO step spends its time: phases, and the operators that dominate each phase.
+
+    python benchmarks/profile_step.py          # writes benchmarks/results/profile_step.json + a BENCHMARKS.md section
+
+Settings match `benchmarks/vs_trl.py`'s LoRA row: SmolLM2-135M-Instruct fp32, LoRA r=16 on all linear layers,
+4 prompts x G=8, 32 new tokens, temperature 1, beta 0.04, one micro-batch, activation checkpointing on.
+One warm-up step runs first; the measured step's phases are then timed, and profiled (torch.profiler, CPU,
+with FLOP counts for matrix products) in a second identical pass. Operator times are self times (an
+operator's children excluded), as shares of the profiled pass.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+B, G, NEW_TOKENS, BETA, LR = 4, 8, 32, 0.04, 5e-4
+MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm")
+
+
+def _top_ops(prof, total_s: float, count: int = 6) -> tuple[list[dict], dict]:
+    """The operators with the most self CPU time, and the matrix products' share and achieved FLOP/s."""
+    events = prof.key_averages()
+    rows = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:count]
+    top = [{"op": e.key, "self_s": e.self_cpu_time_total / 1e6, "share": e.self_cpu_time_total / 1e6 / total_s}
+           for e in rows]
+    mm = [e for e in events if e.key in MATMUL_OPS]
+    mm_s = sum(e.self_cpu_time_total for e in mm) / 1e6
+    mm_flops = sum(e.flops for e in mm)
+    return top, {"share": mm_s / total_s, "gflops": mm_flops / mm_s / 1e9 if mm_s else 0.0}
+
+
+def main() -> None:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from benchmarks.machine import describe
+    from benchmarks.report import publish
+    from benchmarks.vs_trl import SYSTEM, child_matmul_peak
+    from rlvr.core import LossSettings
+    from rlvr.models import LoraSpec, ReferencePolicy, load_policy, trainable_parameters
+    from rlvr.rollout import SamplingParams, sample_groups
+    from rlvr.tasks import arithmetic_rows
+    from rlvr.train.step import StepBatch, completion_logprobs, train_step
+
+    torch.set_num_threads(os.cpu_count())
+    peak = child_matmul_peak()["fp32_gflops"]
+    model, tokenizer = load_policy("smollm2-135m-instruct", LoraSpec(r=16, alpha=32.0), gradient_checkpointing=True)
+    reference = ReferencePolicy(model)
+    optimizer = torch.optim.AdamW(trainable_parameters(model), lr=LR)
+    settings = LossSettings(beta=BETA)
+    rows, _ = arithmetic_rows(1, ("+", "*"), eval_size=100, train_size=0, seed=1234, system_prompt=SYSTEM)
+    params = SamplingParams(temperature=1.0, max_new_tokens=NEW_TOKENS)
+
+    def generate(step: int):
+        prompts = [r["prompt"] for r in rows[step * B : (step + 1) * B]]
+        return sample_groups(model, tokenizer, prompts, G, params, torch.Generator().manual_seed(step))
+
+    def batch_of(groups) -> StepBatch:
+        adv = torch.randn(B * G, generator=torch.Generator().manual_seed(0))  # any advantages cost the same
+        return StepBatch(groups.prompt_ids, groups.prompt_mask, groups.completion_ids, groups.completion_mask, adv, G)
+
+    def reference_pass(batch: StepBatch) -> None:
+        with reference.active() as ref_model, torch.no_grad():
+            completion_logprobs(ref_model, batch, torch.arange(B * G), 1.0, 512, share_prompt=True)
+
+    def train(batch: StepBatch) -> None:
+        train_step(model, optimizer, None, batch, settings, reference=reference, num_iterations=1,
+                   micro_batch_size=B * G, temperature=1.0, max_new_tokens=NEW_TOKENS, max_grad_norm=1.0)
+
+    def timed(fn, *args) -> tuple[float, object]:
+        started = time.perf_counter()
+        out = fn(*args)
+        return time.perf_counter() - started, out
+
+    train(batch_of(generate(0)))  # warm-up step
+    gen_s, groups = timed(generate, 1)
+    batch = batch_of(groups)
+    ref_s, _ = timed(reference_pass, batch)
+    train_s, _ = timed(train, batch)
+    tokens = int(groups.completion_mask.sum())
+    result = {"machine": describe(), "matmul_fp32_gflops": peak, "generated_tokens": tokens,
+              "train_tokens": tokens + int(groups.prompt_mask.sum()),
+              "phases_s": {"generation": gen_s, "reference_pass": ref_s, "policy_forward_backward_update": train_s - ref_s}}
+    for name, fn, arg in (("generation", generate, 1), ("training", train, batch)):
+        with profile(activities=[ProfilerActivity.CPU], with_flops=True) as prof:
+            profiled_s, _ = timed(fn, arg)  # shares are of the profiled pass (the profiler adds overhead)
+        top, mm = _top_ops(prof, profiled_s)
+        result[name] = {"top_ops": top, "matmul": mm}
+    publish("profile_step", result, _markdown(result))
+    print(_markdown(result))
+
+
+def _markdown(r: dict) -> str:
+    phases = r["phases_s"]
+    total = sum(phases.values())
+    phase_rows = "\n".join(f"| {k.replace('_', ' ')} | {v:.1f} s | {v / total:.0%} |" for k, v in phases.items())
+    parts = []
+    for name in ("generation", "training"):
+        ops = ", ".join(f"`{o['op']}` {o['share']:.0%}" for o in r[name]["top_ops"])
+        mm = r[name]["matmul"]
+        parts.append(f"- **{name}**: matrix products take {mm['share']:.0%} of the phase at {mm['gflops']:.0f} GFLOP/s "
+                     f"({mm['gflops'] / r['matmul_fp32_gflops']:.0%} of the measured peak). Top operators by self time: {ops}.")
+    return f"""## Where a step's time goes (`python benchmarks/profile_step.py`)
+
+Machine: {r['machine']}; measured fp32 matmul peak {r['matmul_fp32_gflops']:.0f} GFLOP/s. One LoRA step at the
+speed table's settings (4 prompts × G=8, 32 new tokens, β=0.04, checkpointing on): {r['generated_tokens']}
+generated tokens, {r['train_tokens']} training tokens (each prompt once per group).
+
+| phase | time | share |
+|---|---|---|
+{phase_rows}
+
+{chr(10).join(parts)}
+"""
+
+
+if __name__ == "__main__":
+    main()
