@@ -8,7 +8,8 @@ two compete for the cores. Settings shared by both: SmolLM2-135M-Instruct (fp32)
 prompts, 4 prompts x G=8 per step, 32 new tokens, temperature 1 (no top-p/top-k), beta 0.04 (k3), clip
 0.2, GRPO sequence-mean loss, group-std advantages, AdamW, same constant learning rate, grad-norm clip 1, seed 0,
 LoRA r=16 / alpha=32 on all linear layers (or full fine-tuning). Each trainer keeps its own defaults
-otherwise (TRL: gradient checkpointing on; rlvr: prompt-once forward, no checkpointing).
+otherwise (TRL: gradient checkpointing on; rlvr: prompt-once forward, fused output layer, checkpointing as
+each table row says).
 """
 
 from __future__ import annotations
@@ -116,7 +117,8 @@ def child_trl(mode: str, steps: int, seed: str = str(SEED)) -> dict:
     config = GRPOConfig(
         output_dir=out, per_device_train_batch_size=B * G, num_generations=G, max_completion_length=NEW_TOKENS,
         temperature=1.0, top_p=1.0, top_k=0, beta=BETA, epsilon=0.2, loss_type="grpo", scale_rewards="group",
-        num_iterations=1, learning_rate=LR[mode], lr_scheduler_type="constant", max_grad_norm=1.0, max_steps=steps, logging_steps=1,
+        num_iterations=1, learning_rate=LR[mode], lr_scheduler_type="constant", max_grad_norm=1.0, max_steps=steps,
+        logging_steps=1,
         report_to="none", use_cpu=True, bf16=False, seed=int(seed), save_strategy="no", dataloader_num_workers=0,
         shuffle_dataset=False,
     )
