@@ -19,7 +19,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-B, G, NEW_TOKENS, BETA, LR = 4, 8, 32, 0.04, 5e-4
 MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm")
 
 
@@ -41,20 +40,19 @@ def main() -> None:
 
     from benchmarks.machine import describe
     from benchmarks.report import publish
-    from benchmarks.vs_trl import SYSTEM, child_matmul_peak
+    from benchmarks.vs_trl import BETA, LR, NEW_TOKENS, B, G, _rows, child_matmul_peak
     from rlvr.core import LossSettings
     from rlvr.models import LoraSpec, ReferencePolicy, load_policy, trainable_parameters
     from rlvr.rollout import SamplingParams, sample_groups
-    from rlvr.tasks import arithmetic_rows
     from rlvr.train.step import StepBatch, completion_logprobs, train_step
 
     torch.set_num_threads(os.cpu_count())
     peak = child_matmul_peak()["fp32_gflops"]
     model, tokenizer = load_policy("smollm2-135m-instruct", LoraSpec(r=16, alpha=32.0), gradient_checkpointing=True)
     reference = ReferencePolicy(model)
-    optimizer = torch.optim.AdamW(trainable_parameters(model), lr=LR)
+    optimizer = torch.optim.AdamW(trainable_parameters(model), lr=LR["lora"])
     settings = LossSettings(beta=BETA)
-    rows, _ = arithmetic_rows(1, ("+", "*"), eval_size=100, train_size=0, seed=1234, system_prompt=SYSTEM)
+    rows = _rows()  # the speed benchmark's prompts
     params = SamplingParams(temperature=1.0, max_new_tokens=NEW_TOKENS)
 
     def generate(step: int):
