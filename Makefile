@@ -20,6 +20,7 @@ demo: $(STAMP)
 	$(VENV)/bin/rlvr train examples/demo.yaml
 
 test: $(STAMP)
+	$(VENV)/bin/ruff check rlvr tests benchmarks examples
 	$(PY) -m pytest -q
 
 clean:

@@ -16,7 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.machine import describe  # noqa: E402
+from benchmarks.machine import describe
 
 
 def main() -> None:
@@ -47,7 +47,8 @@ def main() -> None:
         train = [(r["step"], 100 * r["reward_mean"]) for r in records if "reward_mean" in r]
         ax.plot(*zip(*train), alpha=0.3, color=ax.lines[-1].get_color(), label=f"seed {seed}: train reward")
         before, after = 100 * summary["eval_accuracy_before"], 100 * summary["eval_accuracy_after"]
-        rows.append(f"| {seed} | {before:.0f} % | {after:.0f} % | {after - before:+.0f} | {summary['wall_time_s'] / 60:.1f} |")
+        minutes = summary["wall_time_s"] / 60
+        rows.append(f"| {seed} | {before:.0f} % | {after:.0f} % | {after - before:+.0f} | {minutes:.1f} |")
     ax.set(xlabel="step", ylabel="%", ylim=(0, 101), title="SmolLM2-135M-Instruct + LoRA, GRPO, 2 CPU cores")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="lower right")
@@ -55,7 +56,8 @@ def main() -> None:
     (ROOT / "docs").mkdir(exist_ok=True)
     fig.savefig(ROOT / "docs" / "demo.png", dpi=110)
     machine = describe()
-    table = "\n".join(rows) + f"\n\nCommand: `python benchmarks/demo_seeds.py --seeds {' '.join(map(str, args.seeds))}`; machine: {machine}.\n"
+    command = f"python benchmarks/demo_seeds.py --seeds {' '.join(map(str, args.seeds))}"
+    table = "\n".join(rows) + f"\n\nCommand: `{command}`; machine: {machine}.\n"
     (ROOT / "docs" / "demo_seeds.md").write_text(table)
     print(table)
 

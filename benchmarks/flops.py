@@ -16,5 +16,6 @@ def training_flops(run: dict, mode: str, prompts: int, group: int, beta: float) 
     """Achieved model FLOP/s of the training phase, steady-state steps only."""
     per_token = (6 if mode == "full" else 4) + (2 if beta > 0 else 0)
     steady = slice(1, None) if len(run["train_s"]) > 1 else slice(None)
-    rates = [per_token * N_PARAMS * tokens / seconds for tokens, seconds in zip(run["train_tokens"][steady], run["train_s"][steady])]
+    pairs = zip(run["train_tokens"][steady], run["train_s"][steady])
+    rates = [per_token * N_PARAMS * tokens / seconds for tokens, seconds in pairs]
     return statistics.mean(rates)

@@ -17,7 +17,8 @@ def describe() -> str:
                 cpu = line.split(":", 1)[1].strip()
             elif line.startswith("flags"):
                 flags = set(line.split(":", 1)[1].split())
-    isa = "AMX" if "amx_bf16" in flags else "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "baseline"
+    levels = (("amx_bf16", "AMX"), ("avx512f", "AVX-512"), ("avx2", "AVX2"))
+    isa = next((name for flag, name in levels if flag in flags), "baseline")
     mem = ""
     meminfo = Path("/proc/meminfo")
     if meminfo.is_file():

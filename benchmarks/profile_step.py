@@ -44,7 +44,8 @@ def main() -> None:
     from rlvr.core import LossSettings
     from rlvr.models import LoraSpec, ReferencePolicy, load_policy, trainable_parameters
     from rlvr.rollout import SamplingParams, sample_groups
-    from rlvr.train.step import StepBatch, completion_logprobs, train_step
+    from rlvr.train.batch import StepBatch
+    from rlvr.train.step import completion_logprobs, train_step
 
     torch.set_num_threads(os.cpu_count())
     peak = child_matmul_peak()["fp32_gflops"]
@@ -61,15 +62,15 @@ def main() -> None:
 
     def batch_of(groups) -> StepBatch:
         adv = torch.randn(B * G, generator=torch.Generator().manual_seed(0))  # any advantages cost the same
-        return StepBatch(groups.prompt_ids, groups.prompt_mask, groups.completion_ids, groups.completion_mask, adv, G)
+        return StepBatch.from_groups(groups, adv)
 
     def reference_pass(batch: StepBatch) -> None:
         with reference.active() as ref_model, torch.no_grad():
-            completion_logprobs(ref_model, batch, torch.arange(B * G), 1.0, 512, share_prompt=True)
+            completion_logprobs(ref_model, batch, torch.arange(B * G), 512)
 
     def train(batch: StepBatch) -> None:
         train_step(model, optimizer, None, batch, settings, reference=reference, num_iterations=1,
-                   micro_batch_size=B * G, temperature=1.0, max_new_tokens=NEW_TOKENS, max_grad_norm=1.0)
+                   micro_batch_size=B * G, max_new_tokens=NEW_TOKENS, max_grad_norm=1.0)
 
     def timed(fn, *args) -> tuple[float, object]:
         started = time.perf_counter()
@@ -84,7 +85,8 @@ def main() -> None:
     tokens = int(groups.completion_mask.sum())
     result = {"machine": describe(), "matmul_fp32_gflops": peak, "generated_tokens": tokens,
               "train_tokens": tokens + int(groups.prompt_mask.sum()),
-              "phases_s": {"generation": gen_s, "reference_pass": ref_s, "policy_forward_backward_update": train_s - ref_s}}
+              "phases_s": {"generation": gen_s, "reference_pass": ref_s,
+                           "policy_forward_backward_update": train_s - ref_s}}
     for name, fn, arg in (("generation", generate, 1), ("training", train, batch)):
         with profile(activities=[ProfilerActivity.CPU], with_flops=True) as prof:
             profiled_s, _ = timed(fn, arg)  # shares are of the profiled pass (the profiler adds overhead)
@@ -103,7 +105,8 @@ def _markdown(r: dict) -> str:
         ops = ", ".join(f"`{o['op']}` {o['share']:.0%}" for o in r[name]["top_ops"])
         mm = r[name]["matmul"]
         parts.append(f"- **{name}**: matrix products take {mm['share']:.0%} of the phase at {mm['gflops']:.0f} GFLOP/s "
-                     f"({mm['gflops'] / r['matmul_fp32_gflops']:.0%} of the measured peak). Top operators by self time: {ops}.")
+                     f"({mm['gflops'] / r['matmul_fp32_gflops']:.0%} of the measured peak). "
+                     f"Top operators by self time: {ops}.")
     return f"""## Where a step's time goes (`python benchmarks/profile_step.py`)
 
 Machine: {r['machine']}; measured fp32 matmul peak {r['matmul_fp32_gflops']:.0f} GFLOP/s. One LoRA step at the

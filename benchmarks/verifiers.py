@@ -14,10 +14,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.machine import describe  # noqa: E402
-from benchmarks.report import publish  # noqa: E402
-from rlvr.verifiers.math import MathVerifier  # noqa: E402
-from rlvr.verifiers.sandbox import Limits, Sandbox  # noqa: E402
+from benchmarks.machine import describe
+from benchmarks.report import publish
+from rlvr.verifiers.math import MathVerifier
+from rlvr.verifiers.sandbox import Limits, Sandbox
 
 CODE = "def solve(x):\n    return x + 1\n"
 
@@ -85,7 +85,8 @@ namespaces via `unshare`, rlimits via `prlimit`, a dedicated uid per slot).
 | executions/s, 1 slot | {results['executions_per_s_slots1']:.1f} |
 | executions/s, 2 slots | {results['executions_per_s_slots2']:.1f} |
 | executions/s, 4 slots | {results['executions_per_s_slots4']:.1f} |
-| math checks/s, 2 worker processes ({results['math_checks']}-case table) | {results['math_checks_per_s_2_workers']:.0f} |
+| math checks/s, 2 worker processes ({results['math_checks']}-case table) | \
+{results['math_checks_per_s_2_workers']:.0f} |
 """
     publish("verifiers", results, md)
     print(md)

@@ -47,10 +47,10 @@ def _peak_rss_mb() -> float:
 # ---------------------------------------------------------------------------------------------- children
 def _step_order(steps: int, seed: int) -> list[dict]:
     """The rows rlvr's sampler draws for steps 1..steps, in order (TRL is fed them unshuffled)."""
-    from rlvr.tasks import step_indices
+    from rlvr.tasks import data_order
 
     rows = _rows()
-    return [rows[i] for s in range(steps) for i in step_indices(len(rows), B, seed, s)]
+    return [rows[i] for i in data_order(len(rows), seed, 0, steps * B)]
 
 
 def child_rlvr(mode: str, steps: int, checkpointing: str = "on", seed: str = str(SEED)) -> dict:
@@ -158,8 +158,9 @@ def child_generation(repeats: int) -> dict:
         torch.manual_seed(i)
         started = time.perf_counter()
         with torch.no_grad():
-            out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
-                                 max_new_tokens=NEW_TOKENS, num_return_sequences=G, pad_token_id=tokenizer.pad_token_id)
+            out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0,
+                                 top_p=1.0, max_new_tokens=NEW_TOKENS, num_return_sequences=G,
+                                 pad_token_id=tokenizer.pad_token_id)
         new = out[:, ids.shape[1]:]
         eos = tokenizer.eos_token_id
         lengths = [(row == eos).nonzero()[0].item() + 1 if (row == eos).any() else row.numel() for row in new]
@@ -173,27 +174,30 @@ def child_bf16() -> dict:
 
     from rlvr.models import load_policy
     from rlvr.rollout import SamplingParams, sample_groups
-    from rlvr.train.step import StepBatch, completion_logprobs
+    from rlvr.train.batch import StepBatch
+    from rlvr.train.step import completion_logprobs
 
     torch.set_num_threads(os.cpu_count())
     model, tokenizer = load_policy("smollm2-135m-instruct", None)
     model.eval()
     prompts = [r["prompt"] for r in _rows()[:2]]
-    groups = sample_groups(model, tokenizer, prompts, 4, SamplingParams(max_new_tokens=16), torch.Generator().manual_seed(0))
-    batch = StepBatch(groups.prompt_ids, groups.prompt_mask, groups.completion_ids, groups.completion_mask,
-                      torch.zeros(8), 4)
+    params = SamplingParams(max_new_tokens=16)
+    groups = sample_groups(model, tokenizer, prompts, 4, params, torch.Generator().manual_seed(0))
+    batch = StepBatch.from_groups(groups, torch.zeros(8))
     rows, mask = torch.arange(8), groups.completion_mask.bool()
     out = {}
-    for name, ctx in (("fp32", torch.autocast("cpu", enabled=False)), ("bf16", torch.autocast("cpu", dtype=torch.bfloat16))):
+    contexts = (("fp32", torch.autocast("cpu", enabled=False)), ("bf16", torch.autocast("cpu", dtype=torch.bfloat16)))
+    for name, ctx in contexts:
         with torch.no_grad(), ctx:
             started = time.perf_counter()
-            logp, _ = completion_logprobs(model, batch, rows, 1.0, 512, share_prompt=True)
+            logp, _ = completion_logprobs(model, batch, rows, 512)
             out[f"{name}_forward_s"] = time.perf_counter() - started
         out[name] = logp[mask]
     delta = (out.pop("bf16") - out.pop("fp32")).abs()
     out.update(logp_abs_diff_mean=float(delta.mean()), logp_abs_diff_max=float(delta.max()), tokens=int(mask.sum()))
-    out["sampler_vs_trainer_fp32_abs_diff_mean"] = float((groups.sampling_logp[mask] - completion_logprobs(
-        model, batch, rows, 1.0, 512, share_prompt=True)[0].detach()[mask]).abs().mean())
+    trainer_logp = completion_logprobs(model, batch, rows, 512)[0].detach()
+    gap = (groups.behaviour_logp[mask] - trainer_logp[mask]).abs()
+    out["sampler_vs_trainer_fp32_abs_diff_mean"] = float(gap.mean())
     return out
 
 
@@ -220,7 +224,7 @@ CHILDREN = {"rlvr": child_rlvr, "trl": child_trl}
 # ---------------------------------------------------------------------------------------------- parent
 def _run_child(*args: str) -> dict:
     cmd = [sys.executable, __file__, "--child", *args]
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    done = subprocess.run(cmd, check=False, cwd=ROOT, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(args)} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -253,14 +257,15 @@ def main() -> None:
         print(json.dumps(result))
         return
 
+    from benchmarks.flops import training_flops
     from benchmarks.machine import describe
     from benchmarks.report import publish
-    from benchmarks.flops import training_flops
 
     if args.reward_seeds:
         return reward_comparison(args.steps, args.reward_seeds)
 
-    results: dict = {"machine": describe(), "settings": {"B": B, "G": G, "new_tokens": NEW_TOKENS, "beta": BETA, "steps": args.steps}}
+    settings = {"B": B, "G": G, "new_tokens": NEW_TOKENS, "beta": BETA, "steps": args.steps}
+    results: dict = {"machine": describe(), "settings": settings}
     results["matmul"] = _run_child("matmul")
     results["generation"] = _run_child("generation", "3")
     results["bf16"] = _run_child("bf16")
@@ -269,10 +274,12 @@ def main() -> None:
     for mode, trainer, ckpt in runs:
         print(f"running {trainer} ({mode}, checkpointing {ckpt}) ...", flush=True)
         extra = (ckpt,) if trainer == "rlvr" else ()
-        results[f"{trainer}_{mode}" + ("_nockpt" if ckpt == "off" else "")] = _run_child(trainer, mode, str(args.steps), *extra)
+        key = f"{trainer}_{mode}" + ("_nockpt" if ckpt == "off" else "")
+        results[key] = _run_child(trainer, mode, str(args.steps), *extra)
     rows = []
     peak32, peak16 = results["matmul"]["fp32_gflops"], results["matmul"]["bf16_gflops"]
-    for mode, key in [(m, f"rlvr_{m}") for m in args.modes] + ([("lora", "rlvr_lora_nockpt")] if "lora" in args.modes else []):
+    variants = [(m, f"rlvr_{m}") for m in args.modes] + ([("lora", "rlvr_lora_nockpt")] if "lora" in args.modes else [])
+    for mode, key in variants:
         ours, theirs = _summary(results[key]), _summary(results[f"trl_{mode}"])
         flops = training_flops(results[key], mode, B, G, BETA)
         results[f"ratios_{key}"] = {
@@ -286,7 +293,8 @@ def main() -> None:
             f"| {label} | {ours['first_step_s']:.1f} / {theirs['first_step_s']:.1f} | {ours['steady_step_s']:.1f} / "
             f"{theirs['steady_step_s']:.1f} (**{ours['steady_step_s'] / theirs['steady_step_s']:.2f}×**) | "
             f"{ours['peak_rss_mb'] / 1024:.2f} / {theirs['peak_rss_mb'] / 1024:.2f} GB "
-            f"(**{ours['peak_rss_mb'] / theirs['peak_rss_mb']:.2f}×**) | {ours['reward_mean']:.3f} / {theirs['reward_mean']:.3f} | "
+            f"(**{ours['peak_rss_mb'] / theirs['peak_rss_mb']:.2f}×**) | "
+            f"{ours['reward_mean']:.3f} / {theirs['reward_mean']:.3f} | "
             f"{100 * flops / peak32 / 1e9:.0f} % ({100 * flops / peak16 / 1e9:.0f}× bf16 peak) |"
         )
     gen, bf16 = results["generation"], results["bf16"]
@@ -297,7 +305,8 @@ GFLOP/s, bf16 {results['matmul']['bf16_gflops']:.1f} GFLOP/s. Settings: SmolLM2-
 G={G}, {NEW_TOKENS} new tokens, temperature 1, β={BETA}, GRPO loss, {args.steps} steps (first step reported apart;
 steady state = mean of the rest). Cells read rlvr / TRL; ratios are rlvr ÷ TRL (lower is better).
 
-| rlvr setting (TRL: its defaults, checkpointing on) | first step (s) | steady step (s) | peak RSS | mean reward per step | rlvr training MFU vs fp32 peak (vs bf16 peak) |
+| rlvr setting (TRL: its defaults, checkpointing on) | first step (s) | steady step (s) | peak RSS \
+| mean reward per step | rlvr training MFU vs fp32 peak (vs bf16 peak) |
 |---|---|---|---|---|---|
 {chr(10).join(rows)}
 
@@ -331,8 +340,10 @@ def reward_comparison(steps: int, seeds: list[int]) -> None:
     mean = {k: [statistics.mean(step) for step in zip(*v)] for k, v in curves.items()}
     overall = {k: statistics.mean(x for run in v for x in run) for k, v in curves.items()}
     header = "| step | " + " | ".join(str(i + 1) for i in range(steps)) + " | mean |"
-    rows = [f"| {k} | " + " | ".join(f"{x:.2f}" for x in mean[k]) + f" | **{overall[k]:.3f}** |" for k in ("rlvr", "trl")]
-    md = f"""## Reward per step, rlvr vs TRL (`python benchmarks/vs_trl.py --steps {steps} --reward-seeds {' '.join(map(str, seeds))}`)
+    rows = [f"| {k} | " + " | ".join(f"{x:.2f}" for x in mean[k]) + f" | **{overall[k]:.3f}** |"
+            for k in ("rlvr", "trl")]
+    command = f"python benchmarks/vs_trl.py --steps {steps} --reward-seeds {' '.join(map(str, seeds))}"
+    md = f"""## Reward per step, rlvr vs TRL (`{command}`)
 
 Machine: {describe()}. LoRA, same settings as the speed table; for each seed both trainers see the same prompts
 in the same order. Mean training reward over {len(seeds)} seeds ({B * G} completions per step and seed):
@@ -341,7 +352,8 @@ in the same order. Mean training reward over {len(seeds)} seeds ({B * G} complet
 |---|{'---|' * (steps + 1)}
 {chr(10).join(rows)}
 """
-    publish("vs_trl_reward", {"machine": describe(), "seeds": seeds, "curves": curves, "mean": mean, "overall": overall}, md)
+    record = {"machine": describe(), "seeds": seeds, "curves": curves, "mean": mean, "overall": overall}
+    publish("vs_trl_reward", record, md)
     print(md)
 
 

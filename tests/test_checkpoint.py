@@ -8,7 +8,8 @@ from rlvr.checkpoint import is_valid, latest_valid, prune, write_checkpoint
 
 
 def _write(root, step, keep_last=5, payload="x"):
-    return write_checkpoint(root, step, {"a.txt": lambda p: p.write_text(payload), "b.bin": lambda p: p.write_bytes(b"\0" * 10)}, keep_last)
+    writers = {"a.txt": lambda p: p.write_text(payload), "b.bin": lambda p: p.write_bytes(b"\0" * 10)}
+    return write_checkpoint(root, step, writers, keep_last)
 
 
 def test_written_checkpoint_is_valid_and_complete(tmp_path):

@@ -2,8 +2,7 @@
 
 import pytest
 
-from rlvr.config import ConfigError, RunConfig, load_config, to_dict
-from rlvr.core import PRESETS
+from rlvr.config import PRESETS, ConfigError, RunConfig, load_config, to_dict
 
 
 def test_defaults_and_example_load():
@@ -17,7 +16,8 @@ def test_dotted_overrides_are_typed():
                              "rewards=[{name: format, weight: 0.5, kwargs: {pattern: 'x'}}]"])
     assert cfg.train.steps == 7 and cfg.train.lr == 1e-3 and cfg.model.lora is False
     assert cfg.task.operators == ("+", "*")
-    assert cfg.rewards[0].name == "format" and cfg.rewards[0].weight == 0.5 and cfg.rewards[0].kwargs == {"pattern": "x"}
+    reward = cfg.rewards[0]
+    assert reward.name == "format" and reward.weight == 0.5 and reward.kwargs == {"pattern": "x"}
 
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))
@@ -88,6 +88,7 @@ def test_every_config_field_has_a_docstring():
         for i, node in enumerate(body):
             if isinstance(node, ast.AnnAssign):
                 nxt = body[i + 1] if i + 1 < len(body) else None
-                if not (isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str)):
+                documented = isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
+                if not (documented and isinstance(nxt.value.value, str)):
                     missing.append(f"{cls.name}.{node.target.id}")
     assert not missing, missing

@@ -21,7 +21,8 @@ STEP_KEYS = {
 
 def _overrides(model_dir, out, lora=True):
     return [
-        f"model.name={model_dir}", f"model.lora={str(lora).lower()}", "model.lora_r=4", "model.lora_targets=[q_proj, v_proj]",
+        f"model.name={model_dir}", f"model.lora={str(lora).lower()}", "model.lora_r=4",
+        "model.lora_targets=[q_proj, v_proj]",
         f"output_dir={out}", "task.eval_size=6", "rewards=[{name: 'tests.helpers:length_reward'}]",
         "rollout.group_size=4", "rollout.max_new_tokens=6", "train.prompts_per_step=2", "train.micro_batch_size=3",
         "train.steps=3", "eval.every=2", "eval.batch_size=4", "algo.beta=0.05", "train.lr=0.01", "log.progress=false",
@@ -93,7 +94,8 @@ def test_rerun_moves_the_earlier_run_aside(tmp_path):
 
 
 def test_gradient_checkpointing_trains(tiny_model_dir, tmp_path):
-    cfg = load_config(None, _overrides(tiny_model_dir, tmp_path / "gc") + ["model.gradient_checkpointing=true", "train.steps=1"])
+    extra = ["model.gradient_checkpointing=true", "train.steps=1"]
+    cfg = load_config(None, _overrides(tiny_model_dir, tmp_path / "gc") + extra)
     summary = train(cfg)
     weights = load_file(tmp_path / "gc" / "adapter" / "adapter_model.safetensors")
     assert summary["steps"] == 1 and any(torch.count_nonzero(w) for k, w in weights.items() if "lora_B" in k)

@@ -46,4 +46,4 @@ def test_smollm2_alias_loads_and_generates():
     prompt = [{"role": "user", "content": "What is the capital of France?"}]
     groups = sample_groups(model, tokenizer, [prompt], 1, SamplingParams(temperature=0.0, max_new_tokens=12))
     assert "Paris" in groups.texts[0]
-    assert torch.isfinite(groups.sampling_logp).all()
+    assert torch.isfinite(groups.behaviour_logp).all()

@@ -36,7 +36,8 @@ def _records(run: Path, name: str) -> list[dict]:
 
 def _cli(args, fault=None, **kw):
     env = {**os.environ, "RLVR_FAULT": fault or ""}
-    return subprocess.run([sys.executable, "-m", "rlvr", "train", *args], cwd=ROOT, env=env, capture_output=True, text=True, **kw)
+    command = [sys.executable, "-m", "rlvr", "train", *args]
+    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, check=False, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -99,3 +100,22 @@ def test_ctrl_c_checkpoints_and_exits_cleanly(tiny_model_dir, tmp_path):
 def _lines(out: Path) -> list[str]:
     path = out / "metrics.jsonl"
     return path.read_text().splitlines() if path.is_file() else []
+
+
+def test_resume_applies_a_changed_learning_rate_and_says_so(tiny_model_dir, tmp_path, capsys):
+    """The optimizer state restores the lr it was saved with; the configured one must win, announced."""
+    out = tmp_path / "run"
+    base = _overrides(tiny_model_dir, out, True) + ["eval.every=0", "train.warmup_steps=4"]
+    train(load_config(ROOT / "examples" / "demo.yaml", base + ["train.steps=2"]))
+    capsys.readouterr()
+    train(load_config(ROOT / "examples" / "demo.yaml",
+                      base + ["train.steps=3", "train.lr=0.02", "train.weight_decay=0.1", "resume=auto"]))
+    printed = capsys.readouterr().out
+    assert "changed settings apply from step 3: train.steps 2 -> 3; train.lr 0.01 -> 0.02" in printed
+    assert "train.weight_decay 0.0 -> 0.1" in printed
+    records = _records(out, "metrics.jsonl")
+    # warmup over 4 optimizer steps; a step logs the lr the scheduler set for the next update: after update 2
+    # it is 0.01 * 3/4, after update 3 (which ran at the new base, 0.02 * 3/4) it is 0.02 * 4/4
+    assert records[2]["lr"] == pytest.approx(0.01 * 3 / 4)
+    assert records[3]["lr"] == pytest.approx(0.02 * 4 / 4)
+    assert load_config(out / "config.yaml").train.lr == 0.02

@@ -16,7 +16,8 @@ def trl_style(prompts, completions, **kwargs):
 def test_trl_reward_function_works_unchanged():
     prompts = [[{"role": "user", "content": "q"}]] * 2
     completions = [[{"role": "assistant", "content": "a"}], [{"role": "assistant", "content": "b"}]]
-    total, per_fn, _ = score_completions([WeightedReward("trl", trl_style)], prompts, completions, {"solution": ["a", "a"]})
+    columns = {"solution": ["a", "a"]}
+    total, _per_fn, _ = score_completions([WeightedReward("trl", trl_style)], prompts, completions, columns)
     assert total.tolist() == [1.0, 0.0]
 
 
@@ -66,7 +67,8 @@ def test_math_correct_missing_column_is_clear():
 
 
 @pytest.mark.parametrize(
-    "text, expected", [("The answer is 12.", 1.0), ("7 + 5 = 12", 1.0), ("12 or 13", 0.0), ("1,2", 0.0), ("", 0.0), ("x = 1,012", 0.0)]
+    "text, expected",
+    [("The answer is 12.", 1.0), ("7 + 5 = 12", 1.0), ("12 or 13", 0.0), ("1,2", 0.0), ("", 0.0), ("x = 1,012", 0.0)],
 )
 def test_arithmetic_correct(text, expected):
     assert build_reward("arithmetic_correct")([None], [text], answer=["12"]) == [expected]
@@ -89,7 +91,8 @@ def test_import_path_and_unknown_names():
 
 
 def test_total_dtype():
-    total, _, _ = score_completions([WeightedReward("f", lambda prompts, completions, **kw: [1, 0])], ["p"] * 2, ["c"] * 2, {})
+    ints = WeightedReward("f", lambda prompts, completions, **kw: [1, 0])
+    total, _, _ = score_completions([ints], ["p"] * 2, ["c"] * 2, {})
     assert total.dtype == torch.float32 and total.tolist() == [1.0, 0.0]
 
 

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from rlvr.rollout import SamplingParams, encode_prompts, generate_groups
-from rlvr.train.step import StepBatch, completion_logprobs
-from tests.conftest import make_model
+from rlvr.train.step import completion_logprobs
+from tests.conftest import make_model, sample_tiny
 
 PROMPTS = [
     [{"role": "user", "content": "3 + 4 ="}],
@@ -21,7 +21,8 @@ def model(tokenizer):
 
 def _sample(model, tokenizer, group_size, params, seed=0, eos_ids=(2,)):
     ids, mask = encode_prompts(tokenizer, PROMPTS)
-    out = generate_groups(model.model, model.lm_head, ids, mask, group_size, params, list(eos_ids), tokenizer.pad_token_id,
+    out = generate_groups(model.model, model.lm_head, ids, mask, group_size, params, list(eos_ids),
+                          tokenizer.pad_token_id,
                           torch.Generator().manual_seed(seed))
     return ids, mask, out
 
@@ -46,15 +47,18 @@ def test_greedy_single_sample_equals_hf_generate(model, tokenizer):
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_recorded_logprobs_match_trainer(model, tokenizer, temperature):
-    ids, mask, out = _sample(model, tokenizer, 4, SamplingParams(temperature=temperature, max_new_tokens=12),
-                             eos_ids=range(0, len(tokenizer), 5))
-    batch = StepBatch(ids, mask, out.ids, out.mask.long(), torch.zeros(out.ids.shape[0]), 4)
+    from rlvr.train.batch import StepBatch
+
+    groups = sample_tiny(model, tokenizer, PROMPTS, 4, SamplingParams(temperature=temperature, max_new_tokens=12),
+                         eos_every=5)
+    batch = StepBatch.from_groups(groups, torch.zeros(groups.completion_ids.shape[0]))
     with torch.no_grad():
-        logp, _ = completion_logprobs(model, batch, torch.arange(out.ids.shape[0]), temperature, 64)
-    m = out.mask
-    assert (out.mask.sum(-1) < 12).any(), "some completions should end early"
-    assert (logp - out.sampling_logp)[m].abs().mean() < 1e-4
-    assert (out.sampling_logp[~m] == 0).all()
+        logp, _ = completion_logprobs(model, batch, torch.arange(batch.num_completions), 64)
+    m = groups.completion_mask.bool()
+    assert (m.sum(-1) < 12).any(), "some completions should end early"
+    assert (logp - groups.behaviour_logp)[m].abs().mean() < 1e-4
+    assert (groups.behaviour_logp[~m] == 0).all()
+    assert (batch.temperature == temperature).all()
 
 
 def test_eos_ends_completion_and_mask(model, tokenizer):

@@ -7,27 +7,27 @@ import torch
 
 from rlvr.core import LossSettings
 from rlvr.models import LoraSpec, ReferencePolicy, add_lora
-from rlvr.rollout import SamplingParams, encode_prompts, generate_groups
-from rlvr.train.step import StepBatch, train_step
-from tests.conftest import make_model
+from rlvr.rollout import SamplingParams
+from rlvr.train.batch import StepBatch
+from rlvr.train.step import train_step
+from tests.conftest import make_model, sample_tiny
+from tests.reference import naive_update
 
 PROMPTS = [[{"role": "user", "content": "3 + 4 ="}], [{"role": "user", "content": "12 * 9 ="}]]
 
 
-def _batch(model, tokenizer, G=4, seed=0) -> StepBatch:
-    ids, mask = encode_prompts(tokenizer, PROMPTS)
-    out = generate_groups(model.model, model.lm_head, ids, mask, G, SamplingParams(max_new_tokens=8),
-                          list(range(0, len(tokenizer), 6)), tokenizer.pad_token_id, torch.Generator().manual_seed(seed))
+def _batch(model, tokenizer, G=4, seed=0, temperature=1.0) -> StepBatch:
+    groups = sample_tiny(model, tokenizer, PROMPTS, G, SamplingParams(temperature=temperature, max_new_tokens=8),
+                         seed, eos_every=6)
     torch.manual_seed(seed)
-    adv = torch.randn(out.ids.shape[0], dtype=torch.float64)
-    return StepBatch(ids, mask, out.ids, out.mask.long(), adv, G)
+    return StepBatch.from_groups(groups, torch.randn(groups.completion_ids.shape[0], dtype=torch.float64))
 
 
 def _run(model, batch, settings, micro, iterations=1, reference=None, lr=1.0):
     """One train_step with SGD; prompts not shared, so every micro-batch split runs identical arithmetic."""
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=lr)
     return train_step(model, opt, None, batch, settings, reference=reference, num_iterations=iterations,
-                      micro_batch_size=micro, temperature=1.0, max_new_tokens=8, max_grad_norm=0.0, share_prompt=False)
+                      micro_batch_size=micro, max_new_tokens=8, max_grad_norm=0.0, share_prompt=False)
 
 
 @pytest.mark.parametrize("aggregation", ["sequence_mean", "token_mean", "token_sum_constant"])
@@ -37,7 +37,7 @@ def test_one_by_eight_equals_eight_by_one(tokenizer, aggregation):
     batch = _batch(base, tokenizer)
     base = base.double()
     assert batch.completion_ids.shape[0] == 8
-    settings = LossSettings(beta=0.1, aggregation=aggregation)
+    settings = LossSettings(beta=0.1, aggregation=aggregation, is_level="sequence")
     updated = []
     for micro in (8, 1):
         model = copy.deepcopy(base)
@@ -98,7 +98,7 @@ def test_multiple_iterations_reuse_old_logprobs(tokenizer):
 def test_excluded_rows_do_not_move_the_model(tokenizer):
     model = make_model(len(tokenizer))
     batch = _batch(model, tokenizer)
-    batch.completion_mask = torch.zeros_like(batch.completion_mask)
+    batch.loss_mask = torch.zeros_like(batch.loss_mask)
     before = [p.clone() for p in model.parameters()]
     _run(model, batch, LossSettings(), micro=4)
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
@@ -116,7 +116,8 @@ def test_shared_prompt_forward_equals_unshared(tokenizer, rows):
     results = []
     for share in (False, True):
         model.zero_grad()
-        logp, entropy = completion_logprobs(model, batch, rows, 0.9, 5, with_entropy=True, share_prompt=share)
+        batch.temperature = torch.full_like(batch.temperature, 0.9)
+        logp, entropy = completion_logprobs(model, batch, rows, 5, with_entropy=True, share_prompt=share)
         (logp * batch.completion_mask[rows]).sum().backward()
         results.append((logp.detach(), entropy, [p.grad.clone() for p in model.parameters()]))
     (a, ea, ga), (b, eb, gb) = results
@@ -129,25 +130,30 @@ def test_shared_prompt_forward_equals_unshared(tokenizer, rows):
 
 @pytest.mark.parametrize("aggregation", ["sequence_mean", "token_mean"])
 @pytest.mark.parametrize("share_prompt", [False, True])
-def test_fused_head_step_equals_unfused(tokenizer, aggregation, share_prompt):
-    """Fused output layer (gradient in forward) vs autograd through full logits: same update, mu = 2."""
+def test_step_equals_naive_reference(tokenizer, aggregation, share_prompt):
+    """The fused, chunked, prompt-shared step vs full logits through autograd (tests/reference.py): same loss,
+    statistics and update; sampling temperature 0.8 so per-token temperatures are exercised."""
     base = make_model(len(tokenizer))
-    batch = _batch(base, tokenizer)
+    batch = _batch(base, tokenizer, temperature=0.8)
     base = base.double()
     settings = LossSettings(beta=0.1, aggregation=aggregation, eps_low=0.05, eps_high=0.05)
-    results = []
-    for fused in (False, True):
-        model = copy.deepcopy(base)
-        opt = torch.optim.SGD(model.parameters(), lr=0.5)
-        metrics = train_step(model, opt, None, batch, settings, reference=ReferencePolicy(model), num_iterations=2,
-                             micro_batch_size=3, temperature=0.8, max_new_tokens=8, max_grad_norm=0.0,
-                             share_prompt=share_prompt, fused_head=fused, chunk_tokens=5)
-        results.append((metrics, dict(model.named_parameters())))
-    (m0, p0), (m1, p1) = results
-    for key in ("loss", "kl", "entropy", "clip_low", "clip_high"):
-        assert m0[key] == pytest.approx(m1[key], rel=1e-6, abs=1e-9), key
-    for name, p in p0.items():
-        assert torch.allclose(p, p1[name], rtol=0, atol=1e-6 * float(p.detach().abs().max())), name  # see shared-prompt test
+    model = copy.deepcopy(base)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    metrics = train_step(model, opt, None, batch, settings, reference=ReferencePolicy(model), micro_batch_size=3,
+                         max_new_tokens=8, max_grad_norm=0.0, share_prompt=share_prompt, chunk_tokens=5)
+    naive = copy.deepcopy(base)
+    with torch.no_grad():
+        from tests.reference import naive_logprobs
+
+        ref_logp = naive_logprobs(base, batch)
+    loss, sums = naive_update(naive, batch, settings, lr=0.5, ref_logp=ref_logp)
+    tokens = sums["tokens"]
+    assert metrics["loss"] == pytest.approx(loss, rel=1e-6, abs=1e-9)
+    assert metrics["kl"] == pytest.approx(sums["kl"] / tokens, rel=1e-6, abs=1e-9)
+    assert metrics["is_weight_mean"] == pytest.approx(sums["is_weight"] / tokens, rel=1e-6)
+    for name, p in dict(naive.named_parameters()).items():
+        q = dict(model.named_parameters())[name]
+        assert torch.allclose(p, q, rtol=0, atol=1e-6 * float(p.detach().abs().max())), name  # see shared-prompt test
 
 
 def test_checkpointing_with_shared_prompt_equals_plain(tokenizer):
@@ -161,7 +167,7 @@ def test_checkpointing_with_shared_prompt_equals_plain(tokenizer):
         m = copy.deepcopy(model).train()
         if checkpointing:
             m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        logp, _ = completion_logprobs(m, batch, rows, 1.0, 7, share_prompt=True)
+        logp, _ = completion_logprobs(m, batch, rows, 7, share_prompt=True)
         (logp * batch.completion_mask).sum().backward()
         grads.append((logp.detach(), [p.grad.clone() for p in m.parameters()]))
     assert torch.allclose(grads[0][0], grads[1][0], atol=1e-10)

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from rlvr.tasks import arithmetic_rows, load_jsonl, reward_columns, step_indices
+from rlvr.tasks import arithmetic_rows, data_order, load_jsonl, reward_columns
 
 
 def _key(row):
@@ -58,7 +58,8 @@ def test_jsonl_prompt_and_messages(tmp_path):
 @pytest.mark.parametrize(
     "line, message",
     [("{not json", "d.jsonl:1: not valid JSON"), ('["a"]', "d.jsonl:1: each line must be a JSON object"),
-     ('{"answer": "4"}', "d.jsonl:1: needs a non-empty 'prompt'"), ('{"prompt": "  "}', "d.jsonl:1: needs a non-empty")],
+     ('{"answer": "4"}', "d.jsonl:1: needs a non-empty 'prompt'"),
+     ('{"prompt": "  "}', "d.jsonl:1: needs a non-empty")],
 )
 def test_jsonl_errors_name_the_line(tmp_path, line, message):
     path = tmp_path / "d.jsonl"
@@ -74,8 +75,8 @@ def test_reward_columns_repeat_per_group_and_name_missing_rows():
         reward_columns([{"prompt": "a", "answer": "1"}, {"prompt": "b"}], 1)
 
 
-def test_step_indices_cover_each_row_once_per_epoch():
-    seen = [i for step in range(5) for i in step_indices(10, 4, seed=0, step=step)]
+def test_data_order_covers_each_row_once_per_epoch():
+    seen = [i for step in range(5) for i in data_order(10, seed=0, start=4 * step, count=4)]
     assert sorted(seen[:10]) == list(range(10)) and sorted(seen[10:20]) == list(range(10))
-    assert step_indices(10, 4, 0, 3) == step_indices(10, 4, 0, 3)
-    assert step_indices(10, 4, 0, 0) != step_indices(10, 4, 1, 0)
+    assert data_order(10, 0, 12, 4) == data_order(10, 0, 12, 4) == seen[12:16]
+    assert data_order(10, 0, 0, 4) != data_order(10, 1, 0, 4)

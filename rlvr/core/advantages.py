@@ -60,11 +60,15 @@ def group_advantages(
     return adv.view(-1).to(rewards.dtype)
 
 
-def zero_variance_fraction(rewards: torch.Tensor, group_size: int) -> float:
-    """Fraction of groups whose valid rewards are all equal (no learning signal). rewards: [B*G]."""
+def informative_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """[B] bool: groups with at least two valid rewards that differ (a learning signal). rewards: [B*G]."""
     r = rewards.view(-1, group_size)
     valid = ~torch.isnan(r)
     lo = torch.where(valid, r, torch.full_like(r, float("inf"))).amin(dim=1)
     hi = torch.where(valid, r, torch.full_like(r, float("-inf"))).amax(dim=1)
-    no_signal = (valid.sum(dim=1) < 2) | ~(hi > lo)
-    return no_signal.float().mean().item()
+    return (valid.sum(dim=1) >= 2) & (hi > lo)
+
+
+def zero_variance_fraction(rewards: torch.Tensor, group_size: int) -> float:
+    """Fraction of groups whose valid rewards are all equal (no learning signal). rewards: [B*G]."""
+    return (~informative_groups(rewards, group_size)).float().mean().item()

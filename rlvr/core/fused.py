@@ -17,11 +17,19 @@ that token's log-prob only - true of the clipped surrogate, the KL estimators an
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
 TokenLoss = Callable[[torch.Tensor, slice], torch.Tensor]  # (logp [c], token slice) -> weighted loss [c]
+Temperature = float | torch.Tensor  # one for all tokens, or one per token [M]
+
+
+def _chunk_temperature(temperature: Temperature, rows: slice) -> float | torch.Tensor | None:
+    """The divisor for a chunk's logits [c, V]: a float, a [c, 1] column, or None when it is 1."""
+    if isinstance(temperature, torch.Tensor):
+        return temperature[rows, None]
+    return None if temperature == 1.0 else temperature
 
 
 class _FusedHeadLoss(torch.autograd.Function):
@@ -38,8 +46,9 @@ class _FusedHeadLoss(torch.autograd.Function):
             rows = slice(start, min(start + chunk_tokens, m))
             h, y = hidden[rows], targets[rows]
             logits = (h @ weight.T).to(acc)  # [c, V]
-            if temperature != 1.0:
-                logits.div_(temperature)
+            temp = _chunk_temperature(temperature, rows)
+            if temp is not None:
+                logits.div_(temp)
             lse = torch.logsumexp(logits, dim=-1)  # [c]
             logp = logits.gather(-1, y[:, None]).squeeze(-1) - lse
             probs = torch.exp(logits - lse[:, None])  # [c, V]
@@ -53,8 +62,8 @@ class _FusedHeadLoss(torch.autograd.Function):
             total += loss.detach().sum()
             dlogits = probs.mul_(-dloss[:, None])  # reuse the softmax buffer: -p * dL/dlogp
             dlogits[torch.arange(dlogits.shape[0]), y] += dloss
-            if temperature != 1.0:
-                dlogits.div_(temperature)
+            if temp is not None:
+                dlogits.div_(temp)
             if grad_hidden is not None:
                 grad_hidden[rows] = (dlogits @ weight.to(acc)).to(hidden.dtype)
             if grad_weight is not None:
@@ -80,7 +89,7 @@ def fused_head_loss(
     head_weight: torch.Tensor,
     targets: torch.Tensor,
     token_loss: TokenLoss,
-    temperature: float = 1.0,
+    temperature: Temperature = 1.0,
     chunk_tokens: int = 512,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Sum over tokens of ``token_loss(logp)``, never holding more than [chunk_tokens, V] logits.
@@ -91,6 +100,7 @@ def fused_head_loss(
         targets: [M] token ids.
         token_loss: maps a chunk's log-probs [c] (and its slice of the M tokens) to per-token losses [c],
             already weighted so that their sum is this micro-batch's share of the step's loss.
+        temperature: a float, or one per token [M] (logits are divided by it).
     Returns:
         the scalar loss (differentiable w.r.t. hidden and head_weight), log-probs [M] and entropies [M]
         (both detached, for statistics).

@@ -13,7 +13,7 @@ def token_logprobs(
     hidden: torch.Tensor,
     head_weight: torch.Tensor,
     targets: torch.Tensor,
-    temperature: float = 1.0,
+    temperature: float | torch.Tensor = 1.0,
     chunk_tokens: int = 512,
     with_entropy: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -23,7 +23,8 @@ def token_logprobs(
         hidden: [N, T, H] final hidden states at the positions that predict ``targets``.
         head_weight: [V, H] output-layer weight (no bias).
         targets: [N, T] token ids.
-        temperature: the sampling temperature; the trainer must score with the same one.
+        temperature: the sampling temperature, one float or one per token [N, T]; the trainer must score
+            with the one each token was sampled at.
         chunk_tokens: tokens per chunk; bounds the live logits to [chunk_tokens, V].
         with_entropy: also return the entropy of each position's distribution (no gradient).
     Returns:
@@ -32,12 +33,15 @@ def token_logprobs(
     n, t, h = hidden.shape
     flat_h = hidden.reshape(n * t, h)
     flat_y = targets.reshape(n * t)
+    flat_temp = temperature.reshape(n * t, 1) if isinstance(temperature, torch.Tensor) else None
     logps, entropies = [], []
     for start in range(0, n * t, chunk_tokens):
         logits = flat_h[start : start + chunk_tokens] @ head_weight.T  # [c, V]
         if logits.dtype in (torch.float16, torch.bfloat16):
             logits = logits.float()
-        if temperature != 1.0:
+        if flat_temp is not None:
+            logits = logits / flat_temp[start : start + chunk_tokens]
+        elif temperature != 1.0:
             logits = logits / temperature
         lse = torch.logsumexp(logits, dim=-1)  # [c]
         logps.append(logits.gather(-1, flat_y[start : start + chunk_tokens, None]).squeeze(-1) - lse)

@@ -1,18 +1,19 @@
-"""Clipped policy-gradient loss, KL penalty and loss aggregation (pure torch, no state).
+"""Clipped policy-gradient loss, KL penalty, off-policy weights and loss aggregation (pure torch, no state).
 
-Shapes: N completions in the (micro-)batch, T completion tokens (right-padded), ``mask`` [N, T] is 1 on
-real completion tokens.
+Shapes: N completions in the (micro-)batch, T completion tokens (right-padded), ``mask`` [N, T] is 1 on the
+tokens that are trained (the loss mask). Per-token functions also accept the real tokens flattened to [M].
 
 Notes on departures and choices:
 - The KL term is added per token to the surrogate before aggregation (as DeepSeekMath writes it),
-  not to the reward.
+  not to the reward; it is neither importance-weighted nor masked by the off-policy correction.
 - ``aggregation`` fixes how per-token losses become one number. Every mode divides by a normaliser
   computed once per optimizer step over the whole batch (``loss_normaliser``) and only *sums* inside a
   micro-batch, so splitting a batch into micro-batches never changes the gradient:
     sequence_mean       sum_i (1/|o_i|) sum_t l_it / #sequences          (original GRPO)
     token_mean          sum_i sum_t l_it / #tokens                       (DAPO)
     token_sum_constant  sum_i sum_t l_it / (max_new_tokens * #sequences) (Dr. GRPO)
-- Clip statistics are returned as token *counts*, so they also add up exactly across micro-batches.
+- Statistics are returned as per-token tensors and reduced to sums and maxima (``stat_sums``), so they
+  add up exactly across micro-batches and chunks.
 """
 
 from __future__ import annotations
@@ -22,6 +23,17 @@ from typing import Literal
 
 import torch
 
+from rlvr.core.off_policy import (
+    IS_LEVELS,
+    IS_MODES,
+    RATIO_TO,
+    ISLevel,
+    ISMode,
+    RatioTo,
+    gap_mask,
+    importance_weight,
+)
+
 Aggregation = Literal["sequence_mean", "token_mean", "token_sum_constant"]
 AGGREGATIONS = ("sequence_mean", "token_mean", "token_sum_constant")
 KLEstimator = Literal["k1", "k2", "k3"]
@@ -30,7 +42,8 @@ KL_ESTIMATORS = ("k1", "k2", "k3")
 
 @dataclass(frozen=True)
 class LossSettings:
-    """The knobs of the per-token objective; presets are named values of these."""
+    """The knobs of the per-token objective; presets are named values of these (see rlvr.core.off_policy for
+    the off-policy ones)."""
 
     eps_low: float = 0.2  # ratio floor is 1 - eps_low
     eps_high: float = 0.2  # ratio ceiling is 1 + eps_high (DAPO "clip-higher" raises it)
@@ -38,6 +51,40 @@ class LossSettings:
     beta: float = 0.0  # KL coefficient; 0 means no reference pass at all
     kl_estimator: KLEstimator = "k3"
     aggregation: Aggregation = "sequence_mean"
+    ratio_to: RatioTo = "proximal"  # denominator of the clipped ratio: pi_prox or pi_behav
+    is_level: ISLevel = "token"  # importance weight pi_prox / pi_behav per token, per sequence, or none
+    is_mode: ISMode = "truncate"  # weights above is_cap are truncated to it, or masked to 0
+    is_cap: float = 2.0
+    gap_mask: float = 0.0  # delta of the probability-gap trust region (0 disables)
+
+    def __post_init__(self) -> None:
+        for name, value, allowed in (("aggregation", self.aggregation, AGGREGATIONS),
+                                     ("kl_estimator", self.kl_estimator, KL_ESTIMATORS),
+                                     ("ratio_to", self.ratio_to, RATIO_TO), ("is_level", self.is_level, IS_LEVELS),
+                                     ("is_mode", self.is_mode, IS_MODES)):
+            if value not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+        if self.ratio_to == "behaviour" and self.is_level != "none":
+            raise ValueError(
+                "ratio_to='behaviour' already divides by the behaviour policy; an importance weight on top would "
+                "correct twice: set is_level='none', or ratio_to='proximal' for the decoupled objective"
+            )
+        if self.is_cap <= 0:
+            raise ValueError(f"is_cap must be > 0, got {self.is_cap}")
+        if not 0 <= self.gap_mask < 1:
+            raise ValueError(f"gap_mask is a probability gap in [0, 1), got {self.gap_mask}")
+
+
+@dataclass
+class TokenInputs:
+    """Per-token tensors of one (micro-)batch; every field has the shape of ``logp`` ([M] or [N, T])."""
+
+    logp: torch.Tensor  # pi_theta, carries gradient
+    behaviour_logp: torch.Tensor  # pi_behav, recorded by the sampler
+    adv: torch.Tensor  # each token's advantage (broadcastable: [N, 1] for one per completion)
+    proximal_logp: torch.Tensor | None = None  # pi_prox; None: the current weights are it (mu = 1)
+    ref_logp: torch.Tensor | None = None  # reference policy; needed iff beta != 0
+    sequence_log_weight: torch.Tensor | None = None  # sum of log pi_prox/pi_behav over the token's completion
 
 
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: KLEstimator) -> torch.Tensor:
@@ -68,7 +115,7 @@ def clipped_surrogate(
 
     Args:
         logp: [N, T] (or any shape) current log-probs (carry gradient).
-        old_logp: same shape, log-probs of the policy that sampled the tokens.
+        old_logp: same shape, log-probs of the ratio's denominator policy.
         adv: advantages broadcastable to logp: [N, 1] for one per completion, or one per token.
     Returns:
         loss and boolean masks, shaped like logp: ``clip_low`` (ratio < 1-eps_low with A < 0),
@@ -92,8 +139,62 @@ def clipped_surrogate(
     return loss, flags
 
 
+def token_objective(x: TokenInputs, settings: LossSettings) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Per-token loss  keep * w * clipped_surrogate(r, A) + beta * KL,  elementwise (see rlvr.core.off_policy).
+
+    Returns the loss (shaped like ``x.logp``) and per-token statistics: boolean ``clip_low``, ``clip_high``
+    (``clip_dual``), ``is_capped``, ``gap_masked``; float ``is_weight`` (rho = pi_prox/pi_behav per token),
+    ``logp_gap`` (|logp_prox - logp_behav|) and ``kl`` (when beta != 0).
+    """
+    s = settings
+    prox = x.logp.detach() if x.proximal_logp is None else x.proximal_logp
+    anchor = x.behaviour_logp if s.ratio_to == "behaviour" else prox
+    loss, stats = clipped_surrogate(x.logp, anchor, x.adv, s.eps_low, s.eps_high, s.dual_clip)
+    token_log_weight = (prox - x.behaviour_logp).detach()
+    if s.is_level != "none":
+        if s.is_level == "sequence":
+            if x.sequence_log_weight is None:
+                raise ValueError("is_level='sequence' needs sequence_log_weight (see off_policy.sequence_log_ratio)")
+            log_weight = x.sequence_log_weight
+        else:
+            log_weight = token_log_weight
+        weight, stats["is_capped"] = importance_weight(log_weight, s.is_mode, s.is_cap)
+        loss = loss * weight
+    else:
+        stats["is_capped"] = torch.zeros_like(loss, dtype=torch.bool)
+    keep = gap_mask(x.logp, x.behaviour_logp, x.adv, s.gap_mask).expand_as(loss)
+    stats["gap_masked"] = ~keep
+    loss = torch.where(keep, loss, torch.zeros_like(loss))
+    stats["is_weight"] = torch.exp(token_log_weight.clamp(max=20.0)).expand_as(loss)
+    stats["logp_gap"] = token_log_weight.abs().expand_as(loss)
+    if s.beta != 0.0:
+        if x.ref_logp is None:
+            raise ValueError("beta != 0 needs ref_logp")
+        kl = kl_penalty(x.logp, x.ref_logp, s.kl_estimator)
+        stats["kl"] = kl.detach()
+        loss = loss + s.beta * kl
+    return loss, stats
+
+
+def stat_sums(stats: dict[str, torch.Tensor], mask: torch.Tensor | None = None) -> dict[str, float]:
+    """Reduce per-token statistics over the tokens in ``mask`` (all when None): counts and sums, plus
+    ``is_weight_max``; ``tokens`` is the number of tokens. Merge several with ``merge_stat_sums``."""
+    m = torch.ones_like(stats["is_weight"], dtype=torch.bool) if mask is None else mask.bool()
+    out = {name: float(v[m].sum()) for name, v in stats.items()}
+    out["tokens"] = float(m.sum())
+    out["is_weight_max"] = float(stats["is_weight"][m].max()) if m.any() else 0.0
+    return out
+
+
+def merge_stat_sums(total: dict[str, float], part: dict[str, float]) -> dict[str, float]:
+    """Add ``part`` into ``total`` (maxima take the max); returns ``total``."""
+    for k, v in part.items():
+        total[k] = max(total.get(k, v), v) if k.endswith("_max") else total.get(k, 0.0) + v
+    return total
+
+
 def loss_normaliser(mask: torch.Tensor, aggregation: Aggregation, max_new_tokens: int) -> float:
-    """The divisor for one optimizer step, from the mask of the *whole* batch. mask: [N, T]."""
+    """The divisor for one optimizer step, from the loss mask of the *whole* batch. mask: [N, T]."""
     lengths = mask.sum(dim=-1)
     sequences = int((lengths > 0).sum())
     if aggregation == "sequence_mean":
@@ -124,49 +225,17 @@ def aggregate(
     return (per_token * token_weights(mask.to(per_token.dtype), aggregation, normaliser)).sum()
 
 
-def token_objective(
-    logp: torch.Tensor,
-    old_logp: torch.Tensor,
-    ref_logp: torch.Tensor | None,
-    adv: torch.Tensor,
-    settings: LossSettings,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor | None]:
-    """Per-token loss (surrogate + beta * KL), elementwise; adv broadcastable to logp.
-
-    Returns the loss, the clip masks, and the KL estimate (None when beta == 0).
-    """
-    loss, flags = clipped_surrogate(logp, old_logp, adv, settings.eps_low, settings.eps_high, settings.dual_clip)
-    kl = None
-    if settings.beta != 0.0:
-        if ref_logp is None:
-            raise ValueError("beta != 0 needs ref_logp")
-        kl = kl_penalty(logp, ref_logp, settings.kl_estimator)
-        loss = loss + settings.beta * kl
-    return loss, flags, kl
-
-
 def policy_loss(
-    logp: torch.Tensor,
-    old_logp: torch.Tensor,
-    ref_logp: torch.Tensor | None,
-    adv: torch.Tensor,
-    mask: torch.Tensor,
-    settings: LossSettings,
-    normaliser: float,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The whole objective for one micro-batch.
+    x: TokenInputs, mask: torch.Tensor, settings: LossSettings, normaliser: float
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The whole objective for one micro-batch of [N, T] tensors (the plain composition; the trainer runs the
+    same per-token objective inside the fused output layer).
 
     Args:
-        logp, old_logp, ref_logp: [N, T] log-probs of the sampled tokens (ref_logp None iff beta == 0).
-        adv: [N]; mask: [N, T]; normaliser: from ``loss_normaliser`` over the whole optimizer batch.
+        x: [N, T] log-probs of the sampled tokens; ``x.adv`` [N, 1] or [N, T].
+        mask: [N, T] loss mask; normaliser: from ``loss_normaliser`` over the whole optimizer batch.
     Returns:
-        scalar loss (this micro-batch's additive share) and detached token counts/sums for logging:
-        tokens, clip_low, clip_high, clip_dual, kl_sum.
+        scalar loss (this micro-batch's additive share) and the statistics' sums over the mask.
     """
-    per_token, flags, kl = token_objective(logp, old_logp, ref_logp, adv[:, None], settings)
-    m = mask.bool()
-    stats = {name: (flag & m).sum().detach() for name, flag in flags.items()}
-    stats["tokens"] = m.sum().detach()
-    if kl is not None:
-        stats["kl_sum"] = (kl.detach() * mask).sum()
-    return aggregate(per_token, mask, settings.aggregation, normaliser), stats
+    per_token, stats = token_objective(x, settings)
+    return aggregate(per_token, mask, settings.aggregation, normaliser), stat_sums(stats, mask)

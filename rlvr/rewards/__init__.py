@@ -6,6 +6,7 @@ import functools
 import importlib
 from typing import Any
 
+from rlvr.rewards.arithmetic import arithmetic_correct
 from rlvr.rewards.base import (
     RewardError,
     RewardFn,
@@ -19,7 +20,6 @@ from rlvr.rewards.code import code_tests
 from rlvr.rewards.format import format_match
 from rlvr.rewards.length import overlong_penalty
 from rlvr.rewards.math import math_correct
-from rlvr.rewards.arithmetic import arithmetic_correct
 
 # Built-in names map to factories that take the configured keyword arguments.
 BUILTINS = {
@@ -43,7 +43,7 @@ def build_reward(name: str, kwargs: dict[str, Any] | None = None) -> RewardFn:
     module_name, attr = name.split(":", 1)
     fn = getattr(importlib.import_module(module_name), attr, None)
     if not callable(fn):
-        raise ValueError(f"reward {name!r}: {module_name} has no function {attr!r}")
+        raise ValueError(f"reward {name!r}: {module_name} has no function {attr!r}")  # noqa: TRY004 (bad config)
     return functools.partial(fn, **kwargs) if kwargs else fn
 
 

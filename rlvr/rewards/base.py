@@ -28,8 +28,9 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 import torch
 
@@ -90,7 +91,7 @@ def _call_with_timeout(fn: Callable[[], Any], timeout_s: float) -> Any:
     def run() -> None:
         try:
             box["value"] = fn()
-        except BaseException as err:  # handed to the caller's thread
+        except BaseException as err:  # noqa: BLE001 (handed to the caller's thread)
             box["error"] = err
 
     worker = threading.Thread(target=run, daemon=True, name="rlvr-reward")
@@ -116,7 +117,7 @@ def score_completions(
     total = torch.zeros(n, dtype=torch.float64)
     scored = torch.zeros(n, dtype=torch.bool)
     for reward in rewards:
-        call = lambda: reward.fn(prompts=prompts, completions=completions, **columns)  # noqa: E731
+        call = lambda reward=reward: reward.fn(prompts=prompts, completions=completions, **columns)
         try:
             values = _call_with_timeout(call, reward.timeout_s)
         except Exception as err:
@@ -131,7 +132,8 @@ def score_completions(
         if not isinstance(values, (list, tuple)) or len(values) != n:
             got = len(values) if isinstance(values, (list, tuple)) else type(values).__name__
             raise RewardError(
-                f"reward function {reward.name!r} returned {got} values for {n} completions; it must return a list of {n}"
+                f"reward function {reward.name!r} returned {got} values for {n} completions; "
+                f"it must return a list of {n}"
             )
         v = torch.tensor([_as_float(x, reward.name, i) for i, x in enumerate(values)], dtype=torch.float64)
         per_fn[reward.name] = v.float()

@@ -13,7 +13,7 @@ import re
 from rlvr.rewards.base import RewardFn, completion_text
 from rlvr.verifiers.sandbox import Limits, Sandbox, grade
 
-_FENCE = re.compile(r"```([A-Za-z0-9_+-]*)[ \t]*\n(.*?)```", re.S)
+_FENCE = re.compile(r"```([A-Za-z0-9_+-]*)[ \t]*\n(.*?)```", re.DOTALL)
 
 
 def extract_code(text: str) -> str:

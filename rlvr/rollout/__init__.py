@@ -1,6 +1,18 @@
 """Rollouts: sample G completions per prompt and record what the trainer needs."""
 
+from rlvr.prompts import Prompt, encode_prompts
 from rlvr.rollout.engine import Completions, SamplingParams, generate_groups
-from rlvr.rollout.groups import Groups, Prompt, encode_prompts, sample_groups
+from rlvr.rollout.groups import Groups, sample_groups
+from rlvr.rollout.sampler import LocalSampler, Sampler
 
-__all__ = ["Completions", "Groups", "Prompt", "SamplingParams", "encode_prompts", "generate_groups", "sample_groups"]
+__all__ = [
+    "Completions",
+    "Groups",
+    "LocalSampler",
+    "Prompt",
+    "Sampler",
+    "SamplingParams",
+    "encode_prompts",
+    "generate_groups",
+    "sample_groups",
+]

@@ -14,8 +14,8 @@ decoding (temperature 0) records log softmax(logits)[token].
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import nn
@@ -37,7 +37,7 @@ class Completions:
 
     ids: torch.Tensor  # [B*G, T] right-padded with pad_id
     mask: torch.Tensor  # [B*G, T] 1 on generated tokens, EOS included
-    sampling_logp: torch.Tensor  # [B*G, T] float32, 0 on padding
+    behaviour_logp: torch.Tensor  # [B*G, T] float32, 0 on padding
     truncated: torch.Tensor  # [B*G] bool: reached max_new_tokens without EOS
 
 
@@ -95,12 +95,13 @@ def generate_groups(
         stop: called with a row's completion tokens so far; True ends that completion after the current
             token (used for stop strings; the token completing the stop string is kept).
     """
-    b, p = prompt_ids.shape
+    b, _p = prompt_ids.shape
     n = b * group_size
     device = prompt_ids.device
     cache = DynamicCache()
     positions = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0)
-    out = backbone(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions, cache=cache, use_cache=True)
+    out = backbone(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions, cache=cache,
+                   use_cache=True)
     logits = head(out.last_hidden_state[:, -1]).repeat_interleave(group_size, dim=0)  # [B*G, V]
     cache.batch_repeat_interleave(group_size)
     attn = prompt_mask.repeat_interleave(group_size, dim=0)  # [B*G, P + t]
@@ -119,7 +120,8 @@ def generate_groups(
         lengths[active] = t + 1
         done = torch.isin(tokens, eos)
         if stop is not None:  # stop strings: checked on each still-running row's tokens so far
-            done |= torch.tensor([bool(not d and stop(ids[row, : t + 1].tolist())) for row, d in zip(active.tolist(), done.tolist())])
+            done |= torch.tensor([bool(not d and stop(ids[row, : t + 1].tolist()))
+                                  for row, d in zip(active.tolist(), done.tolist())])
         finished[active] = done
         if t + 1 == params.max_new_tokens or bool(done.all()):
             break
@@ -135,4 +137,4 @@ def generate_groups(
         next_pos = next_pos + 1
     width = int(lengths.max()) if n else 0
     mask = torch.arange(width, device=device)[None, :] < lengths[:, None]
-    return Completions(ids=ids[:, :width], mask=mask, sampling_logp=logps[:, :width], truncated=~finished)
+    return Completions(ids=ids[:, :width], mask=mask, behaviour_logp=logps[:, :width], truncated=~finished)

@@ -1,58 +1,85 @@
-"""Turn dataset prompts into token ids and sample a group of completions for each."""
+"""Groups of completions - what every sampler returns - and the in-process sampling of them."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Callable
 
 import torch
 from torch import nn
 
 from rlvr.models import backbone_and_head
+from rlvr.prompts import Prompt, encode_prompts
 from rlvr.rollout.engine import SamplingParams, generate_groups
-
-Prompt = str | list[dict[str, Any]]  # raw text, or chat messages [{"role": ..., "content": ...}]
 
 
 @dataclass
 class Groups:
-    """G completions for each of B prompts; completion row i belongs to prompt i // G."""
+    """G completions for each of B prompts; completion row i belongs to prompt i // G.
+
+    Padding ids (prompt left, completion right) are arbitrary: they are masked everywhere.
+    """
 
     prompt_ids: torch.Tensor  # [B, P] left-padded
     prompt_mask: torch.Tensor  # [B, P]
     completion_ids: torch.Tensor  # [B*G, T] right-padded
-    completion_mask: torch.Tensor  # [B*G, T]
-    sampling_logp: torch.Tensor  # [B*G, T] log-probs recorded while sampling
-    truncated: torch.Tensor  # [B*G] bool
+    completion_mask: torch.Tensor  # [B*G, T] 1 on generated tokens (EOS included)
+    behaviour_logp: torch.Tensor  # [B*G, T] log-probs of the sampled tokens under the sampling policy, 0 on padding
+    truncated: torch.Tensor  # [B*G] bool: hit max_new_tokens without EOS or a stop string
     texts: list[str]  # [B*G] decoded completions, special tokens removed
     group_size: int
-    policy_version: int = 0
+    version: torch.Tensor  # [B*G] long: policy version that sampled each completion
+    temperature: torch.Tensor  # [B*G] float: sampling temperature (0 = greedy) behaviour_logp was taken at
 
     @property
-    def num_completions(self) -> int:
-        return self.completion_ids.shape[0]
+    def num_groups(self) -> int:
+        return self.prompt_ids.shape[0]
 
+    def select(self, groups: Sequence[int]) -> Groups:
+        """The given groups (by index), whole, in the given order."""
+        g = torch.as_tensor(list(groups), dtype=torch.long)
+        rows = (g[:, None] * self.group_size + torch.arange(self.group_size)).reshape(-1)  # [len(g) * G]
+        return Groups(
+            prompt_ids=self.prompt_ids[g], prompt_mask=self.prompt_mask[g],
+            completion_ids=self.completion_ids[rows], completion_mask=self.completion_mask[rows],
+            behaviour_logp=self.behaviour_logp[rows], truncated=self.truncated[rows],
+            texts=[self.texts[i] for i in rows.tolist()], group_size=self.group_size,
+            version=self.version[rows], temperature=self.temperature[rows],
+        )
 
-def prompt_text(tokenizer, prompt: Prompt) -> str:
-    """Chat messages go through the tokenizer's chat template; plain strings are used as they are."""
-    if isinstance(prompt, str):
-        return prompt
-    return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+    @staticmethod
+    def concat(parts: Sequence[Groups]) -> Groups:
+        """One Groups from several with the same group size (prompts re-padded left, completions right)."""
+        if not parts:
+            raise ValueError("nothing to concatenate")
+        if len({p.group_size for p in parts}) != 1:
+            raise ValueError(f"group sizes differ: {[p.group_size for p in parts]}")
+        width_p = max(p.prompt_ids.shape[1] for p in parts)
+        width_t = max(p.completion_ids.shape[1] for p in parts)
 
+        def left(x: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.pad(x, (width_p - x.shape[1], 0))
 
-def encode_prompts(tokenizer, prompts: list[Prompt]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Tokenize prompts into left-padded ids and mask, both [B, P]."""
-    texts = [prompt_text(tokenizer, p) for p in prompts]
-    chat = [not isinstance(p, str) for p in prompts]
-    encoded = [tokenizer(t, add_special_tokens=not c)["input_ids"] for t, c in zip(texts, chat)]
-    for i, ids in enumerate(encoded):
-        if not ids:
-            raise ValueError(f"prompt {i} is empty after tokenization: {prompts[i]!r}")
-    width = max(len(ids) for ids in encoded)
-    pad = tokenizer.pad_token_id
-    ids = torch.tensor([[pad] * (width - len(x)) + x for x in encoded], dtype=torch.long)
-    mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in encoded], dtype=torch.long)
-    return ids, mask
+        def right(x: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.pad(x, (0, width_t - x.shape[1]))
+
+        return Groups(
+            prompt_ids=torch.cat([left(p.prompt_ids) for p in parts]),
+            prompt_mask=torch.cat([left(p.prompt_mask) for p in parts]),
+            completion_ids=torch.cat([right(p.completion_ids) for p in parts]),
+            completion_mask=torch.cat([right(p.completion_mask) for p in parts]),
+            behaviour_logp=torch.cat([right(p.behaviour_logp) for p in parts]),
+            truncated=torch.cat([p.truncated for p in parts]),
+            texts=[t for p in parts for t in p.texts],
+            group_size=parts[0].group_size,
+            version=torch.cat([p.version for p in parts]),
+            temperature=torch.cat([p.temperature for p in parts]),
+        )
+
+    def completion_token_ids(self) -> list[list[int]]:
+        """Each completion's tokens, padding removed."""
+        return [ids[m.bool()].tolist() for ids, m in zip(self.completion_ids, self.completion_mask)]
+
 
 
 def eos_token_ids(model: nn.Module, tokenizer) -> list[int]:
@@ -65,9 +92,9 @@ def eos_token_ids(model: nn.Module, tokenizer) -> list[int]:
     return sorted(i for i in ids if i is not None)
 
 
-def stop_string_checker(tokenizer, stops: tuple[str, ...]) -> Callable[[list[int]], bool] | None:
+def stop_string_checker(tokenizer, stops: tuple[str, ...]):
     """True once the decoded tail of a completion contains a stop string (tail: enough tokens to hold the
-    longest stop string, since every token decodes to at least one character)."""
+    longest stop string, since every token decodes to at least one character); None without stop strings."""
     if not stops:
         return None
     window = max(len(s) for s in stops) + 1
@@ -86,8 +113,9 @@ def sample_groups(
     group_size: int,
     params: SamplingParams,
     generator: torch.Generator | None = None,
-    policy_version: int = 0,
+    version: int = 0,
 ) -> Groups:
+    """G completions per prompt from an in-process model, tagged with ``version``."""
     prompt_ids, prompt_mask = encode_prompts(tokenizer, prompts)
     backbone, head = backbone_and_head(model)
     was_training = model.training
@@ -110,14 +138,16 @@ def sample_groups(
     texts = tokenizer.batch_decode(
         [row[m.bool()].tolist() for row, m in zip(out.ids, out.mask)], skip_special_tokens=True
     )
+    n = out.ids.shape[0]
     return Groups(
         prompt_ids=prompt_ids,
         prompt_mask=prompt_mask,
         completion_ids=out.ids,
         completion_mask=out.mask.long(),
-        sampling_logp=out.sampling_logp,
+        behaviour_logp=out.behaviour_logp,
         truncated=out.truncated,
         texts=texts,
         group_size=group_size,
-        policy_version=policy_version,
+        version=torch.full((n,), version, dtype=torch.long),
+        temperature=torch.full((n,), float(params.temperature)),
     )

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from rlvr.rollout.groups import prompt_text
+from rlvr.prompts import prompt_token_ids
 from rlvr.tasks.arithmetic import arithmetic_rows
 from rlvr.tasks.jsonl import load_jsonl
-
 
 # JSONL task flavours: required columns (checked row by row) and the default correctness reward.
 JSONL_TASKS = {
@@ -21,7 +20,8 @@ def load_task(cfg) -> tuple[list[dict], list[dict], str]:
     """Train rows, held-out rows and the name of the correctness reward, from a ``TaskConfig``."""
     if cfg.name == "arithmetic":
         train, held_out = arithmetic_rows(
-            cfg.digits, tuple(cfg.operators), cfg.eval_size, cfg.train_size, seed=cfg.seed, system_prompt=cfg.system_prompt
+            cfg.digits, tuple(cfg.operators), cfg.eval_size, cfg.train_size, seed=cfg.seed,
+            system_prompt=cfg.system_prompt,
         )
         return train, held_out, cfg.eval_reward or "arithmetic_correct"
     if cfg.name in JSONL_TASKS:
@@ -66,13 +66,14 @@ def fit_prompts(tokenizer, rows: list[dict], max_prompt_tokens: int, drop: bool,
     """
     kept = []
     for i, row in enumerate(rows):
-        n = len(tokenizer(prompt_text(tokenizer, row["prompt"]), add_special_tokens=isinstance(row["prompt"], str))["input_ids"])
+        n = len(prompt_token_ids(tokenizer, row["prompt"]))
         if n <= max_prompt_tokens:
             kept.append(row)
         elif not drop:
             raise ValueError(
                 f"{split} row {i} has a {n}-token prompt; with rollout.max_new_tokens the model's context leaves room "
-                f"for {max_prompt_tokens}. Shorten it, lower rollout.max_new_tokens, or set task.drop_long_prompts=true "
+                f"for {max_prompt_tokens}. Shorten it, lower rollout.max_new_tokens, or set "
+                "task.drop_long_prompts=true "
                 f"to skip such rows (they are counted)."
             )
     if not kept:
@@ -80,11 +81,12 @@ def fit_prompts(tokenizer, rows: list[dict], max_prompt_tokens: int, drop: bool,
     return kept, len(rows) - len(kept)
 
 
-def step_indices(num_rows: int, batch: int, seed: int, step: int) -> list[int]:
-    """Row indices for ``step``: epochs of a seeded permutation, a pure function of (seed, step)."""
+def data_order(num_rows: int, seed: int, start: int, count: int) -> list[int]:
+    """Row indices at positions [start, start + count) of the data stream: epochs of a seeded permutation, so
+    a pure function of (seed, position). A loop that consumes B rows a step reads positions step * B onward."""
     perms: dict[int, torch.Tensor] = {}
     out = []
-    for pos in range(step * batch, (step + 1) * batch):
+    for pos in range(start, start + count):
         epoch, offset = divmod(pos, num_rows)
         if epoch not in perms:
             perms[epoch] = torch.randperm(num_rows, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
@@ -92,4 +94,4 @@ def step_indices(num_rows: int, batch: int, seed: int, step: int) -> list[int]:
     return out
 
 
-__all__ = ["arithmetic_rows", "fit_prompts", "load_jsonl", "load_task", "reward_columns", "step_indices"]
+__all__ = ["arithmetic_rows", "data_order", "fit_prompts", "load_jsonl", "load_task", "reward_columns"]

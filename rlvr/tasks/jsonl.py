@@ -25,7 +25,7 @@ def load_jsonl(path: str | Path, required: tuple[str, ...] = ()) -> list[dict]:
             except json.JSONDecodeError as err:
                 raise ValueError(f"{path}:{lineno}: not valid JSON ({err.msg})") from None
             if not isinstance(row, dict):
-                raise ValueError(f"{path}:{lineno}: each line must be a JSON object")
+                raise ValueError(f"{path}:{lineno}: each line must be a JSON object")  # noqa: TRY004 (bad input)
             if "messages" in row and "prompt" not in row:
                 row["prompt"] = row.pop("messages")
             prompt = row.get("prompt")

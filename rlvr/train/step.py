@@ -1,4 +1,6 @@
-"""One GRPO update on a batch of scored groups; shared by the synchronous loop and async learners.
+"""One policy update on a batch of scored groups, in three parts: the frozen passes (reference and proximal
+log-probs, no gradient), the loss of one micro-batch (fused output layer, statistics gathered inside it), and
+the optimizer update. ``train_step`` composes them; the synchronous loop calls it, and any other runtime can.
 
 The step is blind to the algorithm variant: everything variant-specific arrives in ``LossSettings``.
 """
@@ -7,8 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import torch
 from torch import nn
@@ -17,26 +19,18 @@ from transformers.cache_utils import DynamicLayer
 
 from rlvr.core import (
     LossSettings,
+    TokenInputs,
     fused_head_loss,
     loss_normaliser,
-    policy_loss,
+    merge_stat_sums,
+    sequence_log_ratio,
+    stat_sums,
     token_logprobs,
     token_objective,
     token_weights,
 )
 from rlvr.models import ReferencePolicy, backbone_and_head
-
-
-@dataclass
-class StepBatch:
-    """Everything the update needs; completion row i belongs to prompt i // group_size."""
-
-    prompt_ids: torch.Tensor  # [B, P] left-padded
-    prompt_mask: torch.Tensor  # [B, P]
-    completion_ids: torch.Tensor  # [N, T] right-padded, N = B * G
-    completion_mask: torch.Tensor  # [N, T]; rows excluded from the update are all zero
-    adv: torch.Tensor  # [N]
-    group_size: int
+from rlvr.train.batch import StepBatch
 
 
 class _PrefixLayer(DynamicLayer):
@@ -110,47 +104,127 @@ def completion_logprobs(
     model: nn.Module,
     batch: StepBatch,
     rows: torch.Tensor,
-    temperature: float,
-    chunk_tokens: int,
+    chunk_tokens: int = 512,
     with_entropy: bool = False,
-    share_prompt: bool = False,
+    share_prompt: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs [n, T] of the completion tokens of ``rows`` (and entropies); prompt logits are never computed."""
+    """Log-probs [n, T] of the completion tokens of ``rows`` at their sampling temperatures (and entropies);
+    prompt logits are never computed."""
     hidden = completion_hidden(model, batch, rows, share_prompt)
     head = backbone_and_head(model)[1]
-    return token_logprobs(hidden, head.weight, batch.completion_ids[rows], temperature, chunk_tokens, with_entropy)
-
-
-def _fused_micro_batch(model, batch, rows, old_logp, ref_logp, settings, normaliser, temperature, chunk_tokens, share_prompt):
-    """Loss of one micro-batch through the fused output layer; returns (loss, logp [n, T] detached, entropy)."""
-    mask = batch.completion_mask[rows]
-    m = mask.bool()
-    hidden = completion_hidden(model, batch, rows, share_prompt)[m]  # [M, H], real tokens only
-    weights = token_weights(mask.to(hidden.dtype), settings.aggregation, normaliser)[m]  # [M]
-    adv = batch.adv[rows][:, None].expand_as(mask)[m].to(hidden.dtype)
-    old = None if old_logp is None else old_logp[rows][m]
-    ref = None if ref_logp is None else ref_logp[rows][m]
-
-    def token_loss(lp: torch.Tensor, sl: slice) -> torch.Tensor:
-        base = lp.detach() if old is None else old[sl]
-        loss, _, _ = token_objective(lp, base, None if ref is None else ref[sl], adv[sl], settings)
-        return loss * weights[sl]
-
-    head = backbone_and_head(model)[1]
-    loss, logp_real, entropy_real = fused_head_loss(
-        hidden, head.weight, batch.completion_ids[rows][m], token_loss, temperature, chunk_tokens
+    return token_logprobs(
+        hidden, head.weight, batch.completion_ids[rows], batch.temperature[rows], chunk_tokens, with_entropy
     )
-    logp = torch.zeros(mask.shape, dtype=logp_real.dtype)
-    entropy = torch.zeros(mask.shape, dtype=entropy_real.dtype)
-    logp[m], entropy[m] = logp_real, entropy_real
-    return loss, logp, entropy
+
+
+@dataclass
+class FrozenLogprobs:
+    """Log-probs [N, T] computed once per step without gradient."""
+
+    ref: torch.Tensor | None = None  # reference policy, when beta != 0
+    proximal: torch.Tensor | None = None  # the weights as the step began, when mu > 1 needs them
 
 
 @torch.no_grad()
-def _frozen_logprobs(model, batch, micro_rows, temperature, chunk_tokens, share_prompt) -> torch.Tensor:
-    return torch.cat(
-        [completion_logprobs(model, batch, rows, temperature, chunk_tokens, share_prompt=share_prompt)[0] for rows in micro_rows]
-    )
+def _logprobs_of(model, batch, micro_rows, chunk_tokens, share_prompt) -> torch.Tensor:
+    parts = [completion_logprobs(model, batch, rows, chunk_tokens, share_prompt=share_prompt)[0] for rows in micro_rows]
+    return torch.cat(parts)
+
+
+def frozen_passes(
+    model: nn.Module,
+    batch: StepBatch,
+    micro_rows: list[torch.Tensor],
+    settings: LossSettings,
+    reference: ReferencePolicy | None,
+    num_iterations: int,
+    chunk_tokens: int = 512,
+    share_prompt: bool = True,
+) -> FrozenLogprobs:
+    """The no-gradient passes a step needs: the reference only when beta != 0; the proximal policy only when
+    mu > 1 and the objective reads it (with mu = 1 the current weights are the proximal policy)."""
+    frozen = FrozenLogprobs()
+    if settings.beta != 0.0:
+        if reference is None:
+            raise ValueError("beta != 0 needs a reference policy")
+        with reference.active() as ref_model:
+            frozen.ref = _logprobs_of(ref_model, batch, micro_rows, chunk_tokens, share_prompt)
+    if num_iterations > 1 and (settings.ratio_to == "proximal" or settings.is_level != "none"):
+        frozen.proximal = _logprobs_of(model, batch, micro_rows, chunk_tokens, share_prompt)
+    return frozen
+
+
+def micro_batch_loss(
+    model: nn.Module,
+    batch: StepBatch,
+    rows: torch.Tensor,
+    settings: LossSettings,
+    normaliser: float,
+    frozen: FrozenLogprobs,
+    chunk_tokens: int = 512,
+    share_prompt: bool = True,
+) -> tuple[torch.Tensor, dict[str, float], float]:
+    """This micro-batch's share of the step's loss through the fused output layer (rlvr.core.fused).
+
+    Returns the loss (differentiable), the sums of the per-token statistics (rlvr.core.losses.stat_sums), taken
+    inside the fused pass, and the summed entropy of the trained tokens.
+    """
+    loss_mask = batch.loss_mask[rows]  # [n, T]
+    m = loss_mask.bool()
+    hidden = completion_hidden(model, batch, rows, share_prompt)[m]  # [M, H], trained tokens only
+    head = backbone_and_head(model)[1]
+    targets, temperature = batch.completion_ids[rows][m], batch.temperature[rows][m]  # [M]
+    weights = token_weights(loss_mask.to(hidden.dtype), settings.aggregation, normaliser)[m]  # [M]
+    adv = batch.token_adv(rows)[m].to(hidden.dtype)
+    behaviour = batch.behaviour_logp[rows][m]
+    proximal = None if frozen.proximal is None else frozen.proximal[rows][m]
+    ref = None if frozen.ref is None else frozen.ref[rows][m]
+    sequence_weight = None
+    if settings.is_level == "sequence":
+        prox = proximal
+        if prox is None:  # mu = 1: the current weights are the proximal policy; one pass through the output layer
+            with torch.no_grad():
+                prox, _ = token_logprobs(hidden.detach()[None], head.weight, targets[None], temperature[None],
+                                         chunk_tokens)
+                prox = prox[0]
+        full = torch.zeros(loss_mask.shape, dtype=prox.dtype)
+        full[m] = prox
+        per_row = sequence_log_ratio(full, batch.behaviour_logp[rows].to(prox.dtype), loss_mask)  # [n]
+        sequence_weight = per_row[:, None].expand_as(full)[m]
+    sums: dict[str, float] = {}
+
+    def token_loss(lp: torch.Tensor, sl: slice) -> torch.Tensor:
+        x = TokenInputs(
+            lp, behaviour[sl], adv[sl],
+            proximal_logp=None if proximal is None else proximal[sl],
+            ref_logp=None if ref is None else ref[sl],
+            sequence_log_weight=None if sequence_weight is None else sequence_weight[sl],
+        )
+        loss, stats = token_objective(x, settings)
+        merge_stat_sums(sums, stat_sums(stats))
+        return loss * weights[sl]
+
+    loss, _, entropy = fused_head_loss(hidden, head.weight, targets, token_loss, temperature, chunk_tokens)
+    return loss, sums, float(entropy.sum())
+
+
+def apply_update(
+    params: list[nn.Parameter],
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None,
+    max_grad_norm: float,
+    loss: float,
+) -> tuple[float, bool]:
+    """Clip the accumulated gradients and step; a non-finite loss or gradient norm skips the update (weights and
+    optimizer state untouched, gradients dropped). Returns (gradient norm, applied)."""
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm > 0 else float("inf")))
+    if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+        optimizer.zero_grad(set_to_none=True)
+        return grad_norm, False
+    optimizer.step()
+    if scheduler is not None:
+        scheduler.step()
+    return grad_norm, True
 
 
 def train_step(
@@ -160,91 +234,66 @@ def train_step(
     batch: StepBatch,
     settings: LossSettings,
     *,
-    reference: ReferencePolicy | None,
-    num_iterations: int,
-    micro_batch_size: int,
-    temperature: float,
+    reference: ReferencePolicy | None = None,
+    num_iterations: int = 1,
+    micro_batch_size: int = 16,
     max_new_tokens: int,
-    max_grad_norm: float,
+    max_grad_norm: float = 1.0,
     chunk_tokens: int = 512,
     share_prompt: bool = True,
-    fused_head: bool = True,
 ) -> dict[str, float]:
     """Run ``num_iterations`` optimizer steps over the batch and return metrics.
 
-    - ``share_prompt``: each prompt runs once per group in the forward pass (see ``completion_hidden``).
-    - ``fused_head``: output layer, log-softmax and loss chunk by chunk, gradients taken in the forward
-      pass (``rlvr.core.fused``), so [tokens, vocab] logits are never held.
-    - Old-policy log-probs are the detached current ones when num_iterations == 1 (no extra forward);
-      reference log-probs are computed (no grad, micro-batch by micro-batch) only when beta != 0.
-    - An update whose loss or gradient norm is not finite is skipped (weights and optimizer state
-      untouched) and counted in ``skipped_updates``.
+    - ``share_prompt``: each prompt runs once per group in the forward pass (see ``completion_hidden``); off,
+      every completion runs its own copy of the prompt (a test oracle; same result, more compute).
+    - Output layer, log-softmax and loss run chunk by chunk with gradients taken in the forward pass
+      (``rlvr.core.fused``), so [tokens, vocab] logits are never held.
+    - The ratio and importance weights use ``batch.behaviour_logp`` as ``settings`` asks (rlvr.core.off_policy).
+    - An update whose loss or gradient norm is not finite is skipped and counted in ``skipped_updates``.
     """
-    n = batch.completion_ids.shape[0]
-    micro_rows = list(torch.arange(n).split(micro_batch_size))
-    mask = batch.completion_mask
-    normaliser = loss_normaliser(mask, settings.aggregation, max_new_tokens)
-
-    ref_logp = None
-    if settings.beta != 0.0:
-        if reference is None:
-            raise ValueError("beta != 0 needs a reference policy")
-        with reference.active() as ref_model:
-            ref_logp = _frozen_logprobs(ref_model, batch, micro_rows, temperature, chunk_tokens, share_prompt)
-    old_logp = (
-        _frozen_logprobs(model, batch, micro_rows, temperature, chunk_tokens, share_prompt) if num_iterations > 1 else None
-    )
-
+    micro_rows = list(torch.arange(batch.num_completions).split(micro_batch_size))
+    normaliser = loss_normaliser(batch.loss_mask, settings.aggregation, max_new_tokens)
+    frozen = frozen_passes(model, batch, micro_rows, settings, reference, num_iterations, chunk_tokens, share_prompt)
     model.train()
-    totals: dict[str, float] = {}
-    entropy_sum = 0.0
-    skipped = 0
     params = [p for p in model.parameters() if p.requires_grad]
+    sums: dict[str, float] = {}
+    entropy_sum, skipped = 0.0, 0
     for iteration in range(num_iterations):
         optimizer.zero_grad(set_to_none=True)
         loss_sum = 0.0
         for rows in micro_rows:
-            first = iteration == 0
-            ref = None if ref_logp is None else ref_logp[rows]
-            if fused_head:
-                loss, logp, entropy = _fused_micro_batch(
-                    model, batch, rows, old_logp, ref_logp, settings, normaliser, temperature, chunk_tokens, share_prompt
-                )
-                with torch.no_grad():  # statistics from the detached log-probs, as the unfused path reports them
-                    old = logp if old_logp is None else old_logp[rows]
-                    _, stats = policy_loss(logp, old, ref, batch.adv[rows], mask[rows], settings, normaliser)
-            else:
-                logp, entropy = completion_logprobs(
-                    model, batch, rows, temperature, chunk_tokens, with_entropy=first, share_prompt=share_prompt
-                )
-                old = logp.detach() if old_logp is None else old_logp[rows]
-                loss, stats = policy_loss(logp, old, ref, batch.adv[rows], mask[rows], settings, normaliser)
+            loss, part, entropy = micro_batch_loss(model, batch, rows, settings, normaliser, frozen, chunk_tokens,
+                                                   share_prompt)
             loss.backward()
             loss_sum += loss.item()
-            for k, v in stats.items():
-                totals[k] = totals.get(k, 0.0) + float(v)
-            if first:
-                entropy_sum += float((entropy * mask[rows]).sum())
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm > 0 else float("inf"))
-        if math.isfinite(loss_sum) and math.isfinite(float(grad_norm)):
-            optimizer.step()
-            if scheduler is not None:
-                scheduler.step()
-        else:  # numerical guard: never apply a non-finite update
-            skipped += 1
-            optimizer.zero_grad(set_to_none=True)
-    tokens = max(totals.get("tokens", 0.0), 1.0)
+            merge_stat_sums(sums, part)
+            entropy_sum += entropy if iteration == 0 else 0.0
+        grad_norm, applied = apply_update(params, optimizer, scheduler, max_grad_norm, loss_sum)
+        skipped += not applied
+    return step_statistics(sums, loss_sum, grad_norm, entropy_sum / max(float(batch.loss_mask.sum()), 1.0),
+                           optimizer.param_groups[0]["lr"], skipped)
+
+
+def step_statistics(sums: dict[str, float], loss: float, grad_norm: float, entropy: float, lr: float,
+                    skipped: int) -> dict[str, float]:
+    """The step's metrics from the summed per-token statistics (fractions and means over trained tokens)."""
+    tokens = max(sums.get("tokens", 0.0), 1.0)
     metrics = {
-        "loss": loss_sum,
-        "grad_norm": float(grad_norm),
-        "clip_low": totals.get("clip_low", 0.0) / tokens,
-        "clip_high": totals.get("clip_high", 0.0) / tokens,
-        "entropy": entropy_sum / max(float(mask.sum()), 1.0),
-        "lr": optimizer.param_groups[0]["lr"],
+        "loss": loss,
+        "grad_norm": grad_norm,
+        "entropy": entropy,
+        "lr": lr,
         "skipped_updates": skipped,
+        "clip_low": sums.get("clip_low", 0.0) / tokens,
+        "clip_high": sums.get("clip_high", 0.0) / tokens,
+        "is_weight_mean": sums.get("is_weight", 0.0) / tokens,
+        "is_weight_max": sums.get("is_weight_max", 0.0),
+        "is_capped_frac": sums.get("is_capped", 0.0) / tokens,
+        "gap_masked_frac": sums.get("gap_masked", 0.0) / tokens,
+        "logp_gap": sums.get("logp_gap", 0.0) / tokens,
     }
-    if "clip_dual" in totals:
-        metrics["clip_dual"] = totals["clip_dual"] / tokens
-    if "kl_sum" in totals:
-        metrics["kl"] = totals["kl_sum"] / tokens
+    if "clip_dual" in sums:
+        metrics["clip_dual"] = sums["clip_dual"] / tokens
+    if "kl" in sums:
+        metrics["kl"] = sums["kl"] / tokens
     return metrics

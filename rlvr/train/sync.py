@@ -1,7 +1,7 @@
 """The synchronous GRPO loop, top to bottom:
 
-    sample prompts -> generate G completions each -> score -> advantages -> update -> log -> evaluate
-    -> checkpoint -> save
+    collect (prompts -> G completions each -> rewards -> advantages) -> update -> sync the sampler -> log
+    -> evaluate -> checkpoint -> save
 
 Every source of randomness in a step is a pure function of (seed, step) - which rows, which tokens - or
 is restored from the checkpoint, so a resumed run repeats the uninterrupted one bit for bit (CPU, fp32).
@@ -22,26 +22,26 @@ import torch
 from tqdm.auto import tqdm
 
 from rlvr.checkpoint import latest_valid, load_training_state, save_training_state
-from rlvr.config import RunConfig, save_config, to_yaml
-from rlvr.core import group_advantages, zero_variance_fraction
+from rlvr.config import RunConfig, config_changes, save_config, to_yaml
 from rlvr.faults import fault_point
 from rlvr.memory import return_freed_memory
 from rlvr.metrics import MetricsWriter, plot_run
-from rlvr.models import (
-    ReferencePolicy,
-    autocast,
-    load_tokenizer,
-    load_trainable,
-    model_context,
-    resolve_model_dir,
-    save_policy,
-    trainable_parameters,
+from rlvr.models import ReferencePolicy, autocast, save_policy
+from rlvr.tasks import data_order
+from rlvr.train.batch import StepBatch
+from rlvr.train.build import (
+    build_optimizer,
+    build_policy,
+    build_rewards,
+    build_sampler,
+    build_scheduler,
+    load_data,
+    retune_optimizer,
+    sampling_params,
 )
-from rlvr.rewards import WeightedReward, as_completions, build_reward, score_completions
-from rlvr.rollout import SamplingParams, sample_groups
-from rlvr.tasks import fit_prompts, load_task, reward_columns, step_indices
+from rlvr.train.collect import Collected, collect, collect_metrics
 from rlvr.train.evaluate import evaluate
-from rlvr.train.step import StepBatch, train_step
+from rlvr.train.step import train_step
 
 
 class NonFiniteError(RuntimeError):
@@ -62,7 +62,7 @@ class stop_on_interrupt:
         self.requested = True
         print("\nrlvr: stopping after this step to save a checkpoint (Ctrl-C again to abort now)", flush=True)
 
-    def __enter__(self) -> "stop_on_interrupt":
+    def __enter__(self) -> stop_on_interrupt:  # noqa: PYI034 (typing.Self needs Python 3.11)
         if threading.current_thread() is threading.main_thread():
             self._previous = signal.signal(signal.SIGINT, self._handle)
         return self
@@ -102,11 +102,26 @@ def resume_checkpoint(cfg: RunConfig) -> Path | None:
     return path
 
 
-def _masked_stats(values: torch.Tensor) -> tuple[float, float]:
-    v = values[~torch.isnan(values)]
-    if v.numel() == 0:
-        return math.nan, math.nan
-    return float(v.mean()), float(v.std()) if v.numel() > 1 else 0.0
+def _sample_records(c: Collected, with_token_ids: bool) -> list[dict]:
+    """Every completion sampled this step (all rounds) with its prompt's row and its reward."""
+    records = []
+    for r in c.rounds:
+        ids = r.groups.completion_token_ids() if with_token_ids else None
+        for i, (text, reward) in enumerate(zip(r.groups.texts, r.scores.total.tolist())):
+            records.append({"row": r.row_ids[i // r.groups.group_size], "text": text,
+                            "reward": None if math.isnan(reward) else reward, **({"token_ids": ids[i]} if ids else {})})
+    return records
+
+
+def _check_skips(state: dict, skipped: int, num_iterations: int, step: int, limit: int) -> None:
+    state["consecutive_skips"] = state["consecutive_skips"] + 1 if skipped == num_iterations else 0
+    state["skipped_updates"] += skipped
+    if state["consecutive_skips"] >= limit:
+        raise NonFiniteError(
+            f"{state['consecutive_skips']} consecutive steps had a non-finite loss or gradient norm, so no "
+            f"update was applied (weights are unchanged since step {step - state['consecutive_skips']}). "
+            "Lower train.lr, check the reward functions, or raise train.max_consecutive_skips."
+        )
 
 
 def train(cfg: RunConfig) -> dict:
@@ -115,44 +130,43 @@ def train(cfg: RunConfig) -> dict:
     torch.set_num_threads(cfg.train.threads or torch.get_num_threads())
     return_freed_memory()
     seed_everything(cfg.train.seed)
-
-    # Data, rewards and prompt lengths are checked before the model loads, so bad input fails fast.
-    train_rows, eval_rows, check_name = load_task(cfg.task)
-    rewards = [WeightedReward(r.name, build_reward(r.name, r.kwargs), r.weight, r.on_error, r.timeout_s) for r in cfg.rewards]
-    check = build_reward(check_name)
-    model_dir = resolve_model_dir(cfg.model.name)
-    tokenizer = load_tokenizer(model_dir)
-    room = model_context(model_dir) - cfg.rollout.max_new_tokens
-    train_rows, dropped_train = fit_prompts(tokenizer, train_rows, room, cfg.task.drop_long_prompts, "train")
-    eval_rows, dropped_eval = fit_prompts(tokenizer, eval_rows, room, cfg.task.drop_long_prompts, "eval")
-    model = load_trainable(model_dir, cfg.lora_spec(), cfg.model.gradient_checkpointing)
-
+    data = load_data(cfg)  # rows, rewards and prompt lengths are checked before the model loads
+    rewards = build_rewards(cfg.rewards)
+    model = build_policy(data.model_dir, cfg.model)
     settings = cfg.algo.loss_settings()
     reference = ReferencePolicy(model) if settings.beta != 0.0 else None  # before any weights are restored
-    optimizer = torch.optim.AdamW(trainable_parameters(model), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
-    warmup = cfg.train.warmup_steps
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: min(1.0, (i + 1) / warmup) if warmup else 1.0)
+    optimizer = build_optimizer(model, cfg.train)
+    scheduler = build_scheduler(optimizer, cfg.train)
 
     checkpoint = resume_checkpoint(cfg)
     run_dir = Path(cfg.output_dir) if checkpoint else fresh_run_dir(Path(cfg.output_dir))
-    save_config(cfg, run_dir / "config.yaml")
     state = {"eval_accuracy_before": None, "eval_accuracy": None, "skipped_updates": 0, "consecutive_skips": 0,
-             "elapsed_s": 0.0, "dropped_prompts": dropped_train + dropped_eval}
+             "elapsed_s": 0.0, "dropped_prompts": data.dropped_prompts, "cursor": 0}
     start = 0
     if checkpoint is not None:
         state = load_training_state(checkpoint, model, optimizer, scheduler)
         start = state.pop("step")
-        print(f"rlvr: resuming from {checkpoint} (step {start})")
+        state.setdefault("cursor", start * cfg.train.prompts_per_step)  # checkpoints from before the cursor
+        retune_optimizer(optimizer, scheduler, cfg.train)
+        changes = config_changes((checkpoint / "config.yaml").read_text(), cfg)
+        print(f"rlvr: resuming from {checkpoint} (step {start})"
+              + (f"; changed settings apply from step {start + 1}: " + "; ".join(changes) if changes else ""))
+    save_config(cfg, run_dir / "config.yaml")
+    sampler = build_sampler(cfg, model, data.tokenizer)
+    sampler.sync(start)  # version = optimizer steps taken; a remote sampler gets the restored weights here
 
     G, B = cfg.rollout.group_size, cfg.train.prompts_per_step
-    rollout = cfg.rollout
-    sampling = SamplingParams(rollout.temperature, rollout.top_p, rollout.top_k, rollout.max_new_tokens, tuple(rollout.stop))
-    eval_tokens = cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens
+    params = sampling_params(cfg.rollout)
     writer = MetricsWriter(run_dir, cfg.log.tensorboard, cfg.log.samples, resume_step=start if checkpoint else None)
 
+    def next_row_ids() -> list[int]:
+        ids = data_order(len(data.train_rows), cfg.train.seed, state["cursor"], B)
+        state["cursor"] += B
+        return ids
+
     def run_eval() -> float:
-        with autocast(model, cfg.model.autocast):
-            return evaluate(model, tokenizer, eval_rows, check, cfg.eval.batch_size, eval_tokens, tuple(rollout.stop))
+        return evaluate(sampler, data.eval_rows, data.check, cfg.eval.batch_size,
+                        cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens, tuple(cfg.rollout.stop))
 
     def save_checkpoint(step: int) -> Path:
         elapsed = state["elapsed_s"] + time.perf_counter() - started
@@ -162,94 +176,35 @@ def train(cfg: RunConfig) -> dict:
     if start == 0:
         state["eval_accuracy_before"] = state["eval_accuracy"] = run_eval()
         writer.log(0, {"eval_accuracy": state["eval_accuracy"], "dropped_prompts": state["dropped_prompts"]})
-    bar = tqdm(range(start + 1, cfg.train.steps + 1), disable=not cfg.log.progress, desc="grpo", unit="step",
-               initial=start, total=cfg.train.steps)
+    bar = tqdm(range(start + 1, cfg.train.steps + 1), disable=not cfg.log.progress, desc=cfg.algo.preset,
+               unit="step", initial=start, total=cfg.train.steps)
     with stop_on_interrupt() as stop:
         for step in bar:
-            # 1. prompts for this step (a pure function of seed and step)
-            row_ids = step_indices(len(train_rows), B, cfg.train.seed, step - 1)
-            rows = [train_rows[i] for i in row_ids]
-            prompts = [r["prompt"] for r in rows]
-
-            # 2. G completions per prompt
-            t0 = time.perf_counter()
-            generator = torch.Generator().manual_seed(cfg.train.seed * 1_000_003 + step)
-            with autocast(model, cfg.model.autocast):
-                groups = sample_groups(model, tokenizer, prompts, G, sampling, generator, policy_version=step - 1)
+            c = collect(sampler, next_row_ids, data.train_rows, G, params, rewards,
+                        seed=cfg.train.seed * 1_000_003 + step, scale=cfg.algo.scale, adv_eps=cfg.algo.adv_eps,
+                        dynamic_sampling=cfg.algo.dynamic_sampling, max_extra_rounds=cfg.algo.max_resample_rounds)
             fault_point("after_generate", step)
-            t1 = time.perf_counter()
-
-            # 3. score every completion; 4. group-relative advantages
-            flat_prompts = [p for p in prompts for _ in range(G)]
-            completion_ids = [ids[m.bool()].tolist() for ids, m in zip(groups.completion_ids, groups.completion_mask)]
-            columns = {**reward_columns(rows, G), "completion_ids": completion_ids}
-            scores = score_completions(rewards, flat_prompts, as_completions(flat_prompts, groups.texts), columns)
-            adv = group_advantages(scores.total, G, cfg.algo.scale, cfg.algo.adv_eps)  # [B*G]
-            t2 = time.perf_counter()
-
-            # 5. update (completions without any reward are excluded from the loss)
-            included = ~torch.isnan(scores.total)
-            batch = StepBatch(groups.prompt_ids, groups.prompt_mask, groups.completion_ids,
-                              groups.completion_mask * included[:, None].long(), adv, G)
+            batch = StepBatch.from_groups(c.groups, c.adv, c.included)
+            t0 = time.perf_counter()
             with autocast(model, cfg.model.autocast):
-                stats = train_step(
-                    model, optimizer, scheduler, batch, settings,
-                    reference=reference,
-                    num_iterations=cfg.algo.num_iterations,
-                    micro_batch_size=cfg.train.micro_batch_size,
-                    temperature=cfg.rollout.temperature or 1.0,
-                    max_new_tokens=cfg.rollout.max_new_tokens,
-                    max_grad_norm=cfg.train.max_grad_norm,
-                    chunk_tokens=cfg.train.logprob_chunk,
-                    share_prompt=cfg.train.share_prompt,
-                    fused_head=cfg.train.fused_head,
-                )
+                stats = train_step(model, optimizer, scheduler, batch, settings, reference=reference,
+                                   num_iterations=cfg.algo.num_iterations, micro_batch_size=cfg.train.micro_batch_size,
+                                   max_new_tokens=cfg.rollout.max_new_tokens, max_grad_norm=cfg.train.max_grad_norm,
+                                   chunk_tokens=cfg.train.logprob_chunk)
+            sampler.sync(step)
             fault_point("after_update", step)
-            t3 = time.perf_counter()
-
-            # 6. guards, logging, evaluation, checkpoint
-            all_skipped = stats["skipped_updates"] == cfg.algo.num_iterations
-            state["consecutive_skips"] = state["consecutive_skips"] + 1 if all_skipped else 0
-            state["skipped_updates"] += stats["skipped_updates"]
-            lengths = groups.completion_mask.sum(-1).float()
-            prompt_copies = 1 if cfg.train.share_prompt else G
-            train_tokens = float(batch.completion_mask.sum() + groups.prompt_mask.sum() * prompt_copies)
-            reward_mean, reward_std = _masked_stats(scores.total)
-            metrics = {
-                "reward_mean": reward_mean,
-                "reward_std": reward_std,
-                "reward_missing_frac": float((~included).float().mean()),
-                **{f"reward/{k}_{stat}": x for k, v in scores.per_function.items()
-                   for stat, x in zip(("mean", "std"), _masked_stats(v))},
-                **{f"reward/{k}_missing": int(torch.isnan(v).sum()) for k, v in scores.per_function.items()},
-                **{f"reward/{k}_errors": 1 for k in scores.errors},
-                "zero_variance_frac": zero_variance_fraction(scores.total, G),
-                **stats,
-                "completion_len_mean": float(lengths.mean()),
-                "completion_len_max": float(lengths.max()),
-                "truncated_frac": float(groups.truncated.float().mean()),
-                "time_generate_s": t1 - t0,
-                "time_reward_s": t2 - t1,
-                "time_train_s": t3 - t2,
-                "gen_tokens_per_s": float(lengths.sum()) / max(t1 - t0, 1e-9),
-                "train_tokens_per_s": train_tokens * cfg.algo.num_iterations / max(t3 - t2, 1e-9),
-            }
+            t_train = time.perf_counter() - t0
+            train_tokens = float(batch.completion_mask.sum() + batch.prompt_mask.sum()) * cfg.algo.num_iterations
+            metrics = {**collect_metrics(c, step - 1), **stats, "time_train_s": t_train,
+                       "train_tokens_per_s": train_tokens / max(t_train, 1e-9)}
             if step == cfg.train.steps or (cfg.eval.every and step % cfg.eval.every == 0):
                 state["eval_accuracy"] = metrics["eval_accuracy"] = run_eval()
-                metrics["time_eval_s"] = time.perf_counter() - t3
+                metrics["time_eval_s"] = time.perf_counter() - t0 - t_train
             writer.log(step, metrics)
-            writer.log_samples(step, [
-                {"row": row_ids[i // G], "text": text, "reward": None if math.isnan(r) else r,
-                 **({"token_ids": completion_ids[i]} if cfg.log.sample_token_ids else {})}
-                for i, (text, r) in enumerate(zip(groups.texts, scores.total.tolist()))
-            ])
-            bar.set_postfix(reward=f"{reward_mean:.3f}", acc=f"{state['eval_accuracy']:.3f}")
-            if state["consecutive_skips"] >= cfg.train.max_consecutive_skips:
-                raise NonFiniteError(
-                    f"{state['consecutive_skips']} consecutive steps had a non-finite loss or gradient norm, so no "
-                    f"update was applied (weights are unchanged since step {step - state['consecutive_skips']}). "
-                    "Lower train.lr, check the reward functions, or raise train.max_consecutive_skips."
-                )
+            writer.log_samples(step, _sample_records(c, cfg.log.sample_token_ids))
+            bar.set_postfix(reward=f"{metrics['reward_mean']:.3f}", acc=f"{state['eval_accuracy']:.3f}")
+            _check_skips(state, stats["skipped_updates"], cfg.algo.num_iterations, step,
+                         cfg.train.max_consecutive_skips)
             if step == cfg.train.steps or (cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0):
                 save_checkpoint(step)
             if stop.requested:
@@ -259,13 +214,13 @@ def train(cfg: RunConfig) -> dict:
                 raise SystemExit(130)
     writer.close()
 
-    saved = save_policy(model, tokenizer, run_dir / ("adapter" if cfg.model.lora else "model"))
+    saved = save_policy(model, data.tokenizer, run_dir / ("adapter" if cfg.model.lora else "model"))
     summary = {
         "eval_accuracy_before": state["eval_accuracy_before"],
         "eval_accuracy_after": state["eval_accuracy"],
         "steps": cfg.train.steps,
         "wall_time_s": state["elapsed_s"] + time.perf_counter() - started,
-        "eval_size": len(eval_rows),
+        "eval_size": len(data.eval_rows),
         "skipped_updates": state["skipped_updates"],
         "dropped_prompts": state["dropped_prompts"],
         "saved": str(saved),

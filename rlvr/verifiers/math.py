@@ -43,8 +43,8 @@ MAX_COMPLETION_CHARS = 4000
 MAX_GOLD_CHARS = 1000
 AMBIGUOUS = object()  # several different boxed answers
 _PLAIN_NUMBER = re.compile(r"^\s*-?\d[\d,]*(\.\d+)?(\s*/\s*\d+)?\s*$")
-_ANSWER_TAG = re.compile(r"<answer>(.*?)(?:</answer>|$)", re.S | re.I)
-_ANSWER_IS = re.compile(r"answer\s*(?:is|:)\s*", re.I)
+_ANSWER_TAG = re.compile(r"<answer>(.*?)(?:</answer>|$)", re.DOTALL | re.IGNORECASE)
+_ANSWER_IS = re.compile(r"answer\s*(?:is|:)\s*", re.IGNORECASE)
 
 
 def _boxed_contents(text: str) -> list[str]:

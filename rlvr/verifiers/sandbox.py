@@ -22,8 +22,9 @@ What is NOT protected: the code can read world-readable files (the project, /etc
 write where any unprivileged user may (e.g. /tmp, within RLIMIT_FSIZE); it shares the kernel with the
 trainer (a kernel exploit escapes); CPU time is limited per execution but not weighted against the
 trainer. As a non-root user (user-namespace mode) the code keeps the trainer user's file permissions
-and its process cap counts against that user. Where neither root nor user namespaces are available the sandbox refuses to run unless
-``allow_unsandboxed=True`` is passed explicitly (then nothing above holds except the rlimits).
+and its process cap counts against that user. Where neither root nor user namespaces are available the
+sandbox refuses to run unless ``allow_unsandboxed=True`` is passed explicitly (then nothing above holds
+except the rlimits).
 """
 
 from __future__ import annotations
@@ -134,7 +135,7 @@ class Sandbox:
             for mode in modes:
                 try:
                     probe = subprocess.run(self._launcher(mode, 0) + [shutil.which("true") or "/bin/true"],
-                                           capture_output=True, timeout=10, env={})
+                                           capture_output=True, timeout=10, env={}, check=False)
                 except (OSError, subprocess.TimeoutExpired):
                     continue
                 if probe.returncode == 0:
@@ -305,5 +306,6 @@ def grade(execution: Execution, expected: list) -> float | None:
         return None
     if execution.status != "ran" or not expected:
         return 0.0
-    passed = sum(1 for i, want in enumerate(expected) if i in execution.outputs and outputs_equal(execution.outputs[i], want))
+    outputs = execution.outputs
+    passed = sum(1 for i, want in enumerate(expected) if i in outputs and outputs_equal(outputs[i], want))
     return passed / len(expected)

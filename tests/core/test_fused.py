@@ -3,7 +3,15 @@
 import pytest
 import torch
 
-from rlvr.core import LossSettings, aggregate, fused_head_loss, token_logprobs, token_objective, token_weights
+from rlvr.core import (
+    LossSettings,
+    TokenInputs,
+    aggregate,
+    fused_head_loss,
+    token_logprobs,
+    token_objective,
+    token_weights,
+)
 
 
 def _inputs(seed=0, n=3, t=5, h=8, v=40):
@@ -22,16 +30,27 @@ def _inputs(seed=0, n=3, t=5, h=8, v=40):
     return hidden, weight, targets, mask, old, ref, adv
 
 
+OFF_POLICY = {  # the knob combinations the fused path must reproduce
+    "behaviour-ratio": {"ratio_to": "behaviour", "is_level": "none"},
+    "decoupled-tis": {"is_level": "token", "is_cap": 1.3, "gap_mask": 0.2},
+    "masked-is": {"is_level": "token", "is_mode": "mask", "is_cap": 1.3},
+}
+
+
 @pytest.mark.parametrize("aggregation", ["sequence_mean", "token_mean", "token_sum_constant"])
-@pytest.mark.parametrize("temperature, chunk", [(1.0, 2), (0.7, 3), (1.0, 100)])
-def test_fused_equals_naive(aggregation, temperature, chunk):
+@pytest.mark.parametrize("temperature, chunk", [(1.0, 2), (0.7, 3), (1.0, 100), ("per-token", 3)])
+@pytest.mark.parametrize("off_policy", sorted(OFF_POLICY))
+def test_fused_equals_naive(aggregation, temperature, chunk, off_policy):
     hidden, weight, targets, mask, old, ref, adv = _inputs()
-    settings = LossSettings(beta=0.1, eps_low=0.2, eps_high=0.28, dual_clip=3.0, aggregation=aggregation)
+    if temperature == "per-token":
+        temperature = 0.5 + torch.rand(mask.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    settings = LossSettings(beta=0.1, eps_low=0.2, eps_high=0.28, dual_clip=3.0, aggregation=aggregation,
+                            **OFF_POLICY[off_policy])
     normaliser = 4.0
 
     # naive: full logits through autograd
     logp, entropy = token_logprobs(hidden, weight, targets, temperature, chunk_tokens=10**6, with_entropy=True)
-    per_token, _, _ = token_objective(logp, old, ref, adv[:, None], settings)
+    per_token, _ = token_objective(TokenInputs(logp, old, adv[:, None], ref_logp=ref), settings)
     naive = aggregate(per_token, mask, aggregation, normaliser)
     naive_grads = torch.autograd.grad(naive, (hidden, weight))
 
@@ -41,10 +60,11 @@ def test_fused_equals_naive(aggregation, temperature, chunk):
     adv_tok = adv[:, None].expand_as(old)[m]
 
     def token_loss(lp, rows):
-        loss, _, _ = token_objective(lp, old[m][rows], ref[m][rows], adv_tok[rows], settings)
+        loss, _ = token_objective(TokenInputs(lp, old[m][rows], adv_tok[rows], ref_logp=ref[m][rows]), settings)
         return loss * w[rows]
 
-    fused, f_logp, f_entropy = fused_head_loss(hidden[m], weight, targets[m], token_loss, temperature, chunk)
+    temp = temperature[m] if isinstance(temperature, torch.Tensor) else temperature
+    fused, f_logp, f_entropy = fused_head_loss(hidden[m], weight, targets[m], token_loss, temp, chunk)
     fused_grads = torch.autograd.grad(fused, (hidden, weight))
 
     assert torch.allclose(fused, naive, atol=1e-12, rtol=0)

@@ -38,5 +38,6 @@ def test_low_precision_is_scored_in_float32():
 
 
 def test_empty_completion():
-    logp, entropy = token_logprobs(torch.zeros(2, 0, 4), torch.zeros(10, 4), torch.zeros(2, 0, dtype=torch.long), with_entropy=True)
+    empty_targets = torch.zeros(2, 0, dtype=torch.long)
+    logp, entropy = token_logprobs(torch.zeros(2, 0, 4), torch.zeros(10, 4), empty_targets, with_entropy=True)
     assert logp.shape == (2, 0) and entropy.shape == (2, 0)

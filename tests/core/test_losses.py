@@ -5,7 +5,15 @@ import math
 import pytest
 import torch
 
-from rlvr.core import LossSettings, aggregate, clipped_surrogate, kl_penalty, loss_normaliser, policy_loss
+from rlvr.core import (
+    LossSettings,
+    TokenInputs,
+    aggregate,
+    clipped_surrogate,
+    kl_penalty,
+    loss_normaliser,
+    policy_loss,
+)
 
 
 def _ratios(*r):
@@ -110,11 +118,12 @@ def test_policy_loss_adds_beta_times_kl():
     ref = torch.log(torch.tensor([[0.25, 0.5]]))
     mask = torch.tensor([[1, 1]])
     settings = LossSettings(beta=0.1, kl_estimator="k3", aggregation="token_mean")
-    loss, stats = policy_loss(logp, logp, ref, torch.tensor([2.0]), mask, settings, normaliser=2.0)
+    adv = torch.tensor([[2.0]])
+    loss, stats = policy_loss(TokenInputs(logp, logp, adv, ref_logp=ref), mask, settings, normaliser=2.0)
     k3 = 0.5 - 1 - math.log(0.5)
     # ratio 1 everywhere: surrogate -2 per token; KL k3 on token 1, 0 on token 2
     assert loss.item() == pytest.approx((-2 + 0.1 * k3 - 2 + 0.0) / 2)
-    assert stats["kl_sum"].item() == pytest.approx(k3)
-    assert stats["tokens"].item() == 2
+    assert stats["kl"] == pytest.approx(k3)
+    assert stats["tokens"] == 2
     with pytest.raises(ValueError, match="needs ref_logp"):
-        policy_loss(logp, logp, None, torch.tensor([2.0]), mask, settings, 2.0)
+        policy_loss(TokenInputs(logp, logp, adv), mask, settings, 2.0)

@@ -112,8 +112,9 @@ def test_attack_fails_fast_and_leaves_nothing(sandbox, name):
 
 def test_network_is_unreachable(sandbox, listener):
     port, accepted = listener
-    code = f"import socket\ndef solve(x):\n    socket.create_connection(('127.0.0.1', {port}), timeout=1).close()\n    return x + 1\n"
-    run, score, elapsed = _hostile(sandbox, code)
+    code = (f"import socket\ndef solve(x):\n    socket.create_connection(('127.0.0.1', {port}), timeout=1).close()\n"
+            "    return x + 1\n")
+    run, score, _elapsed = _hostile(sandbox, code)
     assert score == 0.0 and "Network is unreachable" in run.errors[0]
     time.sleep(0.3)
     assert accepted == []

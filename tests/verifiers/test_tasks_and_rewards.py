@@ -37,7 +37,8 @@ def test_code_reward_scores_by_hidden_tests():
 def test_code_rows_are_validated(tmp_path):
     path = tmp_path / "code.jsonl"
     path.write_text(json.dumps({"prompt": "x", "entry_point": "add", "tests": [{"input": 1, "output": 2}]}) + "\n")
-    with pytest.raises(ValueError, match='row 1: code rows need .* a non-empty \'tests\' list of {"input": \\[args...\\], "output": value}'):
+    expected = 'row 1: code rows need .* a non-empty \'tests\' list of {"input": \\[args...\\], "output": value}'
+    with pytest.raises(ValueError, match=expected):
         validate_code_rows(str(path), load_jsonl(path, ("entry_point", "tests")))
     path.write_text(json.dumps({"prompt": "x", "tests": []}) + "\n")
     with pytest.raises(ValueError, match=r"code.jsonl:1: missing required column\(s\) \['entry_point'\] for this task"):
@@ -46,14 +47,16 @@ def test_code_rows_are_validated(tmp_path):
 
 def _cli_run(tiny_model_dir, tmp_path, *overrides):
     out = tmp_path / "run"
-    args = [f"model.name={tiny_model_dir}", "model.lora_r=4", f"output_dir={out}", "train.steps=1", "rollout.group_size=2",
-            "rollout.max_new_tokens=8", "train.prompts_per_step=2", "eval.batch_size=4", "log.progress=false", *overrides]
+    args = [f"model.name={tiny_model_dir}", "model.lora_r=4", f"output_dir={out}", "train.steps=1",
+            "rollout.group_size=2", "rollout.max_new_tokens=8", "train.prompts_per_step=2", "eval.batch_size=4",
+            "log.progress=false", *overrides]
     assert main(["train", "examples/demo.yaml", *args]) == 0
     return read_metrics(out / "metrics.jsonl")
 
 
 def test_code_task_from_the_cli(tiny_model_dir, tmp_path):
-    records = _cli_run(tiny_model_dir, tmp_path, "task.name=code_jsonl", "task.train_path=examples/data/code_train.jsonl",
+    records = _cli_run(tiny_model_dir, tmp_path, "task.name=code_jsonl",
+                       "task.train_path=examples/data/code_train.jsonl",
                        "task.eval_path=examples/data/code_eval.jsonl", "task.eval_size=2",
                        "rewards=[{name: code_tests, kwargs: {timeout_s: 3}}]")
     assert records[1]["reward/code_tests_missing"] == 0  # every completion was executed and graded

@@ -1,0 +1,39 @@
+"""Prompts as text and token ids: chat messages go through the tokenizer's chat template."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+Prompt = str | list[dict[str, Any]]  # raw text, or chat messages [{"role": ..., "content": ...}]
+
+
+def prompt_text(tokenizer, prompt: Prompt) -> str:
+    """Chat messages go through the tokenizer's chat template; plain strings are used as they are."""
+    if isinstance(prompt, str):
+        return prompt
+    return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+
+
+def prompt_token_ids(tokenizer, prompt: Prompt) -> list[int]:
+    """The token ids a prompt is sampled from (special tokens added for plain text, as the template adds its own)."""
+    return tokenizer(prompt_text(tokenizer, prompt), add_special_tokens=isinstance(prompt, str))["input_ids"]
+
+
+def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded ids and mask, both [B, P], from token-id lists."""
+    width = max((len(x) for x in sequences), default=0)
+    ids = torch.tensor([[pad_id] * (width - len(x)) + x for x in sequences], dtype=torch.long)
+    ids = ids.view(len(sequences), width)
+    mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in sequences], dtype=torch.long)
+    return ids, mask.view(len(sequences), width)
+
+
+def encode_prompts(tokenizer, prompts: list[Prompt]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tokenize prompts into left-padded ids and mask, both [B, P]."""
+    encoded = [prompt_token_ids(tokenizer, p) for p in prompts]
+    for i, ids in enumerate(encoded):
+        if not ids:
+            raise ValueError(f"prompt {i} is empty after tokenization: {prompts[i]!r}")
+    return left_pad(encoded, tokenizer.pad_token_id)

@@ -1,0 +1,94 @@
+"""Builders shared by ``rlvr train``, ``rlvr eval`` and any runtime: data, rewards, model, optimizer, sampler.
+
+Each takes the config section it needs and returns a ready object; none of them trains or writes anything.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from rlvr.config import ModelConfig, RewardConfig, RolloutConfig, RunConfig, TrainConfig
+from rlvr.models import LoraSpec, load_tokenizer, load_trainable, model_context, resolve_model_dir, trainable_parameters
+from rlvr.rewards import RewardFn, WeightedReward, build_reward
+from rlvr.rollout import LocalSampler, Sampler, SamplingParams
+from rlvr.tasks import fit_prompts, load_task
+
+
+@dataclass
+class TaskData:
+    train_rows: list[dict]
+    eval_rows: list[dict]
+    check: RewardFn  # 1.0 means correct (held-out accuracy)
+    dropped_prompts: int  # rows skipped for prompts too long for the context (task.drop_long_prompts)
+    model_dir: Path
+    tokenizer: object
+
+
+def lora_spec(model: ModelConfig) -> LoraSpec | None:
+    if not model.lora:
+        return None
+    return LoraSpec(r=model.lora_r, alpha=model.lora_alpha, dropout=model.lora_dropout,
+                    target_modules=model.lora_targets)
+
+
+def load_data(cfg: RunConfig) -> TaskData:
+    """Rows, correctness check and tokenizer; prompt lengths are checked here, before any model loads, so bad
+    input fails fast."""
+    train_rows, eval_rows, check_name = load_task(cfg.task)
+    check = build_reward(check_name)
+    model_dir = resolve_model_dir(cfg.model.name)
+    tokenizer = load_tokenizer(model_dir)
+    room = model_context(model_dir) - cfg.rollout.max_new_tokens
+    train_rows, dropped_train = fit_prompts(tokenizer, train_rows, room, cfg.task.drop_long_prompts, "train")
+    eval_rows, dropped_eval = fit_prompts(tokenizer, eval_rows, room, cfg.task.drop_long_prompts, "eval")
+    return TaskData(train_rows, eval_rows, check, dropped_train + dropped_eval, model_dir, tokenizer)
+
+
+def build_rewards(rewards: tuple[RewardConfig, ...]) -> list[WeightedReward]:
+    return [WeightedReward(r.name, build_reward(r.name, r.kwargs), r.weight, r.on_error, r.timeout_s) for r in rewards]
+
+
+def build_policy(model_dir: Path, model: ModelConfig) -> nn.Module:
+    return load_trainable(model_dir, lora_spec(model), model.gradient_checkpointing)
+
+
+def build_optimizer(model: nn.Module, train: TrainConfig) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(trainable_parameters(model), lr=train.lr, weight_decay=train.weight_decay)
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, train: TrainConfig) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warmup over train.warmup_steps optimizer steps, then constant."""
+    warmup = train.warmup_steps
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: min(1.0, (i + 1) / warmup) if warmup else 1.0)
+
+
+def retune_optimizer(
+    optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LambdaLR, train: TrainConfig
+) -> None:
+    """Apply the configured lr and weight decay to restored optimizer/scheduler state (a checkpoint restores the
+    values it was saved with); the warmup schedule already comes from ``train`` via ``build_scheduler``."""
+    scheduler.base_lrs = [train.lr for _ in optimizer.param_groups]
+    for group, base, factor in zip(optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
+        group["initial_lr"] = base
+        group["lr"] = base * factor(max(scheduler.last_epoch, 0))
+        group["weight_decay"] = train.weight_decay
+    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]  # what get_last_lr() reports
+
+
+def sampling_params(rollout: RolloutConfig, max_new_tokens: int | None = None, greedy: bool = False) -> SamplingParams:
+    return SamplingParams(
+        temperature=0.0 if greedy else rollout.temperature,
+        top_p=1.0 if greedy else rollout.top_p,
+        top_k=0 if greedy else rollout.top_k,
+        max_new_tokens=max_new_tokens or rollout.max_new_tokens,
+        stop=tuple(rollout.stop),
+    )
+
+
+def build_sampler(cfg: RunConfig, model: nn.Module, tokenizer) -> Sampler:
+    """Where completions come from: the training model, in this process."""
+    return LocalSampler(model, tokenizer, cfg.model.autocast)

@@ -1,0 +1,103 @@
+"""collect(): sampling rounds, DAPO's dynamic sampling and its bookkeeping, against hand-built reward tables."""
+
+import pytest
+import torch
+
+from rlvr.rewards import WeightedReward
+from rlvr.rollout import Groups, SamplingParams
+from rlvr.train.collect import ROUND_SEED_STRIDE, collect, collect_metrics
+
+G = 4
+INFORMATIVE, ALL_RIGHT, ALL_WRONG = [1.0, 0.0, 0.0, 0.0], [1.0] * G, [0.0] * G
+
+
+class ScriptedSampler:
+    """Completion j of prompt p is the text 'p#j'; records the seeds it was asked for."""
+
+    version = 7
+
+    def __init__(self):
+        self.seeds = []
+
+    def sample(self, prompts, group_size, params, seed):
+        self.seeds.append(seed)
+        b, n = len(prompts), len(prompts) * group_size
+        return Groups(
+            prompt_ids=torch.zeros(b, 1, dtype=torch.long), prompt_mask=torch.ones(b, 1, dtype=torch.long),
+            completion_ids=torch.ones(n, 2, dtype=torch.long), completion_mask=torch.ones(n, 2, dtype=torch.long),
+            behaviour_logp=torch.full((n, 2), -1.0), truncated=torch.zeros(n, dtype=torch.bool),
+            texts=[f"{p}#{j}" for p in prompts for j in range(group_size)], group_size=group_size,
+            version=torch.full((n,), self.version), temperature=torch.ones(n),
+        )
+
+    def sync(self, version):
+        self.version = version
+
+
+def table_reward(prompts, completions, pattern, **columns):
+    """The row's reward pattern, indexed by the completion's number within its group."""
+    return [p[int(c.split("#")[1])] for c, p in zip(completions, pattern)]
+
+
+def _run(patterns, B=3, dynamic=True, extra=3):
+    rows = [{"prompt": f"p{i}", "pattern": pat} for i, pat in enumerate(patterns)]
+    cursor = {"at": 0}
+
+    def next_row_ids():
+        ids = list(range(cursor["at"], cursor["at"] + B))
+        cursor["at"] += B
+        return ids
+
+    sampler = ScriptedSampler()
+    rewards = [WeightedReward("table", table_reward)]
+    c = collect(sampler, next_row_ids, rows, G, SamplingParams(), rewards, seed=11, dynamic_sampling=dynamic,
+                max_extra_rounds=extra)
+    return c, sampler, cursor["at"]
+
+
+def test_without_dynamic_sampling_one_round_is_trained_as_is():
+    c, sampler, consumed = _run([INFORMATIVE, ALL_RIGHT, ALL_WRONG] + [INFORMATIVE] * 3, dynamic=False)
+    assert c.row_ids == [0, 1, 2] and consumed == 3 and sampler.seeds == [11]
+    assert c.adv.view(3, G)[1:].eq(0).all() and c.adv.view(3, G)[0].ne(0).all()
+    m = collect_metrics(c, version=7)
+    assert m["zero_variance_frac"] == pytest.approx(2 / 3) and m["groups_trained"] == 3 and m["sampling_rounds"] == 1
+
+
+def test_dynamic_sampling_resamples_until_b_informative_groups():
+    # round 0: 1 informative of 3; round 1: 2 of 3 -> 3 informative, stop
+    patterns = [INFORMATIVE, ALL_RIGHT, ALL_WRONG, ALL_WRONG, INFORMATIVE, INFORMATIVE, INFORMATIVE]
+    c, sampler, consumed = _run(patterns)
+    assert c.row_ids == [0, 4, 5] and consumed == 6
+    assert sampler.seeds == [11, 11 + ROUND_SEED_STRIDE]
+    assert c.groups.texts[:G] == [f"p0#{j}" for j in range(G)]
+    assert c.groups.texts[G : 2 * G] == [f"p4#{j}" for j in range(G)]
+    assert c.scores.total.tolist() == INFORMATIVE * 3
+    # group-std advantages of [1, 0, 0, 0]: mean 0.25, std (ddof 1) 0.5 -> [1.5, -0.5, -0.5, -0.5]
+    assert torch.allclose(c.adv, torch.tensor([1.5, -0.5, -0.5, -0.5] * 3), atol=1e-3)
+    m = collect_metrics(c, version=7)
+    assert (m["groups_sampled"], m["groups_trained"], m["sampling_rounds"]) == (6, 3, 2)
+    assert m["zero_variance_frac"] == pytest.approx(3 / 6)
+    assert m["reward_mean"] == pytest.approx((1 + 4 + 0 + 0 + 1 + 1) / 24)  # over everything sampled
+    assert m["staleness_max"] == 0
+
+
+def test_extra_informative_groups_beyond_b_are_dropped():
+    c, _, consumed = _run([INFORMATIVE, ALL_RIGHT, ALL_RIGHT] + [INFORMATIVE] * 3)
+    assert c.row_ids == [0, 3, 4] and consumed == 6
+
+
+def test_rounds_run_out_then_the_informative_groups_are_trained():
+    c, sampler, consumed = _run([ALL_RIGHT, INFORMATIVE, ALL_RIGHT, ALL_WRONG, ALL_WRONG, ALL_WRONG], extra=1)
+    assert c.row_ids == [1] and consumed == 6 and len(sampler.seeds) == 2
+    assert collect_metrics(c, version=7)["groups_trained"] == 1
+
+
+def test_no_informative_group_trains_the_first_round_with_zero_advantages():
+    c, _, _ = _run([ALL_RIGHT] * 3 + [ALL_WRONG] * 3, extra=1)
+    assert c.row_ids == [0, 1, 2] and c.adv.eq(0).all()
+
+
+def test_staleness_is_measured_against_the_learner_version():
+    c, _, _ = _run([INFORMATIVE] * 3)
+    m = collect_metrics(c, version=9)  # sampled at version 7
+    assert m["staleness_mean"] == 2 and m["staleness_max"] == 2
