@@ -7,7 +7,7 @@ import torch
 
 from rlvr.core import LossSettings
 from rlvr.models import LoraSpec, ReferencePolicy, add_lora
-from rlvr.rollout import SamplingParams
+from rlvr.rollout import Groups, SamplingParams
 from rlvr.train.batch import StepBatch
 from rlvr.train.step import train_step
 from tests.conftest import make_model, sample_tiny
@@ -128,13 +128,26 @@ def test_shared_prompt_forward_equals_unshared(tokenizer, rows):
     assert all(torch.allclose(x, y, rtol=0, atol=1e-6 * float(y.abs().max())) for x, y in zip(ga, gb))
 
 
+def _mixed_temperature_batch(model, tokenizer) -> StepBatch:
+    """Two groups sampled at temperatures 0.7 and 1.3, concatenated: the trainer must score each at its own."""
+    parts = [sample_tiny(model, tokenizer, [prompt], 4, SamplingParams(temperature=t, max_new_tokens=8), 3, eos_every=6)
+             for prompt, t in zip(PROMPTS, (0.7, 1.3))]
+    adv = torch.randn(8, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    return StepBatch.from_groups(Groups.concat(parts), adv)
+
+
 @pytest.mark.parametrize("aggregation", ["sequence_mean", "token_mean"])
 @pytest.mark.parametrize("share_prompt", [False, True])
-def test_step_equals_naive_reference(tokenizer, aggregation, share_prompt):
+@pytest.mark.parametrize("temperatures", ["uniform", "mixed"])
+def test_step_equals_naive_reference(tokenizer, aggregation, share_prompt, temperatures):
     """The fused, chunked, prompt-shared step vs full logits through autograd (tests/reference.py): same loss,
-    statistics and update; sampling temperature 0.8 so per-token temperatures are exercised."""
+    statistics and update, with every completion scored at its own sampling temperature."""
     base = make_model(len(tokenizer))
-    batch = _batch(base, tokenizer, temperature=0.8)
+    if temperatures == "mixed":
+        batch = _mixed_temperature_batch(base, tokenizer)
+        assert batch.temperature[:, 0].tolist() == pytest.approx([0.7] * 4 + [1.3] * 4)
+    else:
+        batch = _batch(base, tokenizer, temperature=0.8)
     base = base.double()
     settings = LossSettings(beta=0.1, aggregation=aggregation, eps_low=0.05, eps_high=0.05)
     model = copy.deepcopy(base)

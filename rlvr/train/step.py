@@ -112,9 +112,15 @@ def completion_logprobs(
     prompt logits are never computed."""
     hidden = completion_hidden(model, batch, rows, share_prompt)
     head = backbone_and_head(model)[1]
-    return token_logprobs(
-        hidden, head.weight, batch.completion_ids[rows], batch.temperature[rows], chunk_tokens, with_entropy
-    )
+    temperature = _uniform(batch.temperature[rows])
+    return token_logprobs(hidden, head.weight, batch.completion_ids[rows], temperature, chunk_tokens, with_entropy)
+
+
+def _uniform(temperature: torch.Tensor) -> float | torch.Tensor:
+    """One float when every token has the same temperature (the logits of 1.0 are then never divided)."""
+    if temperature.numel() and bool((temperature == temperature.reshape(-1)[0]).all()):
+        return float(temperature.reshape(-1)[0])
+    return temperature
 
 
 @dataclass
@@ -173,7 +179,7 @@ def micro_batch_loss(
     m = loss_mask.bool()
     hidden = completion_hidden(model, batch, rows, share_prompt)[m]  # [M, H], trained tokens only
     head = backbone_and_head(model)[1]
-    targets, temperature = batch.completion_ids[rows][m], batch.temperature[rows][m]  # [M]
+    targets, temperature = batch.completion_ids[rows][m], _uniform(batch.temperature[rows][m])  # [M] (or one)
     weights = token_weights(loss_mask.to(hidden.dtype), settings.aggregation, normaliser)[m]  # [M]
     adv = batch.token_adv(rows)[m].to(hidden.dtype)
     behaviour = batch.behaviour_logp[rows][m]
@@ -184,8 +190,8 @@ def micro_batch_loss(
         prox = proximal
         if prox is None:  # mu = 1: the current weights are the proximal policy; one pass through the output layer
             with torch.no_grad():
-                prox, _ = token_logprobs(hidden.detach()[None], head.weight, targets[None], temperature[None],
-                                         chunk_tokens)
+                temp = temperature[None] if isinstance(temperature, torch.Tensor) else temperature
+                prox, _ = token_logprobs(hidden.detach()[None], head.weight, targets[None], temp, chunk_tokens)
                 prox = prox[0]
         full = torch.zeros(loss_mask.shape, dtype=prox.dtype)
         full[m] = prox
