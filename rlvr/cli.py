@@ -1,4 +1,5 @@
-"""Command line: ``rlvr train CONFIG.yaml [key.sub=value ...]`` and ``rlvr eval CONFIG_OR_RUN_DIR [...]``."""
+"""Command line: ``rlvr train CONFIG.yaml [key.sub=value ...]``, ``rlvr eval CONFIG_OR_RUN_DIR [...]`` and
+``rlvr serve MODEL [--port ...]``."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ def _eval(args: argparse.Namespace) -> int:
     import torch
 
     from rlvr.models import load_causal_lm
-    from rlvr.train.build import build_sampler, load_data
+    from rlvr.train.build import build_local_sampler, load_data
     from rlvr.train.evaluate import evaluate
 
     target = Path(args.config)
@@ -43,12 +44,20 @@ def _eval(args: argparse.Namespace) -> int:
 
         model = PeftModel.from_pretrained(model, run_dir / "adapter")
     accuracy = evaluate(
-        build_sampler(cfg, model.eval(), data.tokenizer), data.eval_rows, data.check, cfg.eval.batch_size,
+        build_local_sampler(cfg, model.eval(), data.tokenizer), data.eval_rows, data.check, cfg.eval.batch_size,
         cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens, tuple(cfg.rollout.stop),
     )
     name = str(run_dir / "model") if trained_full else cfg.model.name
     print(json.dumps({"model": name, "trained": run_dir is not None, "eval_size": len(data.eval_rows),
                       "eval_accuracy": accuracy}))
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from rlvr.serve import serve
+
+    serve(args.model, args.host, args.port, args.max_loras, args.threads, args.max_model_len, args.served_model_name,
+          args.max_num_seqs, args.batch_wait_ms)
     return 0
 
 
@@ -75,6 +84,18 @@ def main(argv: list[str] | None = None) -> int:
     p_eval.add_argument("config", help="YAML config, or a run directory written by 'rlvr train'")
     p_eval.add_argument("overrides", nargs="*", help="dotted overrides, e.g. task.eval_size=50")
     p_eval.set_defaults(run=_eval)
+    p_serve = sub.add_parser("serve", help="an OpenAI-compatible inference server with vLLM's LoRA endpoints")
+    p_serve.add_argument("model", help="built-in alias or a local model directory")
+    p_serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
+    p_serve.add_argument("--port", type=int, default=8000, help="port (0: any free one; the URL is printed)")
+    p_serve.add_argument("--max-loras", type=int, default=4, help="LoRA adapters resident at once")
+    p_serve.add_argument("--threads", type=int, default=0, help="torch threads for generation (0: all cores)")
+    p_serve.add_argument("--max-model-len", type=int, default=0, help="context limit (0: the model's own)")
+    p_serve.add_argument("--served-model-name", default="", help="the base model's name in the API (default: MODEL)")
+    p_serve.add_argument("--max-num-seqs", type=int, default=256, help="completions decoded together at most")
+    p_serve.add_argument("--batch-wait-ms", type=float, default=10.0,
+                         help="how long a batch waits for requests sent together to arrive")
+    p_serve.set_defaults(run=_serve)
     args = parser.parse_args(argv)
     _quiet_libraries()
     try:

@@ -115,6 +115,19 @@ class RolloutConfig:
     """Completion length cap; a completion without EOS by then counts as truncated."""
     stop: tuple[str, ...] = ()
     """Stop strings: a completion ends with the token that completes one of them (kept in the completion)."""
+    backend: str = "local"
+    """local: sample from the training model in this process; server: sample on rollout servers (rlvr serve or
+    vLLM) over HTTP, with the LoRA adapter published to rollout.bucket and loaded by every server after each
+    update."""
+    servers: tuple[str, ...] = ()
+    """backend=server: base URLs of the rollout servers, e.g. [http://10.0.0.5:8000, http://10.0.0.6:8000]."""
+    bucket: str = ""
+    """backend=server: where adapters are published, a directory or an fsspec URL (s3://..., gs://...) the
+    servers can read ('' = OUTPUT_DIR/adapters, for servers on this machine or a shared disk)."""
+    keep_versions: int = 2
+    """backend=server: adapter versions kept loaded on the servers and in the bucket."""
+    request_timeout_s: float = 600.0
+    """backend=server: seconds one generation request may take before it is retried on another server."""
 
 
 @dataclass(frozen=True)
@@ -267,11 +280,12 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "algo.ratio_to": RATIO_TO,
     "algo.is_level": IS_LEVELS,
     "algo.is_mode": IS_MODES,
+    "rollout.backend": ("local", "server"),
 }
 ON_ERROR = ("raise", "none")
 POSITIVE = ("rollout.group_size", "rollout.max_new_tokens", "train.prompts_per_step", "train.micro_batch_size",
             "algo.num_iterations", "eval.batch_size", "train.logprob_chunk", "train.keep_last",
-            "train.max_consecutive_skips", "algo.is_cap")
+            "train.max_consecutive_skips", "algo.is_cap", "rollout.keep_versions")
 
 
 def _convert(value: Any, tp: Any, key: str) -> Any:
@@ -347,6 +361,12 @@ def _validate(cfg: RunConfig) -> None:
     for i, reward in enumerate(cfg.rewards):
         if reward.on_error not in ON_ERROR:
             raise ConfigError(f"rewards[{i}].on_error must be one of {', '.join(ON_ERROR)}; got {reward.on_error!r}")
+    if cfg.rollout.backend == "server":
+        if not cfg.rollout.servers:
+            raise ConfigError("rollout.backend=server needs rollout.servers=[URL, ...] (rlvr serve or vLLM servers)")
+        if not cfg.model.lora:
+            raise ConfigError("rollout.backend=server ships LoRA adapters to the servers after each update; set "
+                              "model.lora=true (full weights cannot be hot-loaded over HTTP)")
     if cfg.task.name.endswith("jsonl") and not (cfg.task.train_path and cfg.task.eval_path):
         raise ConfigError(f"task.name={cfg.task.name} needs task.train_path and task.eval_path")
 

@@ -116,3 +116,31 @@ def test_stop_strings_end_completions(model, tokenizer):
             stopped += 1
             assert not trunc  # a stop string ends a completion normally
     assert stopped > 0
+
+
+def test_truncated_sampling_records_the_processed_logprob(model, tokenizer):
+    """With top-k the recorded log-prob is under the renormalised top-k distribution (vLLM's processed mode)."""
+    ids, mask, out = _sample(model, tokenizer, 4, SamplingParams(top_k=3, temperature=0.8, max_new_tokens=5))
+    full = torch.cat([ids.repeat_interleave(4, 0), out.ids], 1)
+    att = torch.cat([mask.repeat_interleave(4, 0), out.mask.long()], 1)
+    with torch.no_grad():
+        logits = model(input_ids=full, attention_mask=att, position_ids=(att.cumsum(-1) - 1).clamp(min=0)).logits
+    step_logits = logits[:, ids.shape[1] - 1 : -1] / 0.8  # [N, T, V]
+    top = step_logits.topk(3, dim=-1).values  # the three kept logits
+    expected = step_logits.gather(-1, out.ids[..., None]).squeeze(-1) - top.logsumexp(-1)
+    assert torch.allclose(out.behaviour_logp[out.mask], expected[out.mask], atol=1e-5)
+
+
+def test_per_completion_generators_make_samples_independent_of_the_batch(model, tokenizer):
+    """One generator per completion: a prompt's samples depend on its seeds only, not on what shares the batch."""
+    params = SamplingParams(max_new_tokens=8)
+
+    def run(prompts, seeds):
+        ids, mask = encode_prompts(tokenizer, prompts)
+        gens = [torch.Generator().manual_seed(s) for s in seeds]
+        return generate_groups(model.model, model.lm_head, ids, mask, 2, params, [2], tokenizer.pad_token_id, gens)
+
+    alone = run([PROMPTS[0]], [11, 12])
+    together = run([PROMPTS[1], PROMPTS[0]], [21, 22, 11, 12])
+    width = alone.ids.shape[1]
+    assert torch.equal(together.ids[2:, :width], alone.ids) and torch.equal(together.mask[2:, :width], alone.mask)

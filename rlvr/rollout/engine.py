@@ -5,11 +5,16 @@ so a step pays for B prompt prefills instead of B*G (``generate(num_return_seque
 All groups decode together, and a sequence that has emitted EOS is dropped from the batch, so it stops
 costing compute.
 
-Recorded log-probs: for every generated token we record log softmax(logits / temperature)[token] over the
-*whole* vocabulary - the quantity the trainer recomputes for the importance ratio. With top-k / top-p the
-token is drawn from the truncated, renormalised distribution, so the recorded value is the log-prob under
-the temperature-scaled policy, not under the truncated sampler (the same convention as TRL). Greedy
-decoding (temperature 0) records log softmax(logits)[token].
+Recorded log-probs: for every generated token we record its log-prob under the distribution it was drawn
+from - logits / temperature, then top-k / top-p truncation and renormalisation - which is vLLM's
+``processed_logprobs`` mode. Without truncation this is log softmax(logits / temperature)[token], exactly
+what the trainer recomputes; with top-k / top-p the behaviour policy really is the truncated one, and the
+trainer's importance weight pi / pi_behav accounts for the truncation too. Greedy decoding (temperature 0)
+records log softmax(logits)[token].
+
+Randomness: one generator for the whole batch, or one per completion (a list), so that a completion's
+tokens depend only on its own seed, whatever else is in the batch (what a server needs for per-request
+seeds).
 """
 
 from __future__ import annotations
@@ -39,6 +44,8 @@ class Completions:
     mask: torch.Tensor  # [B*G, T] 1 on generated tokens, EOS included
     behaviour_logp: torch.Tensor  # [B*G, T] float32, 0 on padding
     truncated: torch.Tensor  # [B*G] bool: reached max_new_tokens without EOS
+    top_ids: torch.Tensor | None = None  # [B*G, T, k] the k most likely tokens at each step (top_logprobs=k)
+    top_logp: torch.Tensor | None = None  # [B*G, T, k] their log-probs under the sampled-from distribution
 
 
 def _filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -55,22 +62,33 @@ def _filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tens
     return logits
 
 
+Generators = torch.Generator | list[torch.Generator] | None  # one for the batch, or one per completion
+
+
+def _uniforms(rows: torch.Tensor, generator: Generators) -> torch.Tensor:
+    """One uniform per active row [A, 1]; ``rows`` are the rows' indices in the full batch."""
+    if isinstance(generator, list):
+        return torch.cat([torch.rand(1, generator=generator[r]) for r in rows.tolist()])[:, None]
+    return torch.rand(rows.shape[0], 1, generator=generator)
+
+
 def _next_tokens(
-    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pick one token per row of logits [A, V]; return tokens [A] and their recorded log-probs [A]."""
+    logits: torch.Tensor, params: SamplingParams, generator: Generators, rows: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Pick one token per row of logits [A, V]; return tokens [A], their recorded log-probs [A], and the
+    log-probs of the whole distribution sampled from [A, V]."""
     logits = logits.float()
     if params.temperature == 0:
         tokens = logits.argmax(dim=-1)
-        return tokens, torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
-    scaled = logits / params.temperature
-    logp_all = torch.log_softmax(scaled, dim=-1)
-    probs = torch.softmax(_filter_logits(scaled, params.top_k, params.top_p), dim=-1)
+        logp_all = torch.log_softmax(logits, dim=-1)
+        return tokens, logp_all.gather(-1, tokens[:, None]).squeeze(-1), logp_all
+    scaled = _filter_logits(logits / params.temperature, params.top_k, params.top_p)
+    logp_all = torch.log_softmax(scaled, dim=-1)  # the distribution sampled from (-inf outside top-k / top-p)
     # Inverse-CDF sampling: one uniform per row (torch.multinomial draws one per vocabulary entry).
-    cdf = probs.cumsum(dim=-1)  # [A, V]
-    u = torch.rand(cdf.shape[0], 1, generator=generator, device=cdf.device) * cdf[:, -1:]
+    cdf = torch.softmax(scaled, dim=-1).cumsum(dim=-1)  # [A, V]
+    u = _uniforms(rows, generator).to(cdf.device) * cdf[:, -1:]
     tokens = torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp(max=cdf.shape[-1] - 1)
-    return tokens, logp_all.gather(-1, tokens[:, None]).squeeze(-1)
+    return tokens, logp_all.gather(-1, tokens[:, None]).squeeze(-1), logp_all
 
 
 @torch.no_grad()
@@ -83,8 +101,9 @@ def generate_groups(
     params: SamplingParams,
     eos_ids: list[int],
     pad_id: int,
-    generator: torch.Generator | None = None,
+    generator: Generators = None,
     stop: Callable[[list[int]], bool] | None = None,
+    top_logprobs: int = 0,
 ) -> Completions:
     """Sample ``group_size`` completions for each prompt.
 
@@ -94,6 +113,7 @@ def generate_groups(
         eos_ids: token ids that end a completion (kept in it, with mask 1).
         stop: called with a row's completion tokens so far; True ends that completion after the current
             token (used for stop strings; the token completing the stop string is kept).
+        top_logprobs: also record the k most likely tokens of each step and their log-probs.
     """
     b, _p = prompt_ids.shape
     n = b * group_size
@@ -113,10 +133,16 @@ def generate_groups(
     finished = torch.zeros(n, dtype=torch.bool, device=device)
     active = torch.arange(n, device=device)  # rows of the full batch still decoding
     eos = torch.tensor(eos_ids, device=device)
+    k = top_logprobs
+    top_ids = torch.zeros((n, params.max_new_tokens, k), dtype=torch.long, device=device) if k else None
+    top_logp = torch.zeros((n, params.max_new_tokens, k), dtype=torch.float32, device=device) if k else None
     for t in range(params.max_new_tokens):
-        tokens, token_logp = _next_tokens(logits, params, generator)
+        tokens, token_logp, logp_all = _next_tokens(logits, params, generator, active)
         ids[active, t] = tokens
         logps[active, t] = token_logp
+        if k:
+            best = logp_all.topk(k, dim=-1)
+            top_ids[active, t], top_logp[active, t] = best.indices, best.values
         lengths[active] = t + 1
         done = torch.isin(tokens, eos)
         if stop is not None:  # stop strings: checked on each still-running row's tokens so far
@@ -137,4 +163,7 @@ def generate_groups(
         next_pos = next_pos + 1
     width = int(lengths.max()) if n else 0
     mask = torch.arange(width, device=device)[None, :] < lengths[:, None]
-    return Completions(ids=ids[:, :width], mask=mask, behaviour_logp=logps[:, :width], truncated=~finished)
+    return Completions(
+        ids=ids[:, :width], mask=mask, behaviour_logp=logps[:, :width], truncated=~finished,
+        top_ids=top_ids[:, :width] if k else None, top_logp=top_logp[:, :width] if k else None,
+    )

@@ -29,6 +29,14 @@ class Sampler(Protocol):
         """Make the trainer's current weights the sampling policy, as ``version``."""
         ...
 
+    def stats(self) -> dict[str, float]:
+        """Numbers worth logging (requests, retries, adapter sync latency and bytes); may be empty."""
+        ...
+
+    def close(self) -> None:
+        """Release connections and threads."""
+        ...
+
 
 class LocalSampler:
     """Samples from the training model itself, in this process (it shares the weights, so ``sync`` only
@@ -44,3 +52,9 @@ class LocalSampler:
 
     def sync(self, version: int) -> None:
         self.version = version
+
+    def stats(self) -> dict[str, float]:
+        return {}
+
+    def close(self) -> None:
+        pass

@@ -89,6 +89,21 @@ def sampling_params(rollout: RolloutConfig, max_new_tokens: int | None = None, g
     )
 
 
-def build_sampler(cfg: RunConfig, model: nn.Module, tokenizer) -> Sampler:
-    """Where completions come from: the training model, in this process."""
+def build_local_sampler(cfg: RunConfig, model: nn.Module, tokenizer) -> Sampler:
+    """Completions from ``model`` itself, in this process."""
     return LocalSampler(model, tokenizer, cfg.model.autocast)
+
+
+def build_sampler(cfg: RunConfig, model: nn.Module, tokenizer, run_dir: Path) -> Sampler:
+    """Where a run's completions come from (``rollout.backend``): the training model in this process, or
+    rollout servers that load the trainer's adapter from the bucket (waits until they answer)."""
+    r = cfg.rollout
+    if r.backend == "local":
+        return build_local_sampler(cfg, model, tokenizer)
+    from rlvr.bucket import AdapterBucket
+    from rlvr.rollout.remote import RemoteSampler, ServerPool
+
+    pool = ServerPool(r.servers, request_timeout_s=r.request_timeout_s)
+    pool.wait_ready()
+    bucket = AdapterBucket(r.bucket or run_dir / "adapters")
+    return RemoteSampler(pool, tokenizer, model, bucket, keep_versions=r.keep_versions)

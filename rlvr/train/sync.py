@@ -9,12 +9,14 @@ is restored from the checkpoint, so a resumed run repeats the uninterrupted one 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import random
 import signal
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -23,13 +25,16 @@ from tqdm.auto import tqdm
 
 from rlvr.checkpoint import latest_valid, load_training_state, save_training_state
 from rlvr.config import RunConfig, config_changes, save_config, to_yaml
+from rlvr.core import LossSettings
 from rlvr.faults import fault_point
 from rlvr.memory import return_freed_memory
 from rlvr.metrics import MetricsWriter, plot_run
 from rlvr.models import ReferencePolicy, autocast, save_policy
+from rlvr.rollout import Sampler
 from rlvr.tasks import data_order
 from rlvr.train.batch import StepBatch
 from rlvr.train.build import (
+    TaskData,
     build_optimizer,
     build_policy,
     build_rewards,
@@ -124,6 +129,64 @@ def _check_skips(state: dict, skipped: int, num_iterations: int, step: int, limi
         )
 
 
+@dataclass
+class Run:
+    """What a training run holds once it is set up; ``step`` is one iteration of the loop."""
+
+    cfg: RunConfig
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    reference: ReferencePolicy | None
+    settings: LossSettings
+    data: TaskData
+    rewards: list
+    sampler: Sampler
+    state: dict  # loop state saved in checkpoints: cursor, evaluations, skip counters, elapsed time
+    run_dir: Path
+    started: float
+
+    def next_row_ids(self) -> list[int]:
+        B = self.cfg.train.prompts_per_step
+        ids = data_order(len(self.data.train_rows), self.cfg.train.seed, self.state["cursor"], B)
+        self.state["cursor"] += B
+        return ids
+
+    def evaluate(self) -> float:
+        cfg = self.cfg
+        return evaluate(self.sampler, self.data.eval_rows, self.data.check, cfg.eval.batch_size,
+                        cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens, tuple(cfg.rollout.stop))
+
+    def checkpoint(self, step: int) -> Path:
+        elapsed = self.state["elapsed_s"] + time.perf_counter() - self.started
+        return save_training_state(self.run_dir / "checkpoints", step, self.model, self.optimizer, self.scheduler,
+                                   {**self.state, "elapsed_s": elapsed}, to_yaml(self.cfg), self.cfg.train.keep_last)
+
+    def step(self, step: int) -> tuple[dict, Collected]:
+        """Collect (sample, score, advantages), update, hand the new weights to the sampler; the step's metrics."""
+        cfg, algo = self.cfg, self.cfg.algo
+        c = collect(self.sampler, self.next_row_ids, self.data.train_rows, cfg.rollout.group_size,
+                    sampling_params(cfg.rollout), self.rewards, seed=cfg.train.seed * 1_000_003 + step,
+                    scale=algo.scale, adv_eps=algo.adv_eps, dynamic_sampling=algo.dynamic_sampling,
+                    max_extra_rounds=algo.max_resample_rounds)
+        fault_point("after_generate", step)
+        batch = StepBatch.from_groups(c.groups, c.adv, c.included)
+        t0 = time.perf_counter()
+        with autocast(self.model, cfg.model.autocast):
+            stats = train_step(self.model, self.optimizer, self.scheduler, batch, self.settings,
+                               reference=self.reference, num_iterations=algo.num_iterations,
+                               micro_batch_size=cfg.train.micro_batch_size, max_new_tokens=cfg.rollout.max_new_tokens,
+                               max_grad_norm=cfg.train.max_grad_norm, chunk_tokens=cfg.train.logprob_chunk)
+        t1 = time.perf_counter()
+        self.sampler.sync(step)
+        fault_point("after_update", step)
+        tokens = float(batch.completion_mask.sum() + batch.prompt_mask.sum()) * algo.num_iterations
+        metrics = {**collect_metrics(c, step - 1), **stats, "time_train_s": t1 - t0,
+                   "train_tokens_per_s": tokens / max(t1 - t0, 1e-9), "time_sync_s": time.perf_counter() - t1,
+                   **self.sampler.stats()}
+        return metrics, c
+
+
 def train(cfg: RunConfig) -> dict:
     """Train as configured; returns the summary also written to ``summary.json``."""
     started = time.perf_counter()
@@ -152,65 +215,33 @@ def train(cfg: RunConfig) -> dict:
         print(f"rlvr: resuming from {checkpoint} (step {start})"
               + (f"; changed settings apply from step {start + 1}: " + "; ".join(changes) if changes else ""))
     save_config(cfg, run_dir / "config.yaml")
-    sampler = build_sampler(cfg, model, data.tokenizer)
-    sampler.sync(start)  # version = optimizer steps taken; a remote sampler gets the restored weights here
-
-    G, B = cfg.rollout.group_size, cfg.train.prompts_per_step
-    params = sampling_params(cfg.rollout)
     writer = MetricsWriter(run_dir, cfg.log.tensorboard, cfg.log.samples, resume_step=start if checkpoint else None)
-
-    def next_row_ids() -> list[int]:
-        ids = data_order(len(data.train_rows), cfg.train.seed, state["cursor"], B)
-        state["cursor"] += B
-        return ids
-
-    def run_eval() -> float:
-        return evaluate(sampler, data.eval_rows, data.check, cfg.eval.batch_size,
-                        cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens, tuple(cfg.rollout.stop))
-
-    def save_checkpoint(step: int) -> Path:
-        elapsed = state["elapsed_s"] + time.perf_counter() - started
-        return save_training_state(run_dir / "checkpoints", step, model, optimizer, scheduler,
-                                   {**state, "elapsed_s": elapsed}, to_yaml(cfg), cfg.train.keep_last)
-
-    if start == 0:
-        state["eval_accuracy_before"] = state["eval_accuracy"] = run_eval()
-        writer.log(0, {"eval_accuracy": state["eval_accuracy"], "dropped_prompts": state["dropped_prompts"]})
-    bar = tqdm(range(start + 1, cfg.train.steps + 1), disable=not cfg.log.progress, desc=cfg.algo.preset,
-               unit="step", initial=start, total=cfg.train.steps)
-    with stop_on_interrupt() as stop:
+    with contextlib.closing(build_sampler(cfg, model, data.tokenizer, run_dir)) as sampler, stop_on_interrupt() as stop:
+        sampler.sync(start)  # version = optimizer steps taken; a remote sampler gets the restored weights here
+        run = Run(cfg, model, optimizer, scheduler, reference, settings, data, rewards, sampler, state, run_dir,
+                  started)
+        if start == 0:
+            state["eval_accuracy_before"] = state["eval_accuracy"] = run.evaluate()
+            writer.log(0, {"eval_accuracy": state["eval_accuracy"], "dropped_prompts": state["dropped_prompts"]})
+        bar = tqdm(range(start + 1, cfg.train.steps + 1), disable=not cfg.log.progress, desc=cfg.algo.preset,
+                   unit="step", initial=start, total=cfg.train.steps)
         for step in bar:
-            c = collect(sampler, next_row_ids, data.train_rows, G, params, rewards,
-                        seed=cfg.train.seed * 1_000_003 + step, scale=cfg.algo.scale, adv_eps=cfg.algo.adv_eps,
-                        dynamic_sampling=cfg.algo.dynamic_sampling, max_extra_rounds=cfg.algo.max_resample_rounds)
-            fault_point("after_generate", step)
-            batch = StepBatch.from_groups(c.groups, c.adv, c.included)
-            t0 = time.perf_counter()
-            with autocast(model, cfg.model.autocast):
-                stats = train_step(model, optimizer, scheduler, batch, settings, reference=reference,
-                                   num_iterations=cfg.algo.num_iterations, micro_batch_size=cfg.train.micro_batch_size,
-                                   max_new_tokens=cfg.rollout.max_new_tokens, max_grad_norm=cfg.train.max_grad_norm,
-                                   chunk_tokens=cfg.train.logprob_chunk)
-            sampler.sync(step)
-            fault_point("after_update", step)
-            t_train = time.perf_counter() - t0
-            train_tokens = float(batch.completion_mask.sum() + batch.prompt_mask.sum()) * cfg.algo.num_iterations
-            metrics = {**collect_metrics(c, step - 1), **stats, "time_train_s": t_train,
-                       "train_tokens_per_s": train_tokens / max(t_train, 1e-9)}
+            metrics, collected = run.step(step)
             if step == cfg.train.steps or (cfg.eval.every and step % cfg.eval.every == 0):
-                state["eval_accuracy"] = metrics["eval_accuracy"] = run_eval()
-                metrics["time_eval_s"] = time.perf_counter() - t0 - t_train
+                t0 = time.perf_counter()
+                state["eval_accuracy"] = metrics["eval_accuracy"] = run.evaluate()
+                metrics["time_eval_s"] = time.perf_counter() - t0
             writer.log(step, metrics)
-            writer.log_samples(step, _sample_records(c, cfg.log.sample_token_ids))
+            writer.log_samples(step, _sample_records(collected, cfg.log.sample_token_ids))
             bar.set_postfix(reward=f"{metrics['reward_mean']:.3f}", acc=f"{state['eval_accuracy']:.3f}")
-            _check_skips(state, stats["skipped_updates"], cfg.algo.num_iterations, step,
+            _check_skips(state, metrics["skipped_updates"], cfg.algo.num_iterations, step,
                          cfg.train.max_consecutive_skips)
             if step == cfg.train.steps or (cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0):
-                save_checkpoint(step)
+                run.checkpoint(step)
             if stop.requested:
                 bar.close()
                 writer.close()
-                print(f"rlvr: interrupted; saved {save_checkpoint(step)}. Continue with resume=auto.")
+                print(f"rlvr: interrupted; saved {run.checkpoint(step)}. Continue with resume=auto.")
                 raise SystemExit(130)
     writer.close()
 

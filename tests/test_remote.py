@@ -1,0 +1,207 @@
+"""The remote Sampler and the server pool against real `rlvr serve` processes on loopback: groups come back whole
+with the trainer's log-probs, failed and timed-out requests are retried elsewhere without duplicates, dead servers
+rejoin with the current adapters, adapter loads are all-or-nothing, and the sync loop runs on servers."""
+
+import json
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+import torch
+
+from rlvr.bucket import AdapterBucket
+from rlvr.config import load_config
+from rlvr.models import LoraSpec, add_lora, load_causal_lm
+from rlvr.rollout import SamplingParams
+from rlvr.rollout.remote import AdapterSyncError, NoServerError, RemoteSampler, ServerPool
+from rlvr.train.batch import StepBatch
+from rlvr.train.step import completion_logprobs
+from tests.serving import ServerProcess, post
+
+PROMPTS = [[{"role": "user", "content": "3 + 4 ="}], "What is 7?", [{"role": "user", "content": "12 * 9 ="}],
+           "Say something."]
+PARAMS = SamplingParams(temperature=0.9, max_new_tokens=8)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _trainer(model_dir, seed=0):
+    """A LoRA policy whose adapter is not the identity (random B), so the servers must really load it."""
+    model = add_lora(load_causal_lm(model_dir), LoraSpec(r=4, alpha=8, target_modules=("q_proj", "v_proj")))
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=gen))
+    return model
+
+
+@pytest.fixture(scope="module")
+def servers(tiny_model_dir):
+    procs = [ServerProcess(tiny_model_dir, "--batch-wait-ms", "20") for _ in range(2)]
+    for p in procs:
+        p.wait_ready()
+    yield procs
+    for p in procs:
+        p.stop()
+
+
+def _stats(server) -> dict:
+    return httpx.get(f"{server.url}/stats").json()
+
+
+def _sampler(urls, model, tokenizer, tmp_path, **pool_kw):
+    pool = ServerPool(urls, probe_interval_s=0.5, **pool_kw)
+    return RemoteSampler(pool, tokenizer, model, AdapterBucket(tmp_path / "bucket"))
+
+
+def test_remote_groups_carry_the_trainers_logprobs(servers, tiny_model_dir, tokenizer, tmp_path):
+    model = _trainer(tiny_model_dir)
+    sampler = _sampler([s.url for s in servers], model, tokenizer, tmp_path)
+    before = [_stats(s) for s in servers]
+    sampler.sync(0)
+    groups = sampler.sample(PROMPTS, 4, PARAMS, seed=1)
+    after = [_stats(s) for s in servers]
+    assert groups.num_groups == 4 and groups.completion_ids.shape[0] == 16 and (groups.version == 0).all()
+    # one request per prompt, each with its 4 samples, spread over both servers
+    requests = [a["requests"] - b["requests"] for a, b in zip(after, before)]
+    assert sum(requests) == 4 and min(requests) >= 1
+    assert sum(a["completions"] - b["completions"] for a, b in zip(after, before)) == 16
+    # the servers sample from exactly the trainer's weights: its log-probs match the trainer's recomputation
+    with torch.no_grad():
+        logp, _ = completion_logprobs(model, StepBatch.from_groups(groups, torch.zeros(16)), torch.arange(16))
+    m = groups.completion_mask.bool()
+    assert (logp - groups.behaviour_logp)[m].abs().max() < 1e-4
+    again = sampler.sample(PROMPTS, 4, PARAMS, seed=1)
+    assert torch.equal(again.completion_ids, groups.completion_ids)  # seeded: the same tokens, whatever server
+    assert sampler.stats()["servers_live"] == 2 and sampler.stats()["adapter_bytes"] > 0
+    sampler.close()
+
+
+def test_versions_get_their_own_names_and_old_ones_are_unloaded(servers, tiny_model_dir, tokenizer, tmp_path):
+    model = _trainer(tiny_model_dir)
+    sampler = _sampler([s.url for s in servers], model, tokenizer, tmp_path)
+    for version in range(4):
+        sampler.sync(version)
+    for server in servers:
+        assert sorted(_stats(server)["adapters"]) == ["policy-v2", "policy-v3"]  # keep_versions = 2
+    assert sampler.bucket.versions() == [2, 3]
+    assert sampler.sample(PROMPTS[:1], 2, PARAMS, seed=0).version.tolist() == [3, 3]
+    sampler.pool.unload_adapter("policy-v2")
+    sampler.pool.unload_adapter("policy-v3")
+    sampler.close()
+
+
+def test_a_killed_server_mid_request_is_retried_elsewhere(tiny_model_dir, tokenizer, tmp_path):
+    slow = ServerProcess(tiny_model_dir, "--batch-wait-ms", "1500").wait_ready()  # requests sit there 1.5 s
+    fast = ServerProcess(tiny_model_dir).wait_ready()
+    try:
+        model = _trainer(tiny_model_dir)
+        sampler = _sampler([slow.url, fast.url], model, tokenizer, tmp_path)
+        sampler.sync(0)
+        killer = threading.Timer(0.7, slow.kill)  # while the slow server holds its requests
+        killer.start()
+        groups = sampler.sample(PROMPTS, 3, PARAMS, seed=2)
+        killer.join()
+        assert groups.num_groups == 4 and groups.completion_ids.shape[0] == 12  # every prompt once, none twice
+        assert sampler.pool.stats.servers_lost == 1 and sampler.pool.stats.retries >= 1
+        assert _stats(fast)["requests"] == 4  # its own two, and the two the killed server held
+        sampler.close()
+    finally:
+        slow.stop()
+        fast.stop()
+
+
+def test_a_timed_out_request_is_retried_on_another_server(tiny_model_dir, tokenizer, tmp_path):
+    stuck = ServerProcess(tiny_model_dir, "--batch-wait-ms", "3000").wait_ready()
+    fast = ServerProcess(tiny_model_dir).wait_ready()
+    try:
+        sampler = _sampler([stuck.url, fast.url], _trainer(tiny_model_dir), tokenizer, tmp_path,
+                           request_timeout_s=1.0)
+        sampler.sync(0)
+        groups = sampler.sample(PROMPTS[:2], 2, PARAMS, seed=3)
+        assert groups.num_groups == 2 and sampler.pool.stats.retries >= 1
+        sampler.close()
+    finally:
+        stuck.stop()
+        fast.stop()
+
+
+def test_a_dead_server_is_probed_and_rejoins_with_the_current_adapter(tiny_model_dir, tokenizer, tmp_path):
+    port = _free_port()
+    flaky = ServerProcess(tiny_model_dir, "--port", str(port)).wait_ready()
+    steady = ServerProcess(tiny_model_dir).wait_ready()
+    try:
+        sampler = _sampler([flaky.url, steady.url], _trainer(tiny_model_dir), tokenizer, tmp_path)
+        sampler.sync(0)
+        flaky.kill()
+        assert sampler.sample(PROMPTS, 2, PARAMS, seed=4).num_groups == 4
+        assert [s.alive for s in sampler.pool.servers] == [False, True]
+        flaky = ServerProcess(tiny_model_dir, "--port", str(port)).wait_ready()  # restarted, with no adapters
+        assert _stats(flaky)["adapters"] == []
+        time.sleep(0.6)  # past the probe interval
+        sampler.sample(PROMPTS, 2, PARAMS, seed=5)
+        assert sampler.pool.stats.servers_revived == 1 and _stats(flaky)["adapters"] == ["policy-v0"]
+        assert _stats(flaky)["requests"] >= 1
+        sampler.close()
+    finally:
+        flaky.stop()
+        steady.stop()
+
+
+def test_adapter_load_is_all_or_nothing(servers, tiny_model_dir, tokenizer, tmp_path):
+    full = ServerProcess(tiny_model_dir, "--max-loras", "1").wait_ready()
+    try:
+        bucket = AdapterBucket(tmp_path / "bucket")
+        blocker = bucket.publish_adapter(_trainer(tiny_model_dir, seed=1), 1)
+        r = post(full.url, "/v1/load_lora_adapter", {"lora_name": "blocker", "lora_path": blocker.url})
+        assert r.status_code == 200
+        pool = ServerPool([servers[0].url, full.url])
+        published = bucket.publish_adapter(_trainer(tiny_model_dir, seed=2), 2)
+        with pytest.raises(AdapterSyncError, match="did not load everywhere.*max-loras 1"):
+            pool.load_adapter("policy-v2", published.url)
+        assert "policy-v2" not in _stats(servers[0])["adapters"] and "policy-v2" not in pool.adapters
+        pool.close()
+    finally:
+        full.stop()
+
+
+def test_all_servers_dead_is_a_clear_error_in_bounded_time(tiny_model_dir, tokenizer, tmp_path):
+    urls = [f"http://127.0.0.1:{_free_port()}" for _ in range(2)]  # nothing listens there
+    pool = ServerPool(urls, probe_interval_s=0.2, no_server_wait_s=1.0)
+    sampler = RemoteSampler(pool, tokenizer, _trainer(tiny_model_dir), AdapterBucket(tmp_path / "b"))
+    started = time.monotonic()
+    with pytest.raises(NoServerError, match="unreachable|no live rollout server"):
+        sampler.sync(0)
+        sampler.sample(PROMPTS, 2, PARAMS, seed=0)
+    assert time.monotonic() - started < 15
+    with pytest.raises(NoServerError, match="have been unreachable for 1 s"):
+        pool.post("/v1/completions", {"prompt": "x"})
+    pool.close()
+
+
+def test_sync_loop_trains_with_generation_on_servers(servers, tiny_model_dir, tmp_path):
+    from rlvr.train.sync import train
+    from tests.test_e2e import _overrides
+
+    out = tmp_path / "run"
+    cfg = load_config(None, _overrides(tiny_model_dir, out) + [
+        "rollout.backend=server", f"rollout.servers=[{servers[0].url}, {servers[1].url}]", "train.steps=3"])
+    summary = train(cfg)
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert summary["steps"] == 3 and len(records) == 4
+    assert all(r["adapter_bytes"] > 0 and r["servers_live"] == 2 for r in records[1:])
+    assert records[-1]["requests"] >= 3 * 2  # two prompts a step, one request each (plus evaluation)
+    assert sorted(p.name for p in (out / "adapters").iterdir()) == ["v00000002", "v00000003"]
+    for server in servers:
+        assert sorted(_stats(server)["adapters"]) == ["policy-v2", "policy-v3"]
+        for name in ("policy-v2", "policy-v3"):
+            post(server.url, "/v1/unload_lora_adapter", {"lora_name": name})
+    with pytest.raises(Exception, match="rollout.backend=server ships LoRA adapters"):
+        load_config(None, ["rollout.backend=server", "rollout.servers=[http://x]", "model.lora=false"])
