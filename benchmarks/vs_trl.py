@@ -295,7 +295,7 @@ def main() -> None:
             f"{ours['peak_rss_mb'] / 1024:.2f} / {theirs['peak_rss_mb'] / 1024:.2f} GB "
             f"(**{ours['peak_rss_mb'] / theirs['peak_rss_mb']:.2f}×**) | "
             f"{ours['reward_mean']:.3f} / {theirs['reward_mean']:.3f} | "
-            f"{100 * flops / peak32 / 1e9:.0f} % ({100 * flops / peak16 / 1e9:.0f}× bf16 peak) |"
+            f"{100 * flops / peak32 / 1e9:.0f} % ({100 * flops / peak16 / 1e9:.0f} % of the bf16 peak) |"
         )
     gen, bf16 = results["generation"], results["bf16"]
     md = f"""## rlvr vs TRL GRPOTrainer (`python benchmarks/vs_trl.py --steps {args.steps}`)

