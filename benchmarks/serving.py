@@ -49,6 +49,22 @@ def _timed(sample, prompts, g, tokens, repeats=3) -> dict:
     return {"tokens_per_s": statistics.median(rates), "wall_s": statistics.median(walls)}
 
 
+def _logp_gap(sample, model) -> float:
+    """Mean |behaviour log-prob - trainer's recomputation| over the tokens of one 4 x 8 x 32 sample."""
+    import torch
+
+    from rlvr.rollout import SamplingParams
+    from rlvr.train.batch import StepBatch
+    from rlvr.train.step import completion_logprobs
+
+    groups = sample(_prompts(4), 8, SamplingParams(temperature=1.0, max_new_tokens=32), 99)
+    n = groups.completion_ids.shape[0]
+    with torch.no_grad():
+        logp, _ = completion_logprobs(model, StepBatch.from_groups(groups, torch.zeros(n)), torch.arange(n))
+    m = groups.completion_mask.bool()
+    return float((logp - groups.behaviour_logp)[m].abs().mean())
+
+
 def _vllm(python: str, model_dir: Path, port: int) -> subprocess.Popen:
     env = {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "VLLM_CPU_KVCACHE_SPACE": "1",
            "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
@@ -84,6 +100,7 @@ def main() -> None:
     local = LocalSampler(model, tokenizer)
     for name, (b, g, t) in WORKLOADS.items():
         results["workloads"][name] = {"in-process": _timed(local.sample, _prompts(b), g, t)}
+    results["logp_gap"] = {"in-process": _logp_gap(local.sample, model)}
 
     server = ServerProcess(model_dir, "--threads", str(os.cpu_count())).wait_ready(120)
     try:
@@ -94,6 +111,7 @@ def main() -> None:
             r = _timed(remote.sample, _prompts(b), g, t)
             busy = (httpx.get(f"{server.url}/stats").json()["busy_s"] - busy0) / 4  # warm-up + 3 repeats
             results["workloads"][name]["rlvr serve"] = {**r, "engine_s": busy}
+        results["logp_gap"]["rlvr serve"] = _logp_gap(remote.sample, model)
         syncs = []
         for version in range(1, 6):
             remote.sync(version)
@@ -131,6 +149,7 @@ def main() -> None:
             remote.sync(20)
             for name, (b, g, t) in WORKLOADS.items():
                 results["workloads"][name]["vLLM-cpu"] = _timed(remote.sample, _prompts(b), g, t)
+            results["logp_gap"]["vLLM-cpu"] = _logp_gap(remote.sample, model)
             syncs = []
             for version in range(21, 26):
                 remote.sync(version)
@@ -169,6 +188,9 @@ temperature 1; median of 3 after a warm-up; each engine alone on the cores (the 
 {chr(10).join(lines)}
 
 HTTP path overhead (client wall time minus the server's generation time, per request batch): {overhead}.
+
+Behaviour vs trainer log-probs (mean |Δ| per token, fp32, the trainer's own recomputation of each engine's
+sample): {"; ".join(f"{k} {v:.1e}" for k, v in r["logp_gap"].items())}.
 
 What crosses the network per update: the adapter, not the model ({r['full_model_bytes'] / 1e6:.0f} MB):
 

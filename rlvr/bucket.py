@@ -141,6 +141,8 @@ def fetch_version(url: str, cache_dir: Path) -> Path:
     is_local = _is_local(fs)
     if not fs.exists(f"{path}/{MANIFEST}"):
         if is_local:
+            if not Path(path).is_dir():
+                raise FileNotFoundError(f"{path} is not a directory")
             return Path(path)
         raise FileNotFoundError(f"{url} has no {MANIFEST}: not a published version")
     if not (leaf.startswith("v") and leaf[1:].isdigit()):

@@ -266,9 +266,11 @@ def _completion_logprobs(tok, tokens: list[int], g: Generation, j: int) -> dict:
     for piece in pieces:
         offsets.append(at)
         at += len(piece)
-    top = None
+    # as vLLM: the sampled token, then the k most likely ones (fewer entries when two share a text)
+    top = [{piece: lp} for piece, lp in zip(pieces, g.logprobs[j])]
     if g.top_logprobs is not None:
-        top = [{_piece(tok, t): lp for t, lp in step} for step in g.top_logprobs[j]]
+        for entry, step in zip(top, g.top_logprobs[j]):
+            entry.update({_piece(tok, t): lp for t, lp in step if _piece(tok, t) not in entry})
     return {"text_offset": offsets, "token_logprobs": g.logprobs[j], "tokens": pieces, "top_logprobs": top}
 
 

@@ -180,12 +180,15 @@ class Engine:
     def _load(self, name: str, path: str, inplace: bool) -> str:
         replacing = name in self._internal
         if replacing and not inplace:
-            raise EngineError(f"The lora adapter '{name}' has already been loaded.")
+            raise EngineError(f"The lora adapter '{name}' has already been loaded. If you want to load the adapter "
+                              "in place, set 'load_inplace' to True.")
         if not replacing and len(self._internal) >= self.max_loras:
             raise EngineError(f"{len(self._internal)} adapters are resident, the most this server holds "
                               f"(--max-loras {self.max_loras}); unload one first")
         try:
             local = fetch_version(path, self._cache)
+        except FileNotFoundError as err:
+            raise EngineError(f"Loading lora {name} failed: no adapter found at {path} ({err})", status=404) from None
         except (OSError, RuntimeError, ValueError) as err:
             raise EngineError(f"cannot fetch the LoRA adapter at {path}: {err}") from None
         check_adapter_files(local)
