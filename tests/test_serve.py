@@ -260,3 +260,23 @@ def test_503_while_the_model_loads(tiny_model_dir):
     assert client.get("/health").status_code == 503
     r = client.post("/v1/completions", json={"prompt": "x"})
     assert r.status_code == 503 and r.json()["error"]["message"] == "the model is still loading"
+
+
+def test_requests_for_different_adapters_are_queued_into_separate_batches(server, adapters):
+    """One batch never mixes adapters: concurrent requests for two adapters each get their own adapter's
+    answer (the same as when sent alone), in more than one batch."""
+    import httpx
+
+    for name, path in (("left", adapters[0]), ("right", adapters[1])):
+        assert post(server.url, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(path)}).status_code == 200
+    greedy = {"prompt": "What is 3 + 4?", "temperature": 0, "max_tokens": 8, "return_token_ids": True}
+    alone = {name: complete(server, model=name, **greedy)["choices"][0]["token_ids"] for name in ("left", "right")}
+    assert alone["left"] != alone["right"]
+    before = httpx.get(f"{server.url}/stats").json()["batches"]
+    names = ["left", "right", "left", "right"]
+    with ThreadPoolExecutor(4) as pool:
+        together = list(pool.map(lambda n: complete(server, model=n, **greedy)["choices"][0]["token_ids"], names))
+    assert together == [alone[n] for n in names]
+    assert httpx.get(f"{server.url}/stats").json()["batches"] - before >= 2
+    for name in ("left", "right"):
+        post(server.url, "/v1/unload_lora_adapter", {"lora_name": name})
