@@ -67,6 +67,8 @@ class AdapterBucket:
     def publish_files(self, version: int, files: dict[str, bytes]) -> Published:
         """Write ``files`` as ``version``: payload first, manifest last."""
         started = time.perf_counter()
+        if self.fs.exists(self._path(version, MANIFEST)):  # republishing (a resumed run): hide the old one first
+            self.fs.rm(self._path(version, MANIFEST))
         self.fs.makedirs(self._path(version), exist_ok=True)
         for name, data in files.items():
             self.fs.pipe_file(self._path(version, name), data)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from rlvr.config import ConfigError, load_config
 from rlvr.rewards import RewardError
+from rlvr.rollout.remote import AdapterSyncError, NoServerError, ServerRequestError
 from rlvr.train.sync import NonFiniteError, train
 
 
@@ -56,8 +57,9 @@ def _eval(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from rlvr.serve import serve
 
+    cores = tuple(int(c) for c in args.cores.split(",")) if args.cores else ()
     serve(args.model, args.host, args.port, args.max_loras, args.threads, args.max_model_len, args.served_model_name,
-          args.max_num_seqs, args.batch_wait_ms)
+          args.max_num_seqs, args.batch_wait_ms, args.parent_pid, cores)
     return 0
 
 
@@ -95,12 +97,15 @@ def main(argv: list[str] | None = None) -> int:
     p_serve.add_argument("--max-num-seqs", type=int, default=256, help="completions decoded together at most")
     p_serve.add_argument("--batch-wait-ms", type=float, default=10.0,
                          help="how long a batch waits for requests sent together to arrive")
+    p_serve.add_argument("--parent-pid", type=int, default=0, help="exit when this process dies (Linux)")
+    p_serve.add_argument("--cores", default="", help="run on these CPU cores only, e.g. 1,2")
     p_serve.set_defaults(run=_serve)
     args = parser.parse_args(argv)
     _quiet_libraries()
     try:
         return args.run(args)
-    except (ConfigError, FileNotFoundError, ValueError, KeyError, RewardError, NonFiniteError) as err:
+    except (ConfigError, FileNotFoundError, ValueError, KeyError, RewardError, NonFiniteError, NoServerError,
+            AdapterSyncError, ServerRequestError) as err:
         if os.environ.get("RLVR_DEBUG"):
             raise
         message = err.args[0] if isinstance(err, KeyError) and err.args else err

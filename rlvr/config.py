@@ -128,6 +128,9 @@ class RolloutConfig:
     """backend=server: adapter versions kept loaded on the servers and in the bucket."""
     request_timeout_s: float = 600.0
     """backend=server: seconds one generation request may take before it is retried on another server."""
+    server_wait_s: float = 300.0
+    """backend=server: seconds to wait for servers to come up, and for any server at all to be reachable
+    again before the run stops with an error."""
 
 
 @dataclass(frozen=True)
@@ -228,6 +231,36 @@ class EvalConfig:
 
 
 @dataclass(frozen=True)
+class AsyncConfig:
+    enabled: bool = False
+    """Overlap generation and training: rollout servers keep sampling with the latest published adapter while
+    the learner trains on groups already scored (written ``async`` in configs and overrides)."""
+    runtime: str = "embedded"
+    """embedded: start async.servers `rlvr serve` processes on this machine (or use rollout.servers if given);
+    ray: place them as Ray actors on the Ray cluster at async.ray_address."""
+    servers: int = 1
+    """Rollout servers to start (ignored when rollout.servers lists servers that already run)."""
+    server_threads: int = 1
+    """torch threads per started server."""
+    learner_threads: int = 0
+    """torch threads of the learner (0: the cores the servers leave)."""
+    pin: bool = True
+    """embedded: pin the learner and each server to their own cores (sched_setaffinity), where there are enough."""
+    max_inflight_groups: int = 0
+    """Groups dispatched or scored but not yet trained, at most (0: train.prompts_per_step: the next batch is
+    generated while the current one trains, one version behind). A slow learner makes the dispatchers wait
+    instead of filling memory; more than that only helps when generation is the slower side, and groups that
+    wait longer than max_staleness versions are dropped."""
+    max_staleness: int = 1
+    """A group sampled more than this many policy versions before the learner's current one is dropped (its
+    prompt sampled again), never trained."""
+    server_restarts: int = 3
+    """Times a started server that dies is restarted (embedded: by the learner; ray: Ray's max_restarts)."""
+    ray_address: str = ""
+    """ray: address of an existing Ray cluster ('' starts a local one in this process)."""
+
+
+@dataclass(frozen=True)
 class LogConfig:
     tensorboard: bool = True
     """Write TensorBoard event files into the run directory."""
@@ -264,6 +297,8 @@ class RunConfig:
     """Greedy held-out evaluation."""
     log: LogConfig = LogConfig()
     """Metric sinks."""
+    asynchronous: AsyncConfig = AsyncConfig()
+    """Asynchronous GRPO: learner and rollout servers overlapped (``async`` in YAML and overrides)."""
 
 
 class ConfigError(ValueError):
@@ -281,11 +316,12 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "algo.is_level": IS_LEVELS,
     "algo.is_mode": IS_MODES,
     "rollout.backend": ("local", "server"),
+    "async.runtime": ("embedded", "ray"),
 }
 ON_ERROR = ("raise", "none")
 POSITIVE = ("rollout.group_size", "rollout.max_new_tokens", "train.prompts_per_step", "train.micro_batch_size",
             "algo.num_iterations", "eval.batch_size", "train.logprob_chunk", "train.keep_last",
-            "train.max_consecutive_skips", "algo.is_cap", "rollout.keep_versions")
+            "train.max_consecutive_skips", "algo.is_cap", "rollout.keep_versions", "async.server_threads")
 
 
 def _convert(value: Any, tp: Any, key: str) -> Any:
@@ -331,7 +367,8 @@ def _build(cls: type, data: Any, prefix: str) -> Any:
         key = f"{prefix}.{unknown[0]}" if prefix else unknown[0]
         section = f" in {prefix}" if prefix else ""
         raise ConfigError(f"unknown config key {key!r}; allowed keys{section}: {', '.join(names)}")
-    values = {k: _convert(v, hints[k], f"{prefix}.{k}" if prefix else k) for k, v in data.items()}
+    shown = {"asynchronous": "async"}  # field names that differ from the config key users write
+    values = {k: _convert(v, hints[k], f"{prefix}.{k}" if prefix else shown.get(k, k)) for k, v in data.items()}
     return cls(**values)
 
 
@@ -361,6 +398,14 @@ def _validate(cfg: RunConfig) -> None:
     for i, reward in enumerate(cfg.rewards):
         if reward.on_error not in ON_ERROR:
             raise ConfigError(f"rewards[{i}].on_error must be one of {', '.join(ON_ERROR)}; got {reward.on_error!r}")
+    a = cfg.asynchronous
+    if a.enabled:
+        if not cfg.model.lora:
+            raise ConfigError("async.enabled=true ships LoRA adapters to the rollout servers; set model.lora=true")
+        if a.max_staleness < 0 or a.max_inflight_groups < 0 or a.servers < 0 or a.server_restarts < 0:
+            raise ConfigError("async.max_staleness, max_inflight_groups, servers and server_restarts must be >= 0")
+        if not cfg.rollout.servers and a.servers < 1:
+            raise ConfigError("async.enabled=true needs servers: async.servers >= 1, or rollout.servers=[URL, ...]")
     if cfg.rollout.backend == "server":
         if not cfg.rollout.servers:
             raise ConfigError("rollout.backend=server needs rollout.servers=[URL, ...] (rlvr serve or vLLM servers)")
@@ -401,6 +446,8 @@ def _merge(base: dict, extra: dict) -> dict:
 def build_config(data: dict) -> RunConfig:
     """A validated RunConfig from a nested dict; the algo preset fills knobs not given explicitly."""
     data = dict(data)
+    if "async" in data:  # a Python keyword, so the field is named asynchronous
+        data["asynchronous"] = _merge(data.get("asynchronous") or {}, data.pop("async") or {})
     algo = dict(data.get("algo") or {})
     preset = algo.get("preset", AlgoConfig.preset)
     if preset not in PRESETS:
@@ -427,7 +474,8 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> RunConfig
 
 def to_dict(cfg: Any) -> Any:
     if dataclasses.is_dataclass(cfg):
-        return {f.name: to_dict(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
+        return {("async" if f.name == "asynchronous" else f.name): to_dict(getattr(cfg, f.name))
+                for f in dataclasses.fields(cfg)}
     if isinstance(cfg, tuple):
         return [to_dict(v) for v in cfg]
     return cfg

@@ -1,7 +1,9 @@
 """Fault injection for crash tests: ``RLVR_FAULT=NAME@STEP`` SIGKILLs the process at that point.
 
 Points: ``after_generate`` (completions sampled, nothing updated), ``after_update`` (weights updated, step
-not yet logged or checkpointed), ``checkpoint_file_written`` (one checkpoint file on disk, the rest not).
+not yet logged or checkpointed), ``checkpoint_file_written`` (one checkpoint file on disk, the rest not), and
+in ``rlvr serve``, ``adapter_load`` (the n-th adapter load, files checked, model not yet changed). Servers
+the learner restarts do not inherit the variable, so an injected fault fires once.
 Without the variable this is a dictionary lookup and nothing else.
 """
 

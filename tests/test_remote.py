@@ -177,7 +177,7 @@ def test_all_servers_dead_is_a_clear_error_in_bounded_time(tiny_model_dir, token
     pool = ServerPool(urls, probe_interval_s=0.2, no_server_wait_s=1.0)
     sampler = RemoteSampler(pool, tokenizer, _trainer(tiny_model_dir), AdapterBucket(tmp_path / "b"))
     started = time.monotonic()
-    with pytest.raises(NoServerError, match="unreachable|no live rollout server"):
+    with pytest.raises(NoServerError, match="no rollout server reachable for 1 s"):
         sampler.sync(0)
         sampler.sample(PROMPTS, 2, PARAMS, seed=0)
     assert time.monotonic() - started < 15

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -61,13 +62,14 @@ class PoolStats:
 class ServerPool:
     def __init__(self, urls: list[str] | tuple[str, ...], *, request_timeout_s: float = 600.0,
                  connect_timeout_s: float = 5.0, probe_interval_s: float = 5.0, max_attempts: int = 4,
-                 no_server_wait_s: float = 30.0):
+                 no_server_wait_s: float = 30.0, resolve: Callable[[int], str | None] | None = None):
         if not urls:
             raise ValueError("a server pool needs at least one server URL")
         self.servers = [Server(u.rstrip("/")) for u in urls]
         self.client = httpx.Client(timeout=httpx.Timeout(request_timeout_s, connect=connect_timeout_s))
         self.probe_interval_s, self.max_attempts = probe_interval_s, max_attempts
         self.no_server_wait_s = no_server_wait_s
+        self.resolve = resolve  # server index -> its current URL (a restarted Ray actor may have moved)
         self.adapters: dict[str, str] = {}  # what every live server holds: lora name -> lora path
         self.stats = PoolStats()
         self._lock = threading.Lock()
@@ -113,6 +115,11 @@ class ServerPool:
                 if server.alive:
                     continue
                 server.next_probe = now + self.probe_interval_s
+                if self.resolve is not None:
+                    url = self.resolve(self.servers.index(server))
+                    if url is None:
+                        continue
+                    server.url = url.rstrip("/")
                 if self._healthy(server) and self._sync_server(server):
                     with self._lock:
                         server.alive = True
@@ -198,7 +205,7 @@ class ServerPool:
     def load_adapter(self, name: str, path: str) -> float:
         """Load on every live server, all or nothing; returns the seconds it took. A server that refuses the
         adapter fails the load (and it is unloaded from the others); one that cannot be reached is marked dead
-        and gets the adapter when it rejoins."""
+        and gets the adapter when it rejoins (if none is reachable, this waits up to ``no_server_wait_s``)."""
         started = time.perf_counter()
         self._revive_due()
         servers = self.live()
@@ -220,10 +227,16 @@ class ServerPool:
                 self._unload_on(server, name)
             raise AdapterSyncError(f"adapter {name} ({path}) did not load everywhere, so it was unloaded from "
                                    f"the others: {'; '.join(failed)}")
-        if not loaded:
-            raise NoServerError(f"no live rollout server to load adapter {name} on: "
-                                f"{', '.join(s.url for s in self.servers)} are unreachable")
-        self.adapters[name] = path
+        self.adapters[name] = path  # servers that rejoin load it before they get work
+        if not loaded:  # every server is down right now: wait for one to come back with it
+            deadline = time.monotonic() + self.no_server_wait_s
+            while not self.live():
+                if time.monotonic() > deadline:
+                    del self.adapters[name]
+                    raise NoServerError(f"no rollout server reachable for {self.no_server_wait_s:.0f} s to load "
+                                        f"adapter {name} on: {', '.join(s.url for s in self.servers)}")
+                time.sleep(min(1.0, self.probe_interval_s))
+                self._revive_due()
         return time.perf_counter() - started
 
     def _unload_on(self, server: Server, name: str) -> None:
@@ -276,6 +289,18 @@ class RemoteSampler:
                 self.pool.unload_adapter(old)
         self.bucket.gc(self.keep_versions)
         self.last_sync = {"adapter_bytes": published.bytes, "publish_s": published.seconds, "load_s": load_s}
+
+    def busy_seconds(self) -> dict[str, float]:
+        """Seconds each live `rlvr serve` has spent generating (from its /stats; other engines are left out)."""
+        out = {}
+        for server in self.pool.live():
+            try:
+                r = self.pool.client.get(f"{server.url}/stats", timeout=5)
+            except httpx.HTTPError:
+                continue
+            if r.status_code == 200:
+                out[server.url] = float(r.json()["busy_s"])
+        return out
 
     def stats(self) -> dict[str, float]:
         s = self.pool.stats

@@ -6,13 +6,34 @@ import socket
 
 from rlvr.serve.engine import Engine
 
+PR_SET_PDEATHSIG = 1
+
+
+def tie_to_parent(parent_pid: int) -> None:
+    """Die (SIGTERM) when the process that started us dies, even by SIGKILL (Linux)."""
+    import ctypes
+    import os
+    import signal
+
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent_pid:  # it died before we asked
+        raise SystemExit(0)
+
 
 def serve(model: str, host: str = "127.0.0.1", port: int = 8000, max_loras: int = 4, threads: int = 0,
           max_model_len: int = 0, served_model_name: str = "", max_num_seqs: int = 256, batch_wait_ms: float = 10.0,
-          ) -> None:
+          parent_pid: int = 0, cores: tuple[int, ...] = ()) -> None:
     """Listen on host:port (0: any free port) and serve until interrupted. The first line printed names the URL;
-    the model loads in the background (requests get 503 until it is ready)."""
+    the model loads in the background (requests get 503 until it is ready). ``parent_pid``: exit when that
+    process dies; ``cores``: run on these CPU cores only."""
+    import os
+
     import uvicorn
+
+    if parent_pid:
+        tie_to_parent(parent_pid)
+    if cores:
+        os.sched_setaffinity(0, cores)
 
     from rlvr.serve.app import create_app
 

@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from rlvr.bucket import fetch_version
+from rlvr.faults import fault_point
 from rlvr.models import backbone_and_head, load_causal_lm, load_tokenizer, model_context, resolve_model_dir
 from rlvr.prompts import left_pad
 from rlvr.rollout.engine import SamplingParams, generate_groups
@@ -121,6 +122,7 @@ class Engine:
         self._base = self._peft = None
         self.busy_s = 0.0  # time spent generating
         self.batches = self.requests = self.rows = 0  # batches run, requests served in them, completions
+        self.loads = 0  # adapter loads attempted
         self._thread = threading.Thread(target=self._run, name="rlvr-engine", daemon=True)
 
     def start(self) -> Engine:
@@ -192,6 +194,8 @@ class Engine:
         except (OSError, RuntimeError, ValueError) as err:
             raise EngineError(f"cannot fetch the LoRA adapter at {path}: {err}") from None
         check_adapter_files(local)
+        self.loads += 1
+        fault_point("adapter_load", self.loads)  # crash tests: die in the middle of the n-th load
         internal = next(self._names)
         try:
             if self._peft is None:

@@ -103,7 +103,7 @@ def build_sampler(cfg: RunConfig, model: nn.Module, tokenizer, run_dir: Path) ->
     from rlvr.bucket import AdapterBucket
     from rlvr.rollout.remote import RemoteSampler, ServerPool
 
-    pool = ServerPool(r.servers, request_timeout_s=r.request_timeout_s)
-    pool.wait_ready()
+    pool = ServerPool(r.servers, request_timeout_s=r.request_timeout_s, no_server_wait_s=r.server_wait_s)
+    pool.wait_ready(r.server_wait_s)
     bucket = AdapterBucket(r.bucket or run_dir / "adapters")
     return RemoteSampler(pool, tokenizer, model, bucket, keep_versions=r.keep_versions)

@@ -28,6 +28,7 @@ class Round:
     groups: Groups
     scores: Scores
     informative: torch.Tensor  # [B] bool: the group's rewards differ
+    uids: list[int] | None = None  # positions in the data stream (asynchronous runs log them)
 
 
 @dataclass

@@ -1,0 +1,1 @@
+"""Asynchronous GRPO: the orchestrator, the learner, and where rollout servers run (embedded, Ray)."""

@@ -1,0 +1,189 @@
+"""The orchestrator of asynchronous GRPO: dispatcher threads keep the rollout servers busy, one group per
+request, while the learner trains on the groups already scored.
+
+- Prompts are identified by their position in the data stream (``uid``); the dataset row of position u is
+  ``data_order(...)[u]``, as in the synchronous loop. A uid is trained at most once; a uid that is dispatched
+  is trained, dropped as zero-variance (dynamic sampling, counted), or still pending - never lost.
+- Each group is sampled whole by one request and tagged with the policy version the sampler had when the
+  request was built; the learner publishes and loads version v+1 on every server before the sampler's version
+  becomes v+1, so no group is tagged with a version the servers did not use.
+- In-flight work is bounded: a dispatcher takes a slot before sampling and the learner gives it back when it
+  takes (or drops) the group, so at most ``max_inflight`` groups are being sampled or waiting.
+- Staleness: when the learner at version v takes a group sampled at version u with v - u > max_staleness, the
+  group is dropped before training and its uid dispatched again (counted as ``dropped_stale``).
+- A dispatcher that fails for good (no server reachable) hands the error to the learner, which raises it.
+"""
+
+from __future__ import annotations
+
+import collections
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from rlvr.core import informative_groups
+from rlvr.rewards import Scores, WeightedReward
+from rlvr.rollout import Groups, Sampler, SamplingParams
+from rlvr.tasks import data_order
+from rlvr.train.collect import score_groups
+
+
+@dataclass
+class ScoredGroup:
+    uid: int  # position in the data stream: the prompt's identity
+    row_id: int  # dataset row
+    groups: Groups  # one group of G completions
+    scores: Scores
+    version: int  # policy version that sampled it
+
+
+@dataclass
+class Taken:
+    groups: list[ScoredGroup]
+    dropped_stale: int = 0
+    dropped_zero_variance: int = 0
+    idle_s: float = 0.0  # time the learner waited for groups
+    staleness: collections.Counter = field(default_factory=collections.Counter)  # versions behind -> groups
+
+
+@dataclass
+class OrchestratorStats:
+    dispatched: int = 0  # sampling requests made (re-dispatches included)
+    sampled: int = 0  # groups that came back scored
+    redispatched: int = 0  # uids dispatched again after a stale drop
+    dropped_stale: int = 0
+    dropped_zero_variance: int = 0
+    trained: int = 0
+
+
+class _Failed:
+    def __init__(self, error: BaseException):
+        self.error = error
+
+
+class Orchestrator:
+    def __init__(
+        self,
+        sampler: Sampler,
+        rows: list[dict],
+        rewards: list[WeightedReward],
+        group_size: int,
+        params: SamplingParams,
+        *,
+        data_seed: int,
+        sample_seed: Callable[[int], int],
+        max_inflight: int,
+        max_staleness: int,
+        cursor: int = 0,
+        pending: list[int] = (),
+    ):
+        self.sampler, self.rows, self.rewards, self.G, self.params = sampler, rows, rewards, group_size, params
+        self.data_seed, self.sample_seed = data_seed, sample_seed
+        self.max_inflight, self.max_staleness = max_inflight, max_staleness
+        self.cursor = cursor  # next new position in the data stream
+        self.stats = OrchestratorStats()
+        self._redo: collections.deque[int] = collections.deque(sorted(pending))  # uids to dispatch first
+        self._pending: set[int] = set(pending)  # dispatched or to be, not yet trained or dropped for good
+        self._slots = threading.Semaphore(max_inflight)
+        self._ready: queue.Queue = queue.Queue()
+        self._lock = threading.Lock()
+        self._score_lock = threading.Lock()  # reward functions are called one batch at a time
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._dispatch, name=f"rlvr-dispatch-{i}", daemon=True)
+                         for i in range(max_inflight)]
+
+    def start(self) -> Orchestrator:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        for _ in self._threads:
+            self._slots.release()
+        deadline = time.monotonic() + timeout_s
+        for t in self._threads:
+            t.join(max(deadline - time.monotonic(), 0))
+
+    def pending_uids(self) -> list[int]:
+        """Uids dispatched (or due to be) and not yet trained: what a checkpoint must remember."""
+        with self._lock:
+            return sorted(self._pending)
+
+    def _next_uid(self) -> int:
+        with self._lock:
+            if self._redo:
+                return self._redo.popleft()
+            uid, self.cursor = self.cursor, self.cursor + 1
+            self._pending.add(uid)
+            return uid
+
+    def _dispatch(self) -> None:
+        while True:
+            self._slots.acquire()
+            if self._stop.is_set():
+                return
+            uid = self._next_uid()
+            row_id = data_order(len(self.rows), self.data_seed, uid, 1)[0]
+            row = self.rows[row_id]
+            with self._lock:
+                self.stats.dispatched += 1
+            try:
+                groups = self.sampler.sample([row["prompt"]], self.G, self.params, self.sample_seed(uid))
+                with self._score_lock:
+                    scores = score_groups(self.rewards, groups, [row])
+            except Exception as err:  # noqa: BLE001 (handed to the learner, which raises it)
+                if not self._stop.is_set():
+                    self._ready.put(_Failed(err))
+                return
+            with self._lock:
+                self.stats.sampled += 1
+            self._ready.put(ScoredGroup(uid, row_id, groups, scores, int(groups.version[0])))
+
+    def take(self, n: int, version: int, dynamic_sampling: bool = False, timeout_s: float | None = None) -> Taken:
+        """``n`` scored groups to train at ``version`` (blocks until they are there). Groups staler than
+        max_staleness are dropped and their prompts dispatched again; with dynamic sampling, groups whose
+        rewards are all equal are dropped for good."""
+        taken = Taken([])
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while len(taken.groups) < n:
+            waited = time.perf_counter()
+            try:
+                item = self._ready.get(timeout=None if deadline is None else max(deadline - time.monotonic(), 0))
+            except queue.Empty:
+                raise TimeoutError(f"no scored group within {timeout_s} s") from None
+            taken.idle_s += time.perf_counter() - waited
+            if isinstance(item, _Failed):
+                raise item.error
+            behind = version - item.version
+            with self._lock:  # settle the group before its slot frees a dispatcher
+                if behind > self.max_staleness:
+                    self._redo.append(item.uid)
+                    taken.dropped_stale += 1
+                    self.stats.dropped_stale += 1
+                    self.stats.redispatched += 1
+                elif dynamic_sampling and not bool(informative_groups(item.scores.total, self.G)[0]):
+                    self._pending.discard(item.uid)
+                    taken.dropped_zero_variance += 1
+                    self.stats.dropped_zero_variance += 1
+                else:
+                    self._pending.discard(item.uid)
+                    self.stats.trained += 1
+                    taken.staleness[behind] += 1
+                    taken.groups.append(item)
+            self._slots.release()
+        return taken
+
+
+def stack(items: list[ScoredGroup]) -> tuple[Groups, Scores, list[int]]:
+    """The taken groups as one Groups, their scores, and their dataset rows."""
+    groups = Groups.concat([i.groups for i in items])
+    names = items[0].scores.per_function
+    scores = Scores(torch.cat([i.scores.total for i in items]),
+                    {k: torch.cat([i.scores.per_function[k] for i in items]) for k in names},
+                    {k: v for i in items for k, v in i.scores.errors.items()})
+    return groups, scores, [i.row_id for i in items]

@@ -1,0 +1,86 @@
+"""The Ray runtime: rollout servers as Ray actors on an existing Ray cluster (optional extra ``rlvr[ray]``).
+
+Each actor runs `rlvr serve` inside its own process (engine thread + HTTP server) and reports its URL. Ray
+places the actors (``num_cpus`` = the server's threads) on any node, CPU-only nodes included, and restarts an
+actor whose process dies (``max_restarts``); the pool re-reads a dead server's URL from its actor before
+probing it, so a restarted server rejoins even on another node or port. Transport stays HTTP plus the bucket:
+nothing uses NCCL. Add a machine to a running cluster with Ray's own command, ``ray start --address=HEAD:6379``.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def _actor_class():
+    import ray
+
+    @ray.remote(max_concurrency=4)
+    class RolloutServer:
+        def __init__(self, model: str, threads: int, max_loras: int):
+            import socket
+            import threading
+
+            import uvicorn
+
+            from rlvr.serve.app import create_app
+            from rlvr.serve.engine import Engine
+
+            host = ray.util.get_node_ip_address()
+            engine = Engine(model, max_loras=max_loras, threads=threads).start()
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, 0))
+            self._url = f"http://{host}:{sock.getsockname()[1]}"
+            server = uvicorn.Server(uvicorn.Config(create_app(engine, model), log_level="warning"))
+            threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True).start()
+
+        def url(self) -> str:
+            return self._url
+
+        def pid(self) -> int:
+            return os.getpid()
+
+    return RolloutServer
+
+
+class RayServers:
+    def __init__(self, model: str, count: int, threads: int, *, address: str = "", restarts: int = 3,
+                 max_loras: int = 4):
+        try:
+            import ray
+        except ImportError:
+            raise RuntimeError("async.runtime=ray needs Ray: pip install 'rlvr[ray]'") from None
+        self.ray = ray
+        self.model, self.count, self.threads, self.restarts, self.max_loras = model, count, threads, restarts, max_loras
+        self.address = address
+        self._started_ray = False
+        self.actors: list = []
+
+    def start(self) -> list[str]:
+        ray = self.ray
+        if not ray.is_initialized():
+            ray.init(address=self.address or None, include_dashboard=False, log_to_driver=False,
+                     runtime_env={"env_vars": {"RLVR_CACHE": os.environ.get("RLVR_CACHE", "")}} if
+                     os.environ.get("RLVR_CACHE") else None)
+            self._started_ray = True
+        cls = _actor_class().options(num_cpus=self.threads, max_restarts=self.restarts, max_task_retries=-1)
+        self.actors = [cls.remote(self.model, self.threads, self.max_loras) for _ in range(self.count)]
+        return ray.get([a.url.remote() for a in self.actors], timeout=600)
+
+    def resolve(self, index: int) -> str | None:
+        """The current URL of server ``index`` (None while its actor is restarting)."""
+        try:
+            return self.ray.get(self.actors[index].url.remote(), timeout=5)
+        except Exception:  # noqa: BLE001 (an actor being restarted or gone)
+            return None
+
+    def pids(self) -> list[int]:
+        return self.ray.get([a.pid.remote() for a in self.actors], timeout=30)
+
+    def stop(self) -> None:
+        for actor in self.actors:
+            self.ray.kill(actor, no_restart=True)
+        self.actors = []
+        if self._started_ray:
+            self.ray.shutdown()

@@ -1,0 +1,148 @@
+"""Asynchronous GRPO end to end on the tiny model with embedded `rlvr serve` processes: the run trains and
+logs, nothing is left running, killed servers are restarted with nothing lost or trained twice, a killed
+learner resumes by publishing its checkpoint's adapter before any rollout, and dead servers are an error."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rlvr.config import load_config
+from rlvr.rollout.remote import NoServerError
+from rlvr.train.sync import train
+from tests.test_e2e import _overrides
+
+ROOT = Path(__file__).resolve().parent.parent
+ASYNC = ["async.enabled=true", "async.servers=2", "async.max_staleness=1", "eval.every=0", "rollout.server_wait_s=60"]
+
+
+def _records(run: Path, name="metrics.jsonl") -> list[dict]:
+    path = run / name
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+
+
+def _trained_uids(run: Path) -> list[int]:
+    """The data-stream position of every trained group, one per group (samples.jsonl has G lines per group)."""
+    seen = []
+    for r in _records(run, "samples.jsonl"):
+        if not seen or seen[-1] != (r["step"], r["uid"]):
+            seen.append((r["step"], r["uid"]))
+    return [uid for _, uid in seen]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead too
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def _server_pids(run: Path) -> list[int]:
+    return [s["pid"] for s in json.loads((run / "servers.json").read_text())]
+
+
+def test_async_run_trains_logs_and_leaves_nothing_running(tiny_model_dir, tmp_path):
+    out = tmp_path / "run"
+    summary = train(load_config(None, _overrides(tiny_model_dir, out) + ASYNC + ["train.steps=4"]))
+    assert summary["steps"] == 4
+    records = _records(out)[1:]
+    for key in ("groups_sampled", "groups_trained", "groups_dropped_stale", "groups_redispatched", "learner_idle_s",
+                "staleness_mean", "is_weight_mean", "logp_gap", "time_sync_s", "adapter_bytes", "server_busy_frac"):
+        assert all(key in r for r in records), key
+    assert all(r["groups_trained"] == 2 and r["staleness_max"] <= 1 for r in records)
+    uids = _trained_uids(out)
+    assert len(uids) == 8 and len(set(uids)) == 8  # every trained group a different prompt position
+    assert not any(_alive(pid) for pid in _server_pids(out))
+
+
+def _run_cli(args, env=None):
+    return subprocess.Popen([sys.executable, "-m", "rlvr", "train", "examples/demo.yaml", *args], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, **(env or {})})
+
+
+def test_killed_servers_are_restarted_and_no_group_is_lost_or_trained_twice(tiny_model_dir, tmp_path):
+    """One server dies in its 3rd adapter load (injected), the other is SIGKILLed mid-run: both restart, rejoin
+    with the current adapter, and training goes on."""
+    out = tmp_path / "run"
+    args = _overrides(tiny_model_dir, out) + ASYNC + ["train.steps=14", "log.progress=false"]
+    proc = _run_cli(args, {"RLVR_FAULT": "adapter_load@3"})
+    deadline = time.monotonic() + 120
+    while len(_records(out)) < 6:
+        assert proc.poll() is None, proc.stdout.read()[-3000:]
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    os.kill(_server_pids(out)[1], signal.SIGKILL)
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, output[-3000:]
+    last = _records(out)[-1]
+    assert last["servers_restarted"] >= 2 and last["servers_revived"] >= 2
+    uids = _trained_uids(out)
+    assert len(uids) == 14 * 2 and len(set(uids)) == len(uids)  # no group trained twice
+    assert not any(_alive(pid) for pid in _server_pids(out))
+
+
+def test_a_killed_learner_resumes_after_republishing_its_adapter(tiny_model_dir, tmp_path):
+    out = tmp_path / "run"
+    args = _overrides(tiny_model_dir, out) + ASYNC + ["train.steps=6", "train.checkpoint_every=2", "log.progress=false"]
+    crashed = _run_cli(args, {"RLVR_FAULT": "after_update@5"})
+    output, _ = crashed.communicate(timeout=300)
+    assert crashed.returncode == -signal.SIGKILL, output[-3000:]
+    pids = _server_pids(out)
+    deadline = time.monotonic() + 15
+    while any(_alive(p) for p in pids):  # the servers die with their learner
+        assert time.monotonic() < deadline, "orphaned rollout servers"
+        time.sleep(0.1)
+    resumed = _run_cli(args + ["resume=auto"])
+    output, _ = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, output[-3000:]
+    assert "resuming from" in output and "step-00000004" in output
+    records = _records(out)
+    assert [r["step"] for r in records] == list(range(7))
+    # the first step after the resume trained on rollouts of the restored weights: same version, tiny log-prob gap
+    assert records[5]["staleness_max"] == 0 and records[5]["logp_gap"] < 1e-3
+    uids = _trained_uids(out)
+    assert len(uids) == 12 and len(set(uids)) == 12
+
+
+def test_no_reachable_server_is_a_clear_error_in_bounded_time(tiny_model_dir, tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    cfg = load_config(None, _overrides(tiny_model_dir, tmp_path / "run") + [
+        "async.enabled=true", f"rollout.servers=[{dead}]", "rollout.server_wait_s=2"])
+    started = time.monotonic()
+    with pytest.raises(NoServerError, match="not ready after 2 s"):
+        train(cfg)
+    assert time.monotonic() - started < 30
+
+
+def test_all_servers_dying_mid_run_stops_the_run_with_an_error(tiny_model_dir, tmp_path):
+    out = tmp_path / "run"
+    args = _overrides(tiny_model_dir, out) + [
+        "async.enabled=true", "async.servers=2", "async.server_restarts=0", "rollout.server_wait_s=3",
+        "train.steps=500", "eval.every=0", "log.progress=false"]
+    proc = _run_cli(args)
+    deadline = time.monotonic() + 120
+    while len(_records(out)) < 3:
+        assert proc.poll() is None, proc.stdout.read()[-3000:]
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    killed = time.monotonic()
+    for pid in _server_pids(out):
+        os.kill(pid, signal.SIGKILL)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 2, output[-3000:]
+    assert "rlvr: error:" in output and "rollout server" in output and "reachable" in output
+    assert time.monotonic() - killed < 60
