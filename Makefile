@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: demo test test-vllm venv vllm-venv clean
+.PHONY: demo test test-vllm test-ray venv vllm-venv clean
 
 venv: $(STAMP)
 
@@ -39,6 +39,10 @@ test: $(STAMP)
 
 test-vllm: $(STAMP) $(VLLM_STAMP)
 	RLVR_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(PY) -m pytest -q tests/integration
+
+test-ray: $(STAMP)
+	$(PY) -m pip install --quiet -e '.[test,ray]'
+	$(PY) -m pytest -q tests/integration/test_ray.py
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) runs

@@ -205,3 +205,30 @@ def test_sync_loop_trains_with_generation_on_servers(servers, tiny_model_dir, tm
             post(server.url, "/v1/unload_lora_adapter", {"lora_name": name})
     with pytest.raises(Exception, match="rollout.backend=server ships LoRA adapters"):
         load_config(None, ["rollout.backend=server", "rollout.servers=[http://x]", "model.lora=false"])
+
+
+def test_a_server_that_was_away_drops_the_versions_it_missed_the_unload_of(tiny_model_dir, tokenizer, tmp_path):
+    """A stuck server (its request timed out) is marked dead but keeps running with its adapters; while it is
+    away the pool moves on two versions. When it is probed back, it unloads what the pool dropped meanwhile and
+    loads what it lacks, so it never piles up adapters up to --max-loras."""
+    stuck = ServerProcess(tiny_model_dir, "--batch-wait-ms", "2500").wait_ready()
+    fast = ServerProcess(tiny_model_dir).wait_ready()
+    try:
+        sampler = _sampler([stuck.url, fast.url], _trainer(tiny_model_dir), tokenizer, tmp_path,
+                           request_timeout_s=1.0)
+        sampler.sync(0)
+        sampler.sync(1)
+        assert sorted(_stats(stuck)["adapters"]) == ["policy-v0", "policy-v1"]
+        sampler.sample(PROMPTS[:2], 2, PARAMS, seed=3)  # the stuck server times out: marked dead
+        assert [s.alive for s in sampler.pool.servers] == [False, True]
+        sampler.sync(2)
+        sampler.sync(3)  # v0 and v1 unloaded from the live server only
+        assert sorted(_stats(stuck)["adapters"]) == ["policy-v0", "policy-v1"]
+        time.sleep(3)  # the stuck request finishes; the probe interval (0.5 s) has passed
+        sampler.sync(4)  # probes the server back (syncing it to v2, v3), then loads v4 everywhere, drops v2
+        assert sampler.pool.servers[0].alive and sampler.pool.stats.servers_revived == 1
+        assert sorted(_stats(stuck)["adapters"]) == ["policy-v3", "policy-v4"]
+        sampler.close()
+    finally:
+        stuck.stop()
+        fast.stop()

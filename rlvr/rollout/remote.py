@@ -71,6 +71,8 @@ class ServerPool:
         self.no_server_wait_s = no_server_wait_s
         self.resolve = resolve  # server index -> its current URL (a restarted Ray actor may have moved)
         self.adapters: dict[str, str] = {}  # what every live server holds: lora name -> lora path
+        self._ever_loaded: set[str] = set()
+        self._adapter_lock = threading.RLock()
         self.stats = PoolStats()
         self._lock = threading.Lock()
         self._executor = ThreadPoolExecutor(max_workers=64, thread_name_prefix="rlvr-pool")
@@ -120,15 +122,27 @@ class ServerPool:
                     if url is None:
                         continue
                     server.url = url.rstrip("/")
-                if self._healthy(server) and self._sync_server(server):
-                    with self._lock:
-                        server.alive = True
-                        self.stats.servers_revived += 1
+                with self._adapter_lock:  # no adapter change between its sync and its return to the pool
+                    if self._healthy(server) and self._sync_server(server):
+                        with self._lock:
+                            server.alive = True
+                            self.stats.servers_revived += 1
             finally:
                 server.lock.release()
 
     def _sync_server(self, server: Server) -> bool:
-        """Load the pool's adapters onto a server (a restarted one has none); False if it cannot take them."""
+        """Bring a server to the pool's adapters: unload the ones the pool has dropped since (a server that was
+        away missed those unloads), load the current ones (a restarted server has none); False if it cannot."""
+        try:
+            r = self.client.get(f"{server.url}/v1/models", timeout=10)
+            held = {m["id"] for m in r.json()["data"]} if r.status_code == 200 else set()
+        except (httpx.HTTPError, ValueError, KeyError):
+            return False
+        for name in held & (self._ever_loaded - set(self.adapters)):
+            try:
+                self.client.post(f"{server.url}/v1/unload_lora_adapter", json={"lora_name": name})
+            except httpx.HTTPError:
+                return False
         for name, path in list(self.adapters.items()):
             try:
                 r = self.client.post(f"{server.url}/v1/load_lora_adapter",
@@ -206,9 +220,14 @@ class ServerPool:
         """Load on every live server, all or nothing; returns the seconds it took. A server that refuses the
         adapter fails the load (and it is unloaded from the others); one that cannot be reached is marked dead
         and gets the adapter when it rejoins (if none is reachable, this waits up to ``no_server_wait_s``)."""
+        with self._adapter_lock:
+            return self._load_adapter(name, path)
+
+    def _load_adapter(self, name: str, path: str) -> float:
         started = time.perf_counter()
         self._revive_due()
         servers = self.live()
+        self._ever_loaded.add(name)
         body = {"lora_name": name, "lora_path": path, "load_inplace": True}
 
         def load(server: Server) -> str | None:
@@ -246,8 +265,9 @@ class ServerPool:
             self._mark_dead(server)
 
     def unload_adapter(self, name: str) -> None:
-        self.adapters.pop(name, None)
-        list(self._executor.map(lambda s: self._unload_on(s, name), self.live()))
+        with self._adapter_lock:
+            self.adapters.pop(name, None)
+            list(self._executor.map(lambda s: self._unload_on(s, name), self.live()))
 
 
 def _error_message(r: httpx.Response) -> str:

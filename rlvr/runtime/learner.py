@@ -39,7 +39,7 @@ def _start_servers(cfg: RunConfig, model_dir, run_dir, stack_: contextlib.ExitSt
         from rlvr.runtime.ray_servers import RayServers
 
         servers = RayServers(str(model_dir), a.servers, a.server_threads, address=a.ray_address,
-                             restarts=a.server_restarts, max_loras=a.max_staleness + 3)
+                             restarts=a.server_restarts, max_loras=a.max_staleness + 3, run_dir=run_dir)
         stack_.callback(servers.stop)
         return servers.start(), servers.resolve, servers
     from rlvr.runtime.embedded import EmbeddedServers, plan_cores

@@ -9,7 +9,9 @@ nothing uses NCCL. Add a machine to a running cluster with Ray's own command, ``
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 
 
 def _actor_class():
@@ -46,14 +48,14 @@ def _actor_class():
 
 class RayServers:
     def __init__(self, model: str, count: int, threads: int, *, address: str = "", restarts: int = 3,
-                 max_loras: int = 4):
+                 max_loras: int = 4, run_dir: Path | None = None):
         try:
             import ray
         except ImportError:
             raise RuntimeError("async.runtime=ray needs Ray: pip install 'rlvr[ray]'") from None
         self.ray = ray
         self.model, self.count, self.threads, self.restarts, self.max_loras = model, count, threads, restarts, max_loras
-        self.address = address
+        self.address, self.run_dir = address, run_dir
         self._started_ray = False
         self.actors: list = []
 
@@ -66,7 +68,11 @@ class RayServers:
             self._started_ray = True
         cls = _actor_class().options(num_cpus=self.threads, max_restarts=self.restarts, max_task_retries=-1)
         self.actors = [cls.remote(self.model, self.threads, self.max_loras) for _ in range(self.count)]
-        return ray.get([a.url.remote() for a in self.actors], timeout=600)
+        urls = ray.get([a.url.remote() for a in self.actors], timeout=600)
+        if self.run_dir is not None:  # for operators and tests, as the embedded runtime writes it
+            info = [{"url": u, "pid": p} for u, p in zip(urls, self.pids())]
+            (self.run_dir / "servers.json").write_text(json.dumps(info, indent=1))
+        return urls
 
     def resolve(self, index: int) -> str | None:
         """The current URL of server ``index`` (None while its actor is restarting)."""
