@@ -43,6 +43,9 @@ def _actor_class():
         def pid(self) -> int:
             return os.getpid()
 
+        def node(self) -> str:
+            return ray.get_runtime_context().get_node_id()
+
     return RolloutServer
 
 
@@ -70,7 +73,8 @@ class RayServers:
         self.actors = [cls.remote(self.model, self.threads, self.max_loras) for _ in range(self.count)]
         urls = ray.get([a.url.remote() for a in self.actors], timeout=600)
         if self.run_dir is not None:  # for operators and tests, as the embedded runtime writes it
-            info = [{"url": u, "pid": p} for u, p in zip(urls, self.pids())]
+            nodes = ray.get([a.node.remote() for a in self.actors], timeout=30)
+            info = [{"url": u, "pid": p, "node": n} for u, p, n in zip(urls, self.pids(), nodes)]
             (self.run_dir / "servers.json").write_text(json.dumps(info, indent=1))
         return urls
 
