@@ -33,7 +33,11 @@ PRESETS: dict[str, dict[str, object]] = {
              "kl_estimator": "k3", "dynamic_sampling": True},
     "dr_grpo": {"scale": "none", "aggregation": "token_sum_constant", "eps_low": 0.2, "eps_high": 0.2, "beta": 0.0,
                 "kl_estimator": "k3", "dynamic_sampling": False},
+    # PPO with a critic (algo.name=ppo): advantages from GAE, the KL penalty in the reward (ppo.kl_coef).
+    "ppo": {"scale": "none", "aggregation": "token_mean", "eps_low": 0.2, "eps_high": 0.2, "beta": 0.0,
+            "kl_estimator": "k3", "dynamic_sampling": False},
 }
+ALGORITHMS = ("grpo", "ppo")
 
 
 @dataclass(frozen=True)
@@ -135,8 +139,12 @@ class RolloutConfig:
 
 @dataclass(frozen=True)
 class AlgoConfig:
+    name: str = "grpo"
+    """grpo: group-relative advantages, no value model (its variants are presets); ppo: a critic initialised from
+    the policy, GAE advantages (the baseline that shows what GRPO saves; settings in the ppo section)."""
     preset: str = "grpo"
-    """grpo, dapo or dr_grpo: fills every knob below that is not set explicitly."""
+    """grpo, dapo, dr_grpo (with algo.name=grpo) or ppo (the default with algo.name=ppo): fills every knob
+    below that is not set explicitly."""
     scale: str = "group"
     """Advantage scaling: group (GRPO), batch, none (Dr. GRPO)."""
     aggregation: str = "sequence_mean"
@@ -188,6 +196,22 @@ class AlgoConfig:
             is_cap=self.is_cap,
             gap_mask=self.gap_mask,
         )
+
+
+@dataclass(frozen=True)
+class PPOConfig:
+    gamma: float = 1.0
+    """Discount over the tokens of a completion."""
+    lam: float = 0.95
+    """GAE lambda."""
+    kl_coef: float = 0.05
+    """KL penalty to the reference policy in the per-token reward (k1 estimate; 0: none, no reference pass)."""
+    value_clip: float = 0.2
+    """Clip of the value update around the old values (0: unclipped)."""
+    vf_coef: float = 0.5
+    """Weight of the value loss in the combined loss."""
+    whiten: bool = True
+    """Whiten the advantages over the tokens of the batch."""
 
 
 @dataclass(frozen=True)
@@ -291,6 +315,8 @@ class RunConfig:
     """Group size and sampling."""
     algo: AlgoConfig = AlgoConfig()
     """The objective: preset and knobs."""
+    ppo: PPOConfig = PPOConfig()
+    """The critic's settings, used with algo.name=ppo."""
     train: TrainConfig = TrainConfig()
     """Steps, batch shape, optimizer, seed."""
     eval: EvalConfig = EvalConfig()
@@ -308,6 +334,7 @@ class ConfigError(ValueError):
 CHOICES: dict[str, tuple[str, ...]] = {
     "task.name": ("arithmetic", "jsonl", "math_jsonl", "code_jsonl"),
     "model.autocast": ("none", "bf16"),
+    "algo.name": ALGORITHMS,
     "algo.preset": tuple(PRESETS),
     "algo.scale": SCALES,
     "algo.aggregation": AGGREGATIONS,
@@ -398,6 +425,13 @@ def _validate(cfg: RunConfig) -> None:
     for i, reward in enumerate(cfg.rewards):
         if reward.on_error not in ON_ERROR:
             raise ConfigError(f"rewards[{i}].on_error must be one of {', '.join(ON_ERROR)}; got {reward.on_error!r}")
+    if cfg.algo.name == "ppo":
+        if cfg.algo.beta != 0:
+            raise ConfigError(f"algo.name=ppo puts the KL penalty in the reward (ppo.kl_coef), but algo.beta is "
+                              f"{cfg.algo.beta} (preset {cfg.algo.preset}): use algo.preset=ppo, or set algo.beta=0")
+        if cfg.algo.num_iterations != 1 or cfg.asynchronous.enabled or cfg.algo.dynamic_sampling:
+            raise ConfigError("algo.name=ppo supports algo.num_iterations=1, synchronous runs and no dynamic "
+                              "sampling (it is the memory baseline, not a second trainer)")
     a = cfg.asynchronous
     if a.enabled:
         if not cfg.model.lora:
@@ -449,7 +483,8 @@ def build_config(data: dict) -> RunConfig:
     if "async" in data:  # a Python keyword, so the field is named asynchronous
         data["asynchronous"] = _merge(data.get("asynchronous") or {}, data.pop("async") or {})
     algo = dict(data.get("algo") or {})
-    preset = algo.get("preset", AlgoConfig.preset)
+    preset = algo.get("preset", "ppo" if algo.get("name") == "ppo" else AlgoConfig.preset)
+    algo["preset"] = preset
     if preset not in PRESETS:
         raise ConfigError(f"algo.preset must be one of {', '.join(PRESETS)}; got {preset!r}")
     if algo.get("ratio_to") == "behaviour":  # the ratio is the correction: no importance weight unless asked

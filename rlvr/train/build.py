@@ -11,7 +11,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from rlvr.config import ModelConfig, RewardConfig, RolloutConfig, RunConfig, TrainConfig
+from rlvr.baselines.ppo import PPOSettings
+from rlvr.config import ModelConfig, PPOConfig, RewardConfig, RolloutConfig, RunConfig, TrainConfig
 from rlvr.models import LoraSpec, load_tokenizer, load_trainable, model_context, resolve_model_dir, trainable_parameters
 from rlvr.rewards import RewardFn, WeightedReward, build_reward
 from rlvr.rollout import LocalSampler, Sampler, SamplingParams
@@ -56,8 +57,15 @@ def build_policy(model_dir: Path, model: ModelConfig) -> nn.Module:
     return load_trainable(model_dir, lora_spec(model), model.gradient_checkpointing)
 
 
-def build_optimizer(model: nn.Module, train: TrainConfig) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(trainable_parameters(model), lr=train.lr, weight_decay=train.weight_decay)
+def build_optimizer(model: nn.Module, train: TrainConfig, params: list | None = None) -> torch.optim.Optimizer:
+    """AdamW over ``params`` (default: the model's trainable parameters)."""
+    params = trainable_parameters(model) if params is None else params
+    return torch.optim.AdamW(params, lr=train.lr, weight_decay=train.weight_decay)
+
+
+def ppo_settings(ppo: PPOConfig) -> PPOSettings:
+    return PPOSettings(gamma=ppo.gamma, lam=ppo.lam, kl_coef=ppo.kl_coef, value_clip=ppo.value_clip or None,
+                       vf_coef=ppo.vf_coef, whiten=ppo.whiten)
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, train: TrainConfig) -> torch.optim.lr_scheduler.LambdaLR:

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from rlvr.baselines.ppo import Critic, ppo_step
 from rlvr.checkpoint import latest_valid, load_training_state, save_training_state
 from rlvr.config import RunConfig, config_changes, save_config, to_yaml
 from rlvr.core import LossSettings
@@ -32,6 +33,7 @@ from rlvr.train.build import (
     build_rewards,
     build_scheduler,
     load_data,
+    ppo_settings,
     retune_optimizer,
 )
 from rlvr.train.collect import Collected, collect_metrics
@@ -139,6 +141,11 @@ class Run:
     writer: MetricsWriter
     started: float = field(default_factory=time.perf_counter)
     sampler: Sampler | None = None
+    critic: Critic | None = None  # algo.name=ppo
+
+    @property
+    def trainable(self) -> torch.nn.Module:
+        return checkpointed(self.model, self.critic)
 
     def evaluate(self) -> float:
         cfg = self.cfg
@@ -147,7 +154,7 @@ class Run:
 
     def checkpoint(self, step: int) -> Path:
         elapsed = self.state["elapsed_s"] + time.perf_counter() - self.started
-        return save_training_state(self.run_dir / "checkpoints", step, self.model, self.optimizer, self.scheduler,
+        return save_training_state(self.run_dir / "checkpoints", step, self.trainable, self.optimizer, self.scheduler,
                                    {**self.state, "elapsed_s": elapsed}, to_yaml(self.cfg), self.cfg.train.keep_last)
 
     def evaluate_before(self) -> None:
@@ -162,11 +169,16 @@ class Run:
         cfg, algo = self.cfg, self.cfg.algo
         batch = StepBatch.from_groups(c.groups, c.adv, c.included)
         t0 = time.perf_counter()
+        common = {"reference": self.reference, "micro_batch_size": cfg.train.micro_batch_size,
+                  "max_new_tokens": cfg.rollout.max_new_tokens, "max_grad_norm": cfg.train.max_grad_norm,
+                  "chunk_tokens": cfg.train.logprob_chunk}
         with autocast(self.model, cfg.model.autocast):
-            stats = train_step(self.model, self.optimizer, self.scheduler, batch, self.settings,
-                               reference=self.reference, num_iterations=algo.num_iterations,
-                               micro_batch_size=cfg.train.micro_batch_size, max_new_tokens=cfg.rollout.max_new_tokens,
-                               max_grad_norm=cfg.train.max_grad_norm, chunk_tokens=cfg.train.logprob_chunk)
+            if self.critic is None:
+                stats = train_step(self.model, self.optimizer, self.scheduler, batch, self.settings,
+                                   num_iterations=algo.num_iterations, **common)
+            else:
+                stats = ppo_step(self.model, self.critic, self.optimizer, self.scheduler, batch, c.scores.total,
+                                 self.settings, ppo_settings(cfg.ppo), **common)
         t1 = time.perf_counter()
         self.sampler.sync(step)
         fault_point("after_update", step)
@@ -217,6 +229,13 @@ class Run:
         return summary
 
 
+def checkpointed(model: torch.nn.Module, critic: Critic | None) -> torch.nn.Module:
+    """What checkpoints hold: the policy, and the critic with PPO."""
+    if critic is None:
+        return model
+    return torch.nn.ModuleDict({"policy": model, "critic": critic.trainable_module()})
+
+
 def open_run(cfg: RunConfig) -> Run:
     """Load data, rewards, model, optimizer; resume from a checkpoint if asked (applying the configuration given
     now and printing what changed); prepare the run directory and metric sinks."""
@@ -228,9 +247,14 @@ def open_run(cfg: RunConfig) -> Run:
     rewards = build_rewards(cfg.rewards)
     model = build_policy(data.model_dir, cfg.model)
     settings = cfg.algo.loss_settings()
-    reference = ReferencePolicy(model) if settings.beta != 0.0 else None  # before any weights are restored
-    optimizer = build_optimizer(model, cfg.train)
+    ppo = cfg.algo.name == "ppo"
+    needs_reference = (cfg.ppo.kl_coef != 0.0) if ppo else settings.beta != 0.0
+    reference = ReferencePolicy(model) if needs_reference else None  # before any weights are restored
+    critic = Critic(model) if ppo else None
+    params = critic.trainable_parameters(model) if critic else None
+    optimizer = build_optimizer(model, cfg.train, params)
     scheduler = build_scheduler(optimizer, cfg.train)
+    trainable = checkpointed(model, critic)
 
     checkpoint = resume_checkpoint(cfg)
     run_dir = Path(cfg.output_dir) if checkpoint else fresh_run_dir(Path(cfg.output_dir))
@@ -238,7 +262,7 @@ def open_run(cfg: RunConfig) -> Run:
              "elapsed_s": 0.0, "dropped_prompts": data.dropped_prompts, "cursor": 0}
     start = 0
     if checkpoint is not None:
-        state = load_training_state(checkpoint, model, optimizer, scheduler)
+        state = load_training_state(checkpoint, trainable, optimizer, scheduler)
         start = state.pop("step")
         state.setdefault("cursor", start * cfg.train.prompts_per_step)  # checkpoints from before the cursor
         retune_optimizer(optimizer, scheduler, cfg.train)
@@ -248,4 +272,4 @@ def open_run(cfg: RunConfig) -> Run:
     save_config(cfg, run_dir / "config.yaml")
     writer = MetricsWriter(run_dir, cfg.log.tensorboard, cfg.log.samples, resume_step=start if checkpoint else None)
     return Run(cfg, model, optimizer, scheduler, reference, settings, data, rewards, state, run_dir, start,
-               checkpoint is not None, writer, started)
+               checkpoint is not None, writer, started, critic=critic)

@@ -132,7 +132,8 @@ class FrozenLogprobs:
 
 
 @torch.no_grad()
-def _logprobs_of(model, batch, micro_rows, chunk_tokens, share_prompt) -> torch.Tensor:
+def frozen_logprobs(model, batch, micro_rows, chunk_tokens, share_prompt) -> torch.Tensor:
+    """Log-probs [N, T] of every completion token, micro-batch by micro-batch, without gradient."""
     parts = [completion_logprobs(model, batch, rows, chunk_tokens, share_prompt=share_prompt)[0] for rows in micro_rows]
     return torch.cat(parts)
 
@@ -154,9 +155,9 @@ def frozen_passes(
         if reference is None:
             raise ValueError("beta != 0 needs a reference policy")
         with reference.active() as ref_model:
-            frozen.ref = _logprobs_of(ref_model, batch, micro_rows, chunk_tokens, share_prompt)
+            frozen.ref = frozen_logprobs(ref_model, batch, micro_rows, chunk_tokens, share_prompt)
     if num_iterations > 1 and (settings.ratio_to == "proximal" or settings.is_level != "none"):
-        frozen.proximal = _logprobs_of(model, batch, micro_rows, chunk_tokens, share_prompt)
+        frozen.proximal = frozen_logprobs(model, batch, micro_rows, chunk_tokens, share_prompt)
     return frozen
 
 

@@ -1,0 +1,1 @@
+"""Baselines rlvr is measured against: PPO with a critic."""

@@ -1,0 +1,188 @@
+"""PPO with a critic: the baseline that shows, measured, what GRPO saves by dropping the value model.
+
+The critic is initialised from the policy with a scalar value head on its final hidden states:
+- policy with LoRA: a second LoRA adapter ("critic") on the policy's own frozen base - no second copy of the
+  base weights, only the adapter, its gradients and optimizer states, and the critic's activations;
+- full fine-tuning: a full trainable copy of the policy (weights, gradients and two AdamW moments again).
+Per step: the critic values every completion token (no gradient), per-token rewards are the verifiable reward
+at the last token minus ``kl_coef`` times the k1 KL estimate to the reference on every token, GAE gives
+advantages [N, T] and returns, the policy takes the same clipped loss as GRPO (advantages per token) and the
+critic the clipped value loss; one optimizer step updates both. The policy loss runs through rlvr's fused
+output layer like GRPO's, so the two differ only by what the critic costs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+
+import torch
+from torch import nn
+
+from rlvr.core import LossSettings, loss_normaliser, merge_stat_sums
+from rlvr.core.ppo import gae, token_rewards, value_loss, whiten
+from rlvr.models import ReferencePolicy, is_lora
+from rlvr.train.batch import StepBatch
+from rlvr.train.step import (
+    FrozenLogprobs,
+    apply_update,
+    completion_hidden,
+    frozen_logprobs,
+    micro_batch_loss,
+    step_statistics,
+)
+
+CRITIC_ADAPTER = "critic"
+
+
+@dataclass(frozen=True)
+class PPOSettings:
+    gamma: float = 1.0  # discount over tokens
+    lam: float = 0.95  # GAE lambda
+    kl_coef: float = 0.05  # KL penalty to the reference in the per-token reward (0: none, no reference pass)
+    value_clip: float | None = 0.2  # clip of the value update around the old values (None: unclipped)
+    vf_coef: float = 0.5  # weight of the value loss
+    whiten: bool = True  # advantages to mean 0, std 1 over the batch's tokens
+
+
+class Critic(nn.Module):
+    def __init__(self, policy: nn.Module):
+        super().__init__()
+        hidden = policy.config.hidden_size
+        self._policy = [policy]  # not a submodule: under LoRA its base is shared, never owned
+        if is_lora(policy):
+            from peft import LoraConfig
+
+            spec = policy.peft_config["default"]
+            config = LoraConfig(r=spec.r, lora_alpha=spec.lora_alpha, lora_dropout=spec.lora_dropout,
+                                target_modules=list(spec.target_modules), task_type="CAUSAL_LM")
+            policy.add_adapter(CRITIC_ADAPTER, config)
+            self.body = None
+            self._trainable()
+        else:
+            self.body = copy.deepcopy(policy).requires_grad_(True)
+        self.head = nn.Linear(hidden, 1)
+        with torch.no_grad():
+            self.head.weight.normal_(0.0, 1.0 / math.sqrt(hidden + 1))
+            self.head.bias.zero_()
+
+    def _trainable(self) -> None:
+        """peft makes only the active adapter trainable; both of ours are, always."""
+        for name, p in self._policy[0].named_parameters():
+            if "lora_" in name:
+                p.requires_grad_(True)
+
+    @contextlib.contextmanager
+    def _body(self) -> Iterator[nn.Module]:
+        if self.body is not None:
+            yield self.body
+            return
+        policy = self._policy[0]
+        policy.set_adapter(CRITIC_ADAPTER)
+        try:
+            yield policy
+        finally:
+            policy.set_adapter("default")
+            self._trainable()
+
+    def values(self, batch: StepBatch, rows: torch.Tensor, share_prompt: bool = True) -> torch.Tensor:
+        """V [n, T]: the value of the state before each completion token of ``rows``."""
+        with self._body() as body:
+            hidden = completion_hidden(body, batch, rows, share_prompt)  # [n, T, H]
+        return self.head(hidden.to(self.head.weight.dtype)).squeeze(-1)
+
+    def parameters_to_train(self) -> list[nn.Parameter]:
+        if self.body is not None:
+            return [p for p in self.parameters() if p.requires_grad]
+        own = [p for n, p in self._policy[0].named_parameters() if f".{CRITIC_ADAPTER}." in n]
+        return own + list(self.head.parameters())
+
+    def trainable_parameters(self, policy: nn.Module) -> list[nn.Parameter]:
+        """Policy and critic parameters to optimise, each once (under LoRA the critic adapter is in the policy)."""
+        both = [*policy.parameters(), *self.parameters_to_train()]
+        return list({id(p): p for p in both if p.requires_grad}.values())
+
+    def trainable_module(self) -> nn.Module:
+        """What checkpoints hold of the critic (the adapter lives in the policy and is saved with it)."""
+        return self if self.body is not None else self.head
+
+
+def ppo_step(
+    policy: nn.Module,
+    critic: Critic,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None,
+    batch: StepBatch,
+    rewards: torch.Tensor,
+    settings: LossSettings,
+    ppo: PPOSettings,
+    *,
+    reference: ReferencePolicy | None,
+    micro_batch_size: int,
+    max_new_tokens: int,
+    max_grad_norm: float = 1.0,
+    chunk_tokens: int = 512,
+    share_prompt: bool = True,
+) -> dict[str, float]:
+    """One PPO update: values and rewards (no gradient), GAE, then policy and value losses in one optimizer step.
+
+    ``rewards`` [N] are the completions' verifiable rewards (NaN: not trained, like GRPO's excluded rows).
+    """
+    mask = batch.loss_mask
+    micro_rows = list(torch.arange(batch.num_completions).split(micro_batch_size))
+    with torch.no_grad():
+        old_values = torch.cat([critic.values(batch, rows, share_prompt) for rows in micro_rows]).float()  # [N, T]
+        kl = None
+        if ppo.kl_coef:
+            if reference is None:
+                raise ValueError("ppo.kl_coef != 0 needs a reference policy")
+            with reference.active() as ref_model:
+                ref_logp = frozen_logprobs(ref_model, batch, micro_rows, chunk_tokens, share_prompt)
+            kl = (batch.behaviour_logp - ref_logp) * mask  # k1 on the sampled tokens
+        r = token_rewards(torch.nan_to_num(rewards.float()), mask, kl, ppo.kl_coef)
+        adv, returns = gae(r, old_values, mask, ppo.gamma, ppo.lam)
+        if ppo.whiten:
+            adv = whiten(adv, mask)
+    policy_batch = replace(batch, adv=adv.to(batch.behaviour_logp.dtype))
+    settings = replace(settings, beta=0.0)  # the KL penalty is in the reward
+    normaliser = loss_normaliser(mask, settings.aggregation, max_new_tokens)
+    tokens = max(float(mask.sum()), 1.0)
+    params = critic.trainable_parameters(policy)
+    optimizer.zero_grad(set_to_none=True)
+    policy.train()
+    sums: dict[str, float] = {}
+    loss_sum = value_sum = entropy_sum = 0.0
+    for rows in micro_rows:
+        loss, part, entropy = micro_batch_loss(policy, policy_batch, rows, settings, normaliser, FrozenLogprobs(),
+                                               chunk_tokens, share_prompt)
+        loss.backward()
+        values = critic.values(batch, rows, share_prompt)
+        v_loss = (value_loss(values, old_values[rows], returns[rows], ppo.value_clip) * mask[rows]).sum() / tokens
+        (ppo.vf_coef * v_loss).backward()
+        loss_sum += loss.item() + ppo.vf_coef * v_loss.item()
+        value_sum += v_loss.item()
+        entropy_sum += entropy
+        merge_stat_sums(sums, part)
+    grad_norm, applied = apply_update(params, optimizer, scheduler, max_grad_norm, loss_sum)
+    m = mask.bool()
+    metrics = step_statistics(sums, loss_sum, grad_norm, entropy_sum / tokens, optimizer.param_groups[0]["lr"],
+                              int(not applied))
+    metrics.update({
+        "value_loss": value_sum,
+        "value_mean": float(old_values[m].mean()) if m.any() else 0.0,
+        "return_mean": float(returns[m].mean()) if m.any() else 0.0,
+        "explained_variance": _explained_variance(old_values[m], returns[m]),
+    })
+    if kl is not None:
+        metrics["kl"] = float(kl.sum() / tokens)
+    return metrics
+
+
+def _explained_variance(values: torch.Tensor, returns: torch.Tensor) -> float:
+    if returns.numel() < 2 or float(returns.var()) == 0.0:
+        return 0.0
+    return float(1.0 - (returns - values).var() / returns.var())
+
