@@ -63,6 +63,17 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _plan(args: argparse.Namespace) -> int:
+    from rlvr.plan import Run, report, resolve_arch
+
+    run = Run(precision=args.precision, optimizer=args.optimizer, lora_rank=args.lora_rank, beta=args.beta,
+              prompts=args.prompts, group=args.group, prompt_len=args.prompt_len, completion_len=args.completion_len,
+              micro_batch=args.micro_batch, checkpointing=args.checkpointing, lean=not args.plain,
+              devices=args.devices, zero=args.zero)
+    print(report(resolve_arch(args.model), run))
+    return 0
+
+
 def _quiet_libraries() -> None:
     """Keep the terminal for rlvr's own progress bar: no per-file loading bars or upstream deprecations.
 
@@ -100,6 +111,22 @@ def main(argv: list[str] | None = None) -> int:
     p_serve.add_argument("--parent-pid", type=int, default=0, help="exit when this process dies (Linux)")
     p_serve.add_argument("--cores", default="", help="run on these CPU cores only, e.g. 1,2")
     p_serve.set_defaults(run=_serve)
+    p_plan = sub.add_parser("plan", help="peak training memory per device, PPO vs GRPO, component by component")
+    p_plan.add_argument("model", help="1.5b, 7b, 8b, 70b, smollm2-135m, a built-in alias or a local model directory")
+    p_plan.add_argument("--precision", choices=("fp32", "bf16"), default="bf16")
+    p_plan.add_argument("--optimizer", choices=("adamw", "adamw_8bit", "sgd"), default="adamw")
+    p_plan.add_argument("--lora-rank", type=int, default=0, help="LoRA rank on all linear layers (0: full)")
+    p_plan.add_argument("--beta", type=float, default=0.04, help="KL coefficient (0: no reference model)")
+    p_plan.add_argument("--prompts", type=int, default=8, help="B: prompts per step")
+    p_plan.add_argument("--group", type=int, default=8, help="G: completions per prompt")
+    p_plan.add_argument("--prompt-len", type=int, default=256)
+    p_plan.add_argument("--completion-len", type=int, default=1024)
+    p_plan.add_argument("--micro-batch", type=int, default=8, help="completions per forward/backward on a device")
+    p_plan.add_argument("--checkpointing", action="store_true", help="activation checkpointing")
+    p_plan.add_argument("--plain", action="store_true", help="the plain step (TRL's way) instead of rlvr's")
+    p_plan.add_argument("--devices", type=int, default=1)
+    p_plan.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3), help="ZeRO stage (3 = FSDP)")
+    p_plan.set_defaults(run=_plan)
     args = parser.parse_args(argv)
     _quiet_libraries()
     try:

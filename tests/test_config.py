@@ -49,7 +49,7 @@ def test_resolved_config_round_trips(tmp_path):
     [
         ("train.stepz=3", "unknown config key 'train.stepz'; allowed keys in train: steps,"),
         ("bogus=1", "unknown config key 'bogus'"),
-        ("algo.preset=ppo", "algo.preset must be one of grpo, dapo, dr_grpo; got 'ppo'"),
+        ("algo.preset=reinforce", "algo.preset must be one of grpo, dapo, dr_grpo, ppo; got 'reinforce'"),
         ("algo.aggregation=mean", "algo.aggregation must be one of sequence_mean, token_mean, token_sum_constant"),
         ("algo.kl_estimator=k9", "algo.kl_estimator must be one of k1, k2, k3"),
         ("task.name=gsm8k", "task.name must be one of arithmetic, jsonl"),

@@ -11,8 +11,10 @@ and the output weight are accumulated on the spot:
     grad_W              += (dL/dlogp * d logp/d logits)^T @ hidden       [V, H]
 
 Backward then only scales the stored gradients by the incoming scalar. Memory: [M, H] (+ [V, H] when the
-output layer trains) instead of [M, V]. The loss must be a sum of per-token terms, each a function of
-that token's log-prob only - true of the clipped surrogate, the KL estimators and every aggregation here.
+output layer trains) instead of [M, V]; within a chunk at most two [c, V] buffers are kept at once (the
+log-probabilities, computed in place over the logits, and the softmax, reused for the logit gradients).
+The loss must be a sum of per-token terms, each a function of that token's log-prob only - true of the
+clipped surrogate, the KL estimators and every aggregation here.
 """
 
 from __future__ import annotations
@@ -49,11 +51,11 @@ class _FusedHeadLoss(torch.autograd.Function):
             temp = _chunk_temperature(temperature, rows)
             if temp is not None:
                 logits.div_(temp)
-            lse = torch.logsumexp(logits, dim=-1)  # [c]
-            logp = logits.gather(-1, y[:, None]).squeeze(-1) - lse
-            probs = torch.exp(logits - lse[:, None])  # [c, V]
-            entropy_out[rows] = lse - (probs * logits).sum(-1)
-            del logits
+            logp_all = logits.sub_(torch.logsumexp(logits, dim=-1)[:, None])  # [c, V] log-probs, in place
+            logp = logp_all.gather(-1, y[:, None]).squeeze(-1)
+            probs = logp_all.exp()  # [c, V]: with logp_all, the only two [c, V] buffers of the chunk
+            entropy_out[rows] = -torch.bmm(probs[:, None, :], logp_all[:, :, None]).view(-1)  # no [c, V] temporary
+            del logits, logp_all
             logp_out[rows] = logp
             with torch.enable_grad():
                 lp = logp.detach().requires_grad_(True)

@@ -56,6 +56,9 @@ def _start_servers(cfg: RunConfig, model_dir, run_dir, stack_: contextlib.ExitSt
     return urls, None, servers
 
 
+EMBEDDED_STARTUP_S = 120.0
+
+
 def _collected(taken: Taken, G: int, scale: str, adv_eps: float) -> Collected:
     groups, scores, rows = stack(taken.groups)
     uids = [g.uid for g in taken.groups]
@@ -74,7 +77,9 @@ def train_async(cfg: RunConfig) -> dict:
         torch.set_num_threads(max(threads, 1))
         pool = ServerPool(urls, request_timeout_s=cfg.rollout.request_timeout_s, resolve=resolve,
                           no_server_wait_s=cfg.rollout.server_wait_s, probe_interval_s=2.0)
-        pool.wait_ready(cfg.rollout.server_wait_s)
+        # servers started here are loading the model: they get at least EMBEDDED_STARTUP_S to come up
+        pool.wait_ready(cfg.rollout.server_wait_s if launcher is None else max(cfg.rollout.server_wait_s,
+                                                                               EMBEDDED_STARTUP_S))
         sampler = RemoteSampler(pool, run.data.tokenizer, run.model, AdapterBucket(cfg.rollout.bucket or
                                 run.run_dir / "adapters"), keep_versions=a.max_staleness + 2)
         stack_.callback(sampler.close)
