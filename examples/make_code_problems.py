@@ -1,7 +1,13 @@
-"""Write the small code-problem JSONL files used by examples/code.yaml (deterministic).
+"""Write the small code-problem JSONL files of the examples (deterministic), in three test formats:
 
-Each row: a chat prompt, the function name (``entry_point``) and input/output ``tests`` computed with a
-reference implementation that stays here (the sandbox grades against the outputs only).
+- code_*.jsonl (examples/code.yaml): a chat prompt, ``entry_point`` and input/output ``tests``; the sandbox
+  returns values and the trainer compares them with the outputs, which never enter the sandbox;
+- humaneval_*.jsonl (examples/code_humaneval.yaml): HumanEval's layout - the prompt holds the function's
+  signature and docstring, ``test`` defines ``check(candidate)``, plus ``entry_point``;
+- mbpp_*.jsonl (examples/code_mbpp.yaml): MBPP's layout - a task description and ``test_list``, assert
+  statements naming the function, plus ``test_setup_code``.
+
+The problems are this project's own; expected values come from reference implementations kept here.
 """
 
 import json
@@ -50,8 +56,41 @@ def rows(rng: random.Random) -> list[dict]:
     return out
 
 
+def _literal(value) -> str:
+    return repr(value)
+
+
+def _assert(name: str, inp: list, out) -> str:
+    call = f"{name}({', '.join(_literal(a) for a in inp)})"
+    if isinstance(out, float):  # another correct formula may round differently
+        return f"assert abs({call} - {out!r}) < 1e-6"
+    return f"assert {call} == {_literal(out)}"
+
+
+def humaneval_rows(rng: random.Random) -> list[dict]:
+    out = []
+    for name, args, text, fn, make in SPECS:
+        signature = f'def {name}({args}):\n    """{text[0].upper() + text[1:]}."""\n'
+        body = "\n".join("    " + _assert("candidate", inp, fn(*inp)) for inp in (make(rng) for _ in range(5)))
+        user = f"Complete this Python function:\n```python\n{signature}```"
+        out.append({"messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}],
+                    "entry_point": name, "test": f"def check(candidate):\n{body}\n"})
+    return out
+
+
+def mbpp_rows(rng: random.Random) -> list[dict]:
+    out = []
+    for name, args, text, fn, make in SPECS:
+        tests = [_assert(name, inp, fn(*inp)) for inp in (make(rng) for _ in range(3))]
+        user = f"Write a Python function `{name}({args})` that {text}. It must pass:\n{tests[0]}"
+        out.append({"messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}],
+                    "test_list": tests, "test_setup_code": ""})
+    return out
+
+
 if __name__ == "__main__":
-    all_rows = rows(random.Random(0))
     out = Path(__file__).parent / "data"
-    for name, part in (("code_train.jsonl", all_rows[:18]), ("code_eval.jsonl", all_rows[18:])):
-        (out / name).write_text("".join(json.dumps(r) + "\n" for r in part))
+    for stem, all_rows in (("code", rows(random.Random(0))), ("humaneval", humaneval_rows(random.Random(1))),
+                           ("mbpp", mbpp_rows(random.Random(2)))):
+        for split, part in (("train", all_rows[:18]), ("eval", all_rows[18:])):
+            (out / f"{stem}_{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part))

@@ -1,9 +1,12 @@
-"""Code correctness: run the completion's Python in the sandbox against the row's input/output tests.
+"""Code correctness: run the completion's Python in the sandbox against the row's tests.
 
-Dataset columns: ``entry_point`` (function name) and ``tests``, a list of ``{"input": [args...],
-"output": value}`` (JSON values). The code is the last fenced ```python block of the completion, else
-the last fenced block, else the whole completion. Score: 1.0 when every test passes (or the fraction
-passed, with ``partial_credit``), None when the sandbox itself failed (excluded from training, counted).
+The test format is recognised per row from the dataset's columns (see ``rlvr.verifiers.code_formats``):
+input/output calls (``entry_point`` + ``tests: [{"input", "output"}]``), stdin/stdout programs (``tests:
+[{"stdin", "stdout"}]``), HumanEval (``test`` defining ``check(candidate)`` + ``entry_point``) or MBPP
+(``test_list`` of asserts, optional ``test_setup_code``). The code is the last fenced ```python block of
+the completion, else the last fenced block, else the whole completion. Score: 1.0 when every test passes
+(or the fraction passed, with ``partial_credit``), None when the sandbox itself failed (excluded from
+training, counted).
 """
 
 from __future__ import annotations
@@ -11,9 +14,11 @@ from __future__ import annotations
 import re
 
 from rlvr.rewards.base import RewardFn, completion_text
-from rlvr.verifiers.sandbox import Limits, Sandbox, grade
+from rlvr.verifiers.code_formats import make_job, score
+from rlvr.verifiers.sandbox import Limits, Sandbox
 
 _FENCE = re.compile(r"```([A-Za-z0-9_+-]*)[ \t]*\n(.*?)```", re.DOTALL)
+TEST_COLUMNS = ("entry_point", "tests", "test", "test_list", "test_setup_code")
 
 
 def extract_code(text: str) -> str:
@@ -22,6 +27,14 @@ def extract_code(text: str) -> str:
     if python:
         return python[-1]
     return blocks[-1][1] if blocks else text
+
+
+def prompt_code(prompt) -> str:
+    """The code in a prompt (HumanEval's signature and docstring): its last fenced block, else all of it."""
+    if not isinstance(prompt, str):  # chat messages: the last user turn
+        users = [m["content"] for m in prompt if m.get("role") == "user"]
+        prompt = users[-1] if users else ""
+    return extract_code(prompt)
 
 
 def code_tests(
@@ -36,20 +49,21 @@ def code_tests(
     """Reward factory; the sandbox is created (and its isolation checked) on first use."""
     limits = Limits(timeout_s=timeout_s, cpu_s=max(1, int(timeout_s + 0.999)), memory_mb=memory_mb)
     holder: dict[str, Sandbox] = {}
+    renamed = {"entry_point": entry_point_column, "tests": tests_column}
 
     def code_reward(prompts, completions, **columns) -> list[float | None]:
-        for column in (entry_point_column, tests_column):
-            if column not in columns:
-                raise KeyError(f"code_tests needs a dataset column {column!r}; columns are {sorted(columns)}")
+        present = {name: renamed.get(name, name) for name in TEST_COLUMNS if renamed.get(name, name) in columns}
+        if not ({"test", "test_list"} & set(present) or "tests" in present):
+            raise KeyError(f"code_tests needs test columns ({', '.join(TEST_COLUMNS)}); columns are {sorted(columns)}")
         if "sandbox" not in holder:
             holder["sandbox"] = Sandbox(slots=slots, limits=limits, allow_unsandboxed=allow_unsandboxed)
         sandbox = holder["sandbox"]
-        tests = columns[tests_column]
+        rows = [{name: columns[column][i] for name, column in present.items()} for i in range(len(completions))]
         jobs = [
-            (extract_code(completion_text(c)), entry, [t["input"] for t in case])
-            for c, entry, case in zip(completions, columns[entry_point_column], tests)
+            make_job(row, extract_code(completion_text(c)), prompt_code(p))
+            for row, c, p in zip(rows, completions, prompts)
         ]
-        scores = [grade(run, [t["output"] for t in case]) for run, case in zip(sandbox.run_many(jobs), tests)]
+        scores = [score(run, row) for run, row in zip(sandbox.execute_many(jobs), rows)]
         if partial_credit:
             return scores
         return [None if s is None else float(s == 1.0) for s in scores]

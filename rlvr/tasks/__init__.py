@@ -7,12 +7,13 @@ import torch
 from rlvr.prompts import prompt_token_ids
 from rlvr.tasks.arithmetic import arithmetic_rows
 from rlvr.tasks.jsonl import load_jsonl
+from rlvr.verifiers.code_formats import detect_format
 
 # JSONL task flavours: required columns (checked row by row) and the default correctness reward.
 JSONL_TASKS = {
     "jsonl": ((), "math_correct"),
     "math_jsonl": (("answer",), "math_correct"),
-    "code_jsonl": (("entry_point", "tests"), "code_tests"),
+    "code_jsonl": ((), "code_tests"),  # test columns checked by validate_code_rows
 }
 
 
@@ -35,16 +36,12 @@ def load_task(cfg) -> tuple[list[dict], list[dict], str]:
 
 
 def validate_code_rows(path: str, rows: list[dict]) -> None:
-    """Code rows need an entry point name and tests [{"input": [args...], "output": value}, ...]."""
+    """Every code row must carry tests in one of the formats of ``rlvr.verifiers.code_formats``."""
     for i, row in enumerate(rows):
-        entry, tests = row["entry_point"], row["tests"]
-        ok = isinstance(entry, str) and entry.isidentifier() and isinstance(tests, list) and bool(tests)
-        ok = ok and all(isinstance(t, dict) and isinstance(t.get("input"), list) and "output" in t for t in tests)
-        if not ok:
-            raise ValueError(
-                f"{path}: row {i + 1}: code rows need 'entry_point' (a function name) and a non-empty 'tests' list "
-                'of {"input": [args...], "output": value}'
-            )
+        try:
+            detect_format(row)
+        except ValueError as err:
+            raise ValueError(f"{path}: row {i + 1}: {err}") from None
 
 
 def reward_columns(rows: list[dict], group_size: int) -> dict[str, list]:

@@ -1,40 +1,134 @@
-"""Runs inside the sandbox: execute model-written code, call its entry point on each test input, and
-report each return value (as JSON) on the results pipe. It never sees the expected outputs: the parent
-grades. Standard library only; started with ``python -I -S -B harness.py RESULTS_FD``.
+"""The checker: runs inside the sandbox as its own user, drives the candidate process and reports results to
+the trainer on a pipe only it holds. Standard library only.
+
+The candidate (``candidate.py``, another uid) holds the model's code and answers calls; it never receives
+a test. Every value it returns crosses a pipe as plain data (``plain.py``), so the checker compares fresh
+built-in values. Records written to the trainer, one JSON object per line:
+
+    {"ready": true}                        isolation is up and the candidate process answered
+    {"load_error": "..."}                   the code did not load (every test fails)
+    {"i": k, "out": "<json>"}              io format: the return value, graded by the trainer
+    {"i": k, "passed": true}               humaneval / mbpp: test k ran to the end without an error
+    {"i": k, "stdout": "...", "status": s}  program format: graded by the trainer
+    {"i": k, "error": "..."}                test k failed
+
+A test that exceeds ``test_timeout_s``, or a candidate that dies, ends the execution: the tests not yet
+reported fail.
 """
 
 import json
 import os
-import sys
+import select
+
+import plain
 
 
-def main() -> None:
-    fd = int(sys.argv[1])
-    write = os.write  # bound now: the model's code may replace os.write later
+class CandidateGone(Exception):
+    pass
 
-    def report(record: dict) -> None:
+
+class Candidate:
+    """The checker's end of the pipes to the candidate process."""
+
+    def __init__(self, request_fd: int, response_fd: int, timeout_s: float) -> None:
+        self.request_fd, self.response_fd, self.timeout_s = request_fd, response_fd, timeout_s
+        self._buffer = b""
+
+    def ask(self, record: dict, timeout_s: float | None = None) -> dict:
         data = (json.dumps(record) + "\n").encode()
-        while data:
-            data = data[write(fd, data):]
-
-    with open("job.json", encoding="utf-8") as f:
-        job = json.load(f)
-    report({"ready": True})
-    namespace = {"__name__": "solution"}
-    try:
-        exec(compile(job["code"], "solution.py", "exec"), namespace)  # noqa: S102 (inside the sandbox)
-        entry = namespace[job["entry_point"]]
-    except BaseException as err:  # noqa: BLE001 (SystemExit included: exiting early just fails every test)
-        report({"load_error": f"{type(err).__name__}: {err}"[:500]})
-        return
-    for i, args in enumerate(job["inputs"]):
         try:
-            out = json.dumps(entry(*args))
-        except BaseException as err:  # noqa: BLE001 (whatever the candidate raises fails this test)
-            report({"i": i, "error": f"{type(err).__name__}: {err}"[:500]})
-        else:
-            report({"i": i, "out": out})
+            while data:
+                data = data[os.write(self.request_fd, data):]
+        except OSError:
+            raise CandidateGone("the candidate exited") from None
+        return self.receive(timeout_s)
+
+    def receive(self, timeout_s: float | None = None) -> dict:
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
+        while b"\n" not in self._buffer:
+            ready, _, _ = select.select([self.response_fd], [], [], timeout_s)
+            if not ready:
+                raise CandidateGone(f"no answer within {timeout_s:g} s")
+            chunk = os.read(self.response_fd, 1 << 16)
+            if not chunk:
+                raise CandidateGone("the candidate exited")
+            self._buffer += chunk
+            if len(self._buffer) > 64 << 20:
+                raise CandidateGone("answer too large")
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return json.loads(line)
+
+    def function(self, name: str):
+        """A callable that runs ``name`` in the candidate and returns its (plain) result."""
+
+        def call(*args):
+            answer = self.ask({"op": "call", "fn": name, "args": plain.encode(list(args))})
+            if "error" in answer:
+                raise CandidateError(answer["error"])
+            return plain.decode(answer["value"])
+
+        call.__name__ = name
+        return call
 
 
-if __name__ == "__main__":
-    main()
+class CandidateError(Exception):
+    pass
+
+
+def check(job: dict, candidate: Candidate, report) -> None:
+    """Run the job's tests against the candidate; ``report(record)`` sends a record to the trainer."""
+    fmt = job["format"]
+    if fmt == "program":
+        _programs(job, candidate, report)
+        return
+    loaded = candidate.ask({"op": "load", "sources": job["sources"], "entry_point": job.get("entry_point")})
+    if "error" in loaded:
+        report({"load_error": loaded["error"]})
+        return
+    if fmt == "io":
+        entry = candidate.function(job["entry_point"])
+        for i, args in enumerate(job["inputs"]):
+            _run_test(i, report, lambda args=args: {"out": json.dumps(entry(*args))})
+    elif fmt == "humaneval":
+        namespace = {"__name__": "__check__"}
+        exec(compile(job["test"], "test.py", "exec"), namespace)  # noqa: S102 (the dataset's test code)
+        entry = candidate.function(job["entry_point"])
+
+        def run_check() -> dict:
+            namespace["check"](entry)
+            return {"passed": True}
+
+        _run_test(0, report, run_check)
+    elif fmt == "mbpp":
+        namespace = {"__name__": "__check__"}
+        for name in loaded["functions"]:
+            namespace[name] = candidate.function(name)
+        if job.get("setup_code"):
+            exec(compile(job["setup_code"], "setup.py", "exec"), namespace)  # noqa: S102
+        for i, test in enumerate(job["test_list"]):
+            code = compile(test, f"test_{i}.py", "exec")
+            _run_test(i, report, lambda code=code: exec(code, namespace) or {"passed": True})  # noqa: S102
+    else:
+        raise ValueError(f"unknown format {fmt!r}")
+
+
+def _run_test(i: int, report, test) -> None:
+    """Report test ``i``: what ``test()`` returns when it returns, the error when it raises.
+    CandidateGone propagates: the candidate cannot answer any further test."""
+    try:
+        result = test()
+    except CandidateGone:
+        report({"i": i, "error": "the candidate stopped answering"})
+        raise
+    except BaseException as err:  # noqa: BLE001 (a failed assert, a bad value: this test fails)
+        report({"i": i, "error": f"{type(err).__name__}: {err}"[:500]})
+        return
+    report({"i": i, **result})
+
+
+def _programs(job: dict, candidate: Candidate, report) -> None:
+    source, per_test = job["sources"][0], job["test_timeout_s"]
+    for i, stdin in enumerate(job["stdins"]):
+        answer = candidate.ask({"op": "run", "source": source, "stdin": stdin, "timeout_s": per_test,
+                                "output_bytes": job["output_bytes"]}, timeout_s=per_test + 5)
+        report({"i": i, "stdout": answer["stdout"], "status": answer["status"]})

@@ -1,34 +1,46 @@
-"""Run model-written Python against input/output tests in a local sandbox.
+"""Run model-written Python in a local sandbox, against tests it never sees.
 
-Each execution is ``prlimit ... -- unshare --net --pid --fork --mount-proc --kill-child [--setuid U]
-python -I -S -B harness.py`` in a fresh temporary directory:
+Each execution is ``prlimit ... -- unshare --net --pid --fork --mount --kill-child python -I -S -B jail.py``
+as root (or inside an unprivileged user namespace). ``jail.py`` is PID 1 of the new PID namespace; it
+builds a private root filesystem, forks the candidate process (``candidate.py``, which loads the model's
+code) as one uid and runs the checker (``harness.py``) as another:
 
-- its own session and process group; the code runs in a new PID namespace whose init dies with the
-  launcher (``--kill-child``), so killing the group kills every descendant, grandchildren that called
-  ``setsid`` included. Wall-clock timeout, then SIGKILL.
+- filesystem: a tmpfs root with read-only binds of only the Python runtime (/usr, /lib*, the
+  interpreter's prefix; site-packages and dist-packages covered by empty tmpfs), /etc/ld.so.cache, five
+  /dev nodes, this namespace's /proc, and private size-limited /work and /tmp that vanish with the run.
+  The project, the datasets, /home, /root and the host's /tmp are not there at all (see ``jail.py``).
+- processes: its own session; killing the launcher kills the PID namespace and every descendant,
+  grandchildren that called ``setsid`` included. Wall-clock timeout, then SIGKILL.
 - rlimits: CPU seconds, address space, file size, open files, no core dumps, and a process-count cap
   (RLIMIT_NPROC, enforced because the code runs as a dedicated unprivileged uid per pool slot).
-- a new network namespace: no interface but a down loopback, so nothing outside is reachable.
+- capabilities: none (empty bounding set, no_new_privs); the filesystem is nosuid.
+- network: a new namespace with no interface but a down loopback, so nothing outside is reachable.
 - an empty environment (no inherited secrets), stdin closed, stdout/stderr kept up to a byte cap (more
   output than that ends the run).
-- grading by the parent: the harness reports each return value on a private pipe, and the parent
-  compares it with expected outputs the child never sees. Exit codes and printed text are ignored, so
-  ``sys.exit(0)`` before the tests or printing ``PASSED`` earns nothing.
-- a sandbox that cannot start (no launcher, no namespaces, a crash before the harness reports
-  ready) is an infrastructure failure: the completion scores None (excluded from training, counted),
-  never 0.
+- grading: the candidate process never receives a test. For input/output and stdin/stdout tests it
+  returns values (or program output) and the trainer compares them with expected values that never
+  enter the sandbox. For assert-based tests (HumanEval ``check``, MBPP ``test_list``) the checker runs
+  them as a different uid the candidate cannot signal, trace or read; every value the candidate returns
+  crosses a pipe as plain data (``plain.py``), so an object whose ``__eq__`` always says yes cannot pass,
+  and only the checker holds the pipe to the trainer, so printing or writing a forged result earns
+  nothing. Exiting or dying before the checks finish fails the tests not yet reported.
+- a sandbox that cannot start (no launcher, no namespaces, no private root, a crash before the checker
+  reports ready) is an infrastructure failure: the completion scores None (excluded from training,
+  counted), never 0.
 
-What is NOT protected: the code can read world-readable files (the project, /etc, Python's stdlib) and
-write where any unprivileged user may (e.g. /tmp, within RLIMIT_FSIZE); it shares the kernel with the
-trainer (a kernel exploit escapes); CPU time is limited per execution but not weighted against the
-trainer. As a non-root user (user-namespace mode) the code keeps the trainer user's file permissions
-and its process cap counts against that user. Where neither root nor user namespaces are available the
-sandbox refuses to run unless ``allow_unsandboxed=True`` is passed explicitly (then nothing above holds
-except the rlimits).
+What is NOT protected: the code shares the kernel with the trainer (a kernel exploit escapes); it can read
+the files of the Python runtime's directories (/usr and the interpreter prefix: standard library, system
+binaries and shared libraries, documentation); CPU time is limited per execution but not weighted against
+the trainer; the tmpfs pages of /work and /tmp (``disk_mb`` each) come out of host memory. As a non-root
+user (user-namespace mode) checker and candidate share a uid (the checker is protected from tracing by
+being non-dumpable and keeping capabilities the candidate lacks) and the process cap counts against that
+user. Where neither root nor user namespaces are available the sandbox refuses to run unless
+``allow_unsandboxed=True`` is passed explicitly (then nothing above holds except the rlimits).
 """
 
 from __future__ import annotations
 
+import glob
 import json
 import math
 import os
@@ -45,8 +57,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-HARNESS = Path(__file__).with_name("harness.py")
-UID_BASE = 61000  # pool slot k runs as uid/gid UID_BASE + k
+HERE = Path(__file__).resolve().parent
+JAIL = HERE / "jail.py"
+SANDBOX_FILES = {"candidate.py": str(HERE / "candidate.py"), "plain.py": str(HERE / "plain.py")}
+CHECKER_UID, CANDIDATE_UID = 61000, 62000  # pool slot k: checker uid 61000 + k, candidate uid 62000 + k
+RUNTIME_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+PACKAGE_DIRS = ("/usr/lib/python3/dist-packages", "/usr/lib/python3*/site-packages",
+                "/usr/local/lib/python3*/dist-packages", "/usr/local/lib/python3*/site-packages")
 
 
 class SandboxUnavailable(RuntimeError):
@@ -56,18 +73,22 @@ class SandboxUnavailable(RuntimeError):
 @dataclass(frozen=True)
 class Limits:
     timeout_s: float = 5.0  # wall clock for the whole execution (all tests)
-    cpu_s: int = 5
-    memory_mb: int = 1024  # address space
+    cpu_s: int = 5  # per process
+    memory_mb: int = 1024  # address space, per process
     file_mb: int = 16  # largest file the code may write
+    disk_mb: int = 16  # size of the private /work and of the private /tmp
     open_files: int = 64
     processes: int = 32
-    output_bytes: int = 64 * 1024  # stdout and stderr each
+    output_bytes: int = 64 * 1024  # stdout and stderr each; a program's stdout per test
+    test_timeout_s: float | None = None  # one test (a call, a check, a program run); None: timeout_s
 
 
 @dataclass
 class Execution:
     status: str  # "ran" | "timeout" | "output_limit" | "infra_error"
-    outputs: dict[int, str] = field(default_factory=dict)  # test index -> JSON of the return value
+    outputs: dict[int, str] = field(default_factory=dict)  # io: test index -> JSON of the return value
+    passed: set[int] = field(default_factory=set)  # humaneval / mbpp: tests that ran to the end
+    stdouts: dict[int, tuple[str, str]] = field(default_factory=dict)  # program: index -> (stdout, status)
     errors: dict[int, str] = field(default_factory=dict)
     load_error: str = ""
     stdout: bytes = b""
@@ -85,11 +106,24 @@ def _world_executable(path: Path) -> bool:
 
 
 def find_python() -> str:
-    """An interpreter the sandbox user may execute (the trainer's may live under a private home)."""
+    """An interpreter the sandbox users may execute (the trainer's may live under a private home)."""
     for candidate in (sys.executable, "/usr/bin/python3", "/usr/local/bin/python3"):
         if candidate and Path(candidate).exists() and _world_executable(Path(candidate)):
             return str(Path(candidate).resolve())
     raise SandboxUnavailable("no Python interpreter that an unprivileged user can execute was found")
+
+
+def runtime_view(python: str) -> tuple[list[str], list[str]]:
+    """(paths the sandbox sees read-only, package directories covered by empty tmpfs) for ``python``."""
+    query = ("import json, sys, sysconfig; p = sysconfig.get_paths(); "
+             "print(json.dumps([sys.base_prefix, p['purelib'], p['platlib']]))")
+    out = subprocess.run([python, "-I", "-S", "-c", query], capture_output=True, text=True, env={}, check=True)
+    prefix, purelib, platlib = json.loads(out.stdout)
+    expose = [p for p in RUNTIME_DIRS if os.path.lexists(p)]
+    if not any(prefix == p or prefix.startswith(p + "/") for p in expose):
+        expose.append(prefix)  # e.g. an interpreter under /opt
+    hide = sorted({purelib, platlib, *(d for pattern in PACKAGE_DIRS for d in glob.glob(pattern))})
+    return expose, [d for d in hide if os.path.isdir(d)]
 
 
 def outputs_equal(got_json: str, expected: object) -> bool:
@@ -113,48 +147,55 @@ def _equal(a: object, b: object) -> bool:
     return type(a) is type(b) and a == b
 
 
+def io_job(code: str, entry_point: str, inputs: list[list]) -> dict:
+    """The job for input/output tests: call ``entry_point(*args)`` for each input, report the results."""
+    return {"format": "io", "sources": [code], "entry_point": entry_point, "inputs": inputs}
+
+
 class Sandbox:
-    """A pool of sandbox slots; ``run`` may be called from several threads at once."""
+    """A pool of sandbox slots; ``execute`` may be called from several threads at once."""
 
     def __init__(self, slots: int = 2, limits: Limits = Limits(), allow_unsandboxed: bool = False) -> None:
         self.limits = limits
         self.python = find_python()
-        self.mode = self._probe(allow_unsandboxed)
+        self._expose, self._hide = runtime_view(self.python)
         self._slots = list(range(slots))
         self._lock = threading.Condition()
         self._pool = ThreadPoolExecutor(max_workers=slots, thread_name_prefix="rlvr-sandbox")
         self.infra_failures = 0
+        self.mode = self._probe(allow_unsandboxed)
 
     # -- isolation -------------------------------------------------------------------------
     def _probe(self, allow_unsandboxed: bool) -> str:
-        """'root' (namespaces + per-slot uid), 'userns' (unprivileged user namespaces) or 'none'."""
+        """'root' (namespaces, private root, per-slot uids), 'userns' (unprivileged user namespaces) or
+        'none'. A mode counts only when a whole execution works in it."""
         self._unshare, self._prlimit = shutil.which("unshare"), shutil.which("prlimit")
+        problems = []
         if self._unshare and self._prlimit:
             modes = ["root"] if os.geteuid() == 0 else []
             modes.append("userns")
             for mode in modes:
-                try:
-                    probe = subprocess.run(self._launcher(mode, 0) + [shutil.which("true") or "/bin/true"],
-                                           capture_output=True, timeout=10, env={}, check=False)
-                except (OSError, subprocess.TimeoutExpired):
-                    continue
-                if probe.returncode == 0:
+                run = self._run(mode, 0, io_job("def f():\n    return 1\n", "f", [[]]))
+                if run.status == "ran" and run.outputs == {0: "1"}:
                     return mode
+                problems.append(f"{mode}: {run.load_error or run.status}"[:300])
+        else:
+            problems.append("util-linux 'unshare' and 'prlimit' are not on PATH")
         if allow_unsandboxed:
             return "none"
         raise SandboxUnavailable(
-            "cannot isolate model-written code: need util-linux 'unshare' and 'prlimit' with either root or "
-            "unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1). Refusing to run it "
+            "cannot isolate model-written code (" + "; ".join(problems) + "). The sandbox needs util-linux "
+            "'unshare' and 'prlimit' with either root or unprivileged user namespaces (sysctl "
+            "kernel.unprivileged_userns_clone=1) and permission to mount tmpfs in them. Refusing to run it "
             "unsandboxed; pass allow_unsandboxed=True only for code you trust."
         )
 
-    def _launcher(self, mode: str, slot: int) -> list[str]:
+    def _launcher(self, mode: str) -> list[str]:
         if mode == "none":
             return []
-        common = ["--net", "--pid", "--fork", "--mount-proc", "--kill-child"]
+        common = ["--net", "--pid", "--fork", "--mount", "--kill-child"]
         if mode == "root":
-            uid = str(UID_BASE + slot)
-            return [self._unshare, *common, "--setgid", uid, "--setuid", uid]
+            return [self._unshare, *common]
         return [self._unshare, "--user", "--map-root-user", *common]
 
     def _rlimits(self, mode: str) -> list[str]:
@@ -168,36 +209,44 @@ class Sandbox:
                 f"--nofile={lim.open_files}", "--core=0", f"--nproc={nproc}", "--"]
 
     # -- execution -------------------------------------------------------------------------
-    def run(self, code: str, entry_point: str, inputs: list[list]) -> Execution:
+    def execute(self, job: dict) -> Execution:
+        """Run one job (``io_job``, or see ``rlvr.verifiers.code_formats``) in a free slot."""
         with self._lock:
             while not self._slots:
                 self._lock.wait()
             slot = self._slots.pop()
         try:
-            return self._run(slot, code, entry_point, inputs)
+            return self._run(self.mode, slot, job)
         finally:
             with self._lock:
                 self._slots.append(slot)
                 self._lock.notify()
 
-    def run_many(self, jobs: list[tuple[str, str, list[list]]]) -> list[Execution]:
-        return list(self._pool.map(lambda job: self.run(*job), jobs))
+    def run(self, code: str, entry_point: str, inputs: list[list]) -> Execution:
+        """Input/output tests: ``entry_point(*args)`` for each of ``inputs``; grade with ``grade``."""
+        return self.execute(io_job(code, entry_point, inputs))
 
-    def _run(self, slot: int, code: str, entry_point: str, inputs: list[list]) -> Execution:
+    def execute_many(self, jobs: list[dict]) -> list[Execution]:
+        return list(self._pool.map(self.execute, jobs))
+
+    def _run(self, mode: str, slot: int, job: dict) -> Execution:
         started = time.perf_counter()
         workdir = Path(tempfile.mkdtemp(prefix="rlvr-sandbox-"))
         read_fd = write_fd = -1
         try:
-            (workdir / "job.json").write_text(json.dumps({"code": code, "entry_point": entry_point, "inputs": inputs}))
-            shutil.copy(HARNESS, workdir / "harness.py")
-            if self.mode == "root":
-                uid = UID_BASE + slot
-                for path in (workdir, workdir / "job.json", workdir / "harness.py"):
-                    os.chown(path, uid, uid)
             os.chmod(workdir, 0o700)
+            (workdir / "root").mkdir()
+            lim = self.limits
+            setup = {"mode": mode, "root": str(workdir / "root"), "expose": self._expose, "hide": self._hide,
+                     "expose_files": ["/etc/ld.so.cache"], "python": self.python, "disk_mb": lim.disk_mb,
+                     "checker_uid": CHECKER_UID + slot, "candidate_uid": CANDIDATE_UID + slot,
+                     "sandbox_files": SANDBOX_FILES}
+            full_job = {**job, "setup": setup, "output_bytes": lim.output_bytes,
+                        "test_timeout_s": lim.test_timeout_s or lim.timeout_s}
+            (workdir / "job.json").write_text(json.dumps(full_job))
             read_fd, write_fd = os.pipe()
-            cmd = self._rlimits(self.mode) + self._launcher(self.mode, slot)
-            cmd += [self.python, "-I", "-S", "-B", "harness.py", str(write_fd)]
+            cmd = self._rlimits(mode) + self._launcher(mode)
+            cmd += [self.python, "-I", "-S", "-B", str(JAIL), str(workdir / "job.json"), str(write_fd)]
             try:
                 proc = subprocess.Popen(cmd, cwd=workdir, env={}, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                         stderr=subprocess.PIPE, pass_fds=(write_fd,), start_new_session=True)
@@ -207,9 +256,8 @@ class Sandbox:
             os.close(write_fd)
             write_fd = -1
             result = self._collect(proc, read_fd, started)
-            if result.status != "infra_error":
-                return result
-            self.infra_failures += 1
+            if result.status == "infra_error":
+                self.infra_failures += 1
             return result
         finally:
             for fd in (read_fd, write_fd):
@@ -249,7 +297,7 @@ class Sandbox:
         proc.stderr.close()
         out = Execution(status, stdout=bytes(buffers["stdout"][:cap]), stderr=bytes(buffers["stderr"][:cap]),
                         seconds=time.perf_counter() - started)
-        ready = False
+        ready, seen = False, set()
         for line in bytes(buffers["results"]).splitlines():
             try:
                 record = json.loads(line)
@@ -259,11 +307,17 @@ class Sandbox:
                 ready = True
             elif "load_error" in record:
                 out.load_error = str(record["load_error"])
-            elif isinstance(record.get("i"), int) and record["i"] not in out.outputs and record["i"] not in out.errors:
+            elif isinstance(record.get("i"), int) and record["i"] not in seen:
+                i = record["i"]
+                seen.add(i)
                 if isinstance(record.get("out"), str):
-                    out.outputs[record["i"]] = record["out"]
+                    out.outputs[i] = record["out"]
+                elif record.get("passed") is True:
+                    out.passed.add(i)
+                elif isinstance(record.get("stdout"), str):
+                    out.stdouts[i] = (record["stdout"], str(record.get("status")))
                 else:
-                    out.errors[record["i"]] = str(record.get("error", "no output"))
+                    out.errors[i] = str(record.get("error", "no output"))
         if not ready and status == "ran":
             out.status = "infra_error"
             out.load_error = out.stderr.decode(errors="replace")[-500:] or "the sandbox exited before starting"

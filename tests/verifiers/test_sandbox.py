@@ -1,6 +1,7 @@
 """The code sandbox against a hostile battery: every attack fails within timeout + 1 s, leaves no
-process behind, reaches no network and no secret, and leaves the trainer untouched."""
+process behind, reaches no network, no secret and no host file, and leaves the trainer untouched."""
 
+import json
 import os
 import shutil
 import socket
@@ -12,7 +13,16 @@ from pathlib import Path
 import pytest
 
 from rlvr.verifiers import sandbox as sandbox_module
-from rlvr.verifiers.sandbox import UID_BASE, Limits, Sandbox, SandboxUnavailable, grade, outputs_equal
+from rlvr.verifiers.sandbox import (
+    CANDIDATE_UID,
+    CHECKER_UID,
+    Limits,
+    Sandbox,
+    SandboxUnavailable,
+    grade,
+    io_job,
+    outputs_equal,
+)
 
 TIMEOUT = 2.0
 SECRET = "hunter2-do-not-leak"
@@ -61,7 +71,8 @@ def _sandbox_processes(marker: str = "") -> list[str]:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if UID_BASE <= uid < UID_BASE + 100 or (marker and marker in cmdline and pid != str(os.getpid())):
+        sandbox_uid = any(base <= uid < base + 100 for base in (CHECKER_UID, CANDIDATE_UID))
+        if sandbox_uid or (marker and marker in cmdline and pid != str(os.getpid())):
             found.append(f"{pid}: {cmdline}")
     return found
 
@@ -88,15 +99,22 @@ ATTACKS = {
     "gigabyte_of_stdout": "import sys\nfor _ in range(1024):\n    sys.stdout.write('x' * 2**20)\n" + CORRECT,
     "exit_before_tests": "import sys\nsys.exit(0)\n" + CORRECT,
     "hard_exit_before_tests": "import os\nos._exit(0)\n" + CORRECT,
-    "forged_pass_output": (
-        "import os, sys\nprint('PASSED: all tests passed')\n"
-        "os.write(int(sys.argv[1]), b'{\"i\": 0, \"out\": \"999\"}\\n{\"ready\": true}\\n')\n"
+    "forged_pass_output": (  # every descriptor it holds gets a forged result; only the checker's pipe counts
+        "import os\nprint('PASSED: all tests passed')\n"
+        "for fd in range(64):\n    try:\n"
+        "        os.write(fd, b'{\"i\": 0, \"out\": \"2\"}\\n{\"i\": 0, \"passed\": true}\\n')\n"
+        "    except OSError:\n        pass\n"
         "def solve(x):\n    return 0\n"
     ),
     "always_equal_object": (
         "class Anything:\n    def __eq__(self, other):\n        return True\n"
         "def solve(x):\n    return Anything()\n"
     ),
+    "int_subclass_equal_to_all": (
+        "class Two(int):\n    def __eq__(self, other):\n        return True\n"
+        "def solve(x):\n    return Two(5)\n"
+    ),
+    "kill_the_checker": "import os, signal\nos.kill(1, signal.SIGKILL)\n" + CORRECT.replace("x + 1", "0"),
     "kill_parent": "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nos.kill(-1, signal.SIGKILL)\n" + CORRECT,
 }
 
@@ -120,21 +138,64 @@ def test_network_is_unreachable(sandbox, listener):
     assert accepted == []
 
 
-def test_files_outside_the_workdir_stay_intact(sandbox):
+def test_host_files_are_invisible_and_untouched(sandbox):
     folder = Path(tempfile.mkdtemp(prefix="rlvr-canary-"))
     try:
-        folder.chmod(0o755)  # reachable by anyone: only the file's own permissions protect it
-        canary = folder / "canary.txt"
-        canary.write_text("intact")
+        folder.chmod(0o755)  # world-readable, so only the sandbox's own root can hide it
+        canary = folder / "answers.jsonl"
+        canary.write_text('{"expected": 2}')
         canary.chmod(0o644)
         read_back = f"def solve(x):\n    return open({str(canary)!r}).read()\n"
-        assert sandbox.run(read_back, "solve", [[1]]).outputs[0] == '"intact"'  # reading is NOT prevented
+        run = sandbox.run(read_back, "solve", [[1]])
+        assert run.outputs == {} and "FileNotFoundError" in run.errors[0]
         code = f"def solve(x):\n    open({str(canary)!r}, 'w').write('pwned')\n    return x + 1\n"
         run, score, _ = _hostile(sandbox, code)
-        assert score == 0.0 and "PermissionError" in run.errors[0]
-        assert canary.read_text() == "intact"
+        assert score == 0.0 and "FileNotFoundError" in run.errors[0]
+        assert canary.read_text() == '{"expected": 2}'
     finally:
         shutil.rmtree(folder)
+
+
+def test_the_filesystem_view_is_private(sandbox):
+    project = str(Path(__file__).resolve().parents[2])
+    code = (
+        "import os\n"
+        "def solve(x):\n"
+        "    seen = {p: os.path.exists(p) for p in (x['project'], '/home', '/root', '/etc/passwd', x['host_tmp'])}\n"
+        "    return {'root': sorted(os.listdir('/')), 'tmp': os.listdir('/tmp'), 'cwd': os.getcwd(), 'seen': seen}\n"
+    )
+    marker = Path(tempfile.mkdtemp(prefix="rlvr-host-tmp-"))
+    try:
+        run = sandbox.run(code, "solve", [[{"project": project, "host_tmp": str(marker)}]])
+    finally:
+        marker.rmdir()
+    view = json.loads(run.outputs[0])
+    runtime = {"bin", "sbin", "lib", "lib32", "lib64", "libx32", "usr", "etc"}  # usr-merge symlinks or binds
+    assert {"dev", "proc", "sandbox", "tmp", "usr", "work"} <= set(view["root"]) <= runtime | {"dev", "proc",
+                                                                                            "sandbox", "tmp", "work"}
+    assert view["tmp"] == [] and view["cwd"] == "/work"
+    assert view["seen"] == {project: False, "/home": False, "/root": False, "/etc/passwd": False, str(marker): False}
+
+
+def test_writes_vanish_with_the_run(sandbox):
+    name = f"rlvr-left-behind-{os.getpid()}"
+    code = (
+        "import os\n"
+        f"def solve(x):\n    open('/tmp/{name}', 'w').write('x')\n    open('{name}', 'w').write('x')\n"
+        f"    return sorted(os.listdir('/tmp')) + sorted(os.listdir('.'))\n"
+    )
+    run = sandbox.run(code, "solve", [[1]])
+    assert json.loads(run.outputs[0]) == [name, name]  # written inside the sandbox ...
+    assert not any(name in p for p in os.listdir(tempfile.gettempdir()))  # ... and gone from the host
+    again = sandbox.run("import os\ndef solve(x):\n    return os.listdir('/tmp')\n", "solve", [[1]])
+    assert again.outputs[0] == "[]"  # and from the next run
+
+
+def test_disk_is_limited(sandbox):
+    code = ("def solve(x):\n    with open('/tmp/big', 'wb') as f:\n"
+            "        for _ in range(64):\n            f.write(b'x' * 2**20)\n    return x + 1\n")
+    run, score, _ = _hostile(sandbox, code)
+    assert score == 0.0 and run.errors  # stopped by the file-size limit or the tmpfs size
 
 
 def test_environment_secrets_do_not_leak(sandbox, monkeypatch):
@@ -144,7 +205,7 @@ def test_environment_secrets_do_not_leak(sandbox, monkeypatch):
     assert score == 0.0 and run.outputs[0] == '"none"'
     proc_peek = "import os\ndef solve(x):\n    return sorted(p for p in os.listdir('/proc') if p.isdigit())\n"
     run = sandbox.run(proc_peek, "solve", [[1]])
-    assert run.outputs[0] == '["1"]'  # a private PID namespace: only the harness itself is visible
+    assert run.outputs[0] == '["1", "2"]'  # a private PID namespace: only the checker and the candidate
 
 
 def test_trainer_survives_everything(sandbox):
@@ -155,8 +216,8 @@ def test_trainer_survives_everything(sandbox):
 
 
 def test_correct_solutions_pass_concurrently(sandbox):
-    jobs = [(CORRECT, "solve", [[i], [i * 2]]) for i in range(6)]
-    runs = sandbox.run_many(jobs)
+    jobs = [io_job(CORRECT, "solve", [[i], [i * 2]]) for i in range(6)]
+    runs = sandbox.execute_many(jobs)
     assert [grade(r, [i + 1, i * 2 + 1]) for i, r in enumerate(runs)] == [1.0] * 6
 
 
@@ -179,7 +240,8 @@ def test_refuses_without_isolation(monkeypatch):
     monkeypatch.setattr(sandbox_module.shutil, "which", lambda name: None if name == "unshare" else real_which(name))
     with pytest.raises(SandboxUnavailable, match="Refusing to run it unsandboxed; pass allow_unsandboxed=True"):
         Sandbox(slots=1)
-    assert Sandbox(slots=1, allow_unsandboxed=True).mode == "none"
+    box = Sandbox(slots=1, allow_unsandboxed=True)
+    assert box.mode == "none" and grade(box.run(CORRECT, "solve", [[1]]), [2]) == 1.0
 
 
 @pytest.mark.parametrize(

@@ -37,12 +37,26 @@ def test_code_reward_scores_by_hidden_tests():
 def test_code_rows_are_validated(tmp_path):
     path = tmp_path / "code.jsonl"
     path.write_text(json.dumps({"prompt": "x", "entry_point": "add", "tests": [{"input": 1, "output": 2}]}) + "\n")
-    expected = 'row 1: code rows need .* a non-empty \'tests\' list of {"input": \\[args...\\], "output": value}'
-    with pytest.raises(ValueError, match=expected):
-        validate_code_rows(str(path), load_jsonl(path, ("entry_point", "tests")))
-    path.write_text(json.dumps({"prompt": "x", "tests": []}) + "\n")
-    with pytest.raises(ValueError, match=r"code.jsonl:1: missing required column\(s\) \['entry_point'\] for this task"):
-        load_jsonl(path, ("entry_point", "tests"))
+    with pytest.raises(ValueError, match=r"code.jsonl: row 1: code rows need one of: 'entry_point' \+ 'tests'"):
+        validate_code_rows(str(path), load_jsonl(path))
+    path.write_text(json.dumps({"prompt": "x", "tests": [{"input": [1], "output": 2}]}) + "\n")
+    with pytest.raises(ValueError, match="row 1: input/output tests need 'entry_point'"):
+        validate_code_rows(str(path), load_jsonl(path))
+
+
+def test_code_reward_reads_every_format_from_the_columns():
+    reward = build_reward("code_tests", {"timeout_s": 3, "partial_credit": True})
+    prompt = 'def mul(a, b):\n    """a times b"""\n'
+    completions = ["    return a * b\n", "```python\ndef mul(a, b):\n    return 0\n```"]
+    humaneval = reward([prompt] * 2, completions, entry_point=["mul"] * 2,
+                       test=["def check(candidate):\n    assert candidate(2, 3) == 6\n"] * 2)
+    assert humaneval == [1.0, 0.0]
+    mbpp = reward(["Write mul."], ["```python\ndef mul(a, b):\n    return a * b if a else 1\n```"],
+                  test_list=[["assert mul(2, 3) == 6", "assert mul(0, 3) == 0"]], test_setup_code=[""])
+    assert mbpp == [0.5]
+    program = reward(["Read two ints, print their sum."], ["```python\nprint(sum(map(int, input().split())))\n```"],
+                     tests=[[{"stdin": "1 2", "stdout": "3"}, {"stdin": "5 5", "stdout": "10\n"}]])
+    assert program == [1.0]
 
 
 def _cli_run(tiny_model_dir, tmp_path, *overrides):
@@ -61,6 +75,17 @@ def test_code_task_from_the_cli(tiny_model_dir, tmp_path):
                        "rewards=[{name: code_tests, kwargs: {timeout_s: 3}}]")
     assert records[1]["reward/code_tests_missing"] == 0  # every completion was executed and graded
     assert records[-1]["eval_accuracy"] == 0.0  # a random model writes no working code
+
+
+@pytest.mark.parametrize("config", ["examples/code_humaneval.yaml", "examples/code_mbpp.yaml"])
+def test_humaneval_and_mbpp_examples_from_the_cli(tiny_model_dir, tmp_path, config):
+    out = tmp_path / "run"
+    args = [f"model.name={tiny_model_dir}", "model.lora_r=4", f"output_dir={out}", "train.steps=1",
+            "rollout.group_size=2", "rollout.max_new_tokens=8", "train.prompts_per_step=2", "eval.batch_size=4",
+            "task.eval_size=2", "log.progress=false"]
+    assert main(["train", config, *args]) == 0
+    records = read_metrics(out / "metrics.jsonl")
+    assert records[1]["reward/code_tests_missing"] == 0 and records[-1]["eval_accuracy"] == 0.0
 
 
 def test_math_task_from_the_cli(tiny_model_dir, tmp_path):
