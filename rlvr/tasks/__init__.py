@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import torch
 
+from rlvr.config import ARITHMETIC_SYSTEM_PROMPT
 from rlvr.prompts import prompt_token_ids
 from rlvr.tasks.arithmetic import arithmetic_rows
 from rlvr.tasks.jsonl import load_jsonl
+from rlvr.tasks.word_problems import REASONING_SYSTEM_PROMPT, word_problem_rows
 from rlvr.verifiers.code_formats import detect_format
 
 # JSONL task flavours: required columns (checked row by row) and the default correctness reward.
@@ -25,6 +27,11 @@ def load_task(cfg) -> tuple[list[dict], list[dict], str]:
             system_prompt=cfg.system_prompt,
         )
         return train, held_out, cfg.eval_reward or "arithmetic_correct"
+    if cfg.name == "word_problems":
+        system = REASONING_SYSTEM_PROMPT if cfg.system_prompt == ARITHMETIC_SYSTEM_PROMPT else cfg.system_prompt
+        train, held_out = word_problem_rows(cfg.eval_size, cfg.train_size, cfg.seed, system,
+                                            tuple(cfg.train_steps), tuple(cfg.eval_steps))
+        return train, held_out, cfg.eval_reward or "math_correct"
     if cfg.name in JSONL_TASKS:
         required, check = JSONL_TASKS[cfg.name]
         train, held_out = load_jsonl(cfg.train_path, required), load_jsonl(cfg.eval_path, required)[: cfg.eval_size]
@@ -32,7 +39,8 @@ def load_task(cfg) -> tuple[list[dict], list[dict], str]:
             for path, rows in ((cfg.train_path, train), (cfg.eval_path, held_out)):
                 validate_code_rows(path, rows)
         return train, held_out, cfg.eval_reward or check
-    raise ValueError(f"task.name must be arithmetic or one of {', '.join(JSONL_TASKS)}, got {cfg.name!r}")
+    names = ", ".join(["arithmetic", "word_problems", *JSONL_TASKS])
+    raise ValueError(f"task.name must be one of {names}, got {cfg.name!r}")
 
 
 def validate_code_rows(path: str, rows: list[dict]) -> None:

@@ -241,7 +241,8 @@ def open_run(cfg: RunConfig) -> Run:
     now and printing what changed); prepare the run directory and metric sinks."""
     started = time.perf_counter()
     torch.set_num_threads(cfg.train.threads or torch.get_num_threads())
-    return_freed_memory()
+    if cfg.train.heap_threshold_kb:
+        return_freed_memory(cfg.train.heap_threshold_kb << 10)
     seed_everything(cfg.train.seed)
     data = load_data(cfg)  # rows, rewards and prompt lengths are checked before the model loads
     rewards = build_rewards(cfg.rewards)

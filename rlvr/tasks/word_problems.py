@@ -1,0 +1,193 @@
+"""The built-in word-problem task: one- to three-step stories generated from a seed, held out by *story*.
+
+A problem is a starting amount followed by 0-2 further events, each one operation (+, -, x, /), told in
+the words of one story template (a baker's loaves, a library's books, ...). Every template phrases every
+operation several ways, so wording varies within a template too. Numbers are drawn so every intermediate
+amount is a whole, non-negative number (divisions are exact).
+
+Held-out split: the templates named in ``HELD_OUT`` never produce a training row, so held-out accuracy
+measures transfer to stories the model never trained on, not memorised wording. The held-out rows are
+``eval_steps``-operation problems (two by default), the training rows mix ``train_steps``.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+REASONING_SYSTEM_PROMPT = (  # a worked example: the model copies its short form (measured: README)
+    "Solve the problem with one short calculation per line, then give the result. Example:\n"
+    "Question: Tom has 3 pens. He buys 4 more. He gives away 2. How many pens does Tom have?\n"
+    "3 + 4 = 7\n"
+    "7 - 2 = 5\n"
+    "The answer is 5."
+)
+
+
+@dataclass(frozen=True)
+class Story:
+    """One template: how its start and each operation are told. ``{w}`` who, ``{x}`` the number."""
+
+    name: str
+    start: tuple[str, ...]  # "{w} has {x} apples."
+    add: tuple[str, ...]
+    sub: tuple[str, ...]
+    mul: tuple[str, ...]  # the amount becomes x times as large
+    div: tuple[str, ...]  # the amount is split into x equal parts; one part is kept
+    question: tuple[str, ...]
+
+
+STORIES = (
+    Story("apples", ("{w} has {x} apples.", "There are {x} apples in {w}'s basket."),
+          ("{w} picks {x} more.", "A neighbour gives {w} {x} more apples."),
+          ("{w} eats {x} of them.", "{w} gives {x} apples to a friend."),
+          ("{w} ends up with {x} times as many apples.", "The number of apples is multiplied by {x}."),
+          ("{w} splits the apples into {x} equal bags and keeps one bag.",),
+          ("How many apples does {w} have now?", "How many apples are there now?")),
+    Story("points", ("{w} scores {x} points.", "{w} starts the game with {x} points."),
+          ("{w} scores {x} more points.", "{w} wins {x} bonus points."),
+          ("{w} loses {x} points.", "A penalty takes {x} points from {w}."),
+          ("A power-up multiplies {w}'s points by {x}.",),
+          ("{w} splits the points equally among {x} teammates; count one teammate's share.",),
+          ("How many points is that?", "How many points does {w} have now?")),
+    Story("coins", ("{w} saves {x} coins.", "{w}'s jar holds {x} coins."),
+          ("{w} adds {x} coins.", "{w} earns {x} more coins."),
+          ("{w} spends {x} coins.", "{w} loses {x} coins."),
+          ("{w} trades them for {x} times as many coins.", "The number of coins is multiplied by {x}."),
+          ("{w} shares the coins equally among {x} cousins; count one cousin's share.",),
+          ("How many coins are there now?", "How many coins does that come to?")),
+    Story("marbles", ("{w} owns {x} marbles.", "A bag has {x} marbles for {w}."),
+          ("{w} wins {x} marbles.", "{w} gets {x} new marbles."),
+          ("{w} loses {x} marbles.", "{w} trades away {x} marbles."),
+          ("{w} ends up with {x} times as many marbles.",),
+          ("{w} puts the marbles into {x} equal rows; count one row.",),
+          ("How many marbles is that?", "How many marbles are there now?")),
+    Story("stickers", ("{w} collects {x} stickers.", "There are {x} stickers on {w}'s sheet."),
+          ("{w} gets {x} more stickers.", "A teacher hands {w} {x} extra stickers."),
+          ("{w} uses {x} stickers.", "{w} gives {x} stickers away."),
+          ("{w} ends up with {x} times as many stickers.",),
+          ("{w} divides the stickers equally into {x} albums; count one album.",),
+          ("How many stickers are there now?", "How many stickers does {w} have?")),
+    Story("eggs", ("A farmer named {w} collects {x} eggs.", "{w}'s hens lay {x} eggs."),
+          ("{w} collects {x} more eggs.", "The hens lay {x} more."),
+          ("{w} sells {x} eggs.", "{x} eggs break."),
+          ("By the end of the week {w} has {x} times as many eggs.",),
+          ("{w} packs the eggs into {x} equal boxes; count one box.",),
+          ("How many eggs are there now?", "How many eggs does that make?")),
+    Story("books", ("A library has {x} books.", "{w} runs a library with {x} books."),
+          ("The library buys {x} new books.", "{w} receives {x} donated books."),
+          ("Readers borrow {x} books.", "{w} removes {x} old books."),
+          ("The library's collection grows to {x} times its size.",),
+          ("{w} spreads the books evenly over {x} shelves; count one shelf.",),
+          ("How many books is that?", "How many books are there now?")),
+    Story("loaves", ("A baker named {w} bakes {x} loaves.", "{w}'s bakery has {x} loaves."),
+          ("{w} bakes {x} more loaves.", "{x} more loaves come out of the oven."),
+          ("{w} sells {x} loaves.", "Customers buy {x} loaves."),
+          ("By evening {w} has {x} times as many loaves.",),
+          ("{w} packs the loaves equally into {x} crates; count one crate.",),
+          ("How many loaves are there now?", "How many loaves does {w} have?")),
+    Story("seats", ("A theatre has {x} empty seats.", "{w} counts {x} free seats."),
+          ("{x} more seats are set up.", "{w} adds {x} chairs."),
+          ("{x} people sit down.", "{w} removes {x} seats."),
+          ("The hall is enlarged so there are {x} times as many free seats.",),
+          ("The free seats are split evenly into {x} sections; count one section.",),
+          ("How many free seats are there now?", "How many free seats is that?")),
+    Story("steps", ("{w} walks {x} steps.", "{w}'s watch shows {x} steps."),
+          ("{w} walks {x} more steps.", "Later {w} adds {x} steps."),
+          ("The watch loses {x} steps.", "{w} subtracts {x} steps counted by mistake."),
+          ("By the weekend the count is {x} times as large.",),
+          ("The steps were spread evenly over {x} walks; count one walk.",),
+          ("How many steps is that?", "How many steps are counted now?")),
+    Story("fish", ("An aquarium has {x} fish.", "{w} keeps {x} fish."),
+          ("{w} adds {x} fish.", "{x} baby fish are born."),
+          ("{w} gives {x} fish to a school.", "{x} fish move to another tank."),
+          ("The fish multiply until there are {x} times as many.",),
+          ("{w} shares the fish equally among {x} tanks; count one tank.",),
+          ("How many fish are there now?", "How many fish does that make?")),
+    Story("cookies", ("{w} bakes {x} cookies.", "A tray holds {x} cookies for {w}."),
+          ("{w} bakes {x} more cookies.", "{w} gets {x} more cookies."),
+          ("{w} eats {x} cookies.", "{x} cookies are given away."),
+          ("For the fair {w} ends up with {x} times as many cookies.",),
+          ("{w} puts the cookies equally on {x} plates; count one plate.",),
+          ("How many cookies are there now?", "How many cookies is that?")),
+)
+HELD_OUT = ("books", "loaves", "seats", "fish")  # never in training: held-out accuracy measures transfer
+OPS = ("add", "sub", "mul", "div")
+
+
+def _problem(story: Story, steps: int, rng: random.Random, names: tuple[str, ...]) -> tuple[str, int]:
+    """A ``steps``-operation problem of ``story``: (question, answer). Amounts stay whole and >= 0."""
+    who = rng.choice(names)
+    value = rng.randint(2, 40)
+    sentences = [rng.choice(story.start).format(w=who, x=value)]
+    for _ in range(steps):
+        ops = [op for op in OPS if not (op == "div" and _divisors(value) == [])]
+        ops = [op for op in ops if not (op == "sub" and value < 2)]
+        ops = [op for op in ops if not (op == "mul" and value > 60)]
+        op = rng.choice(ops)
+        if op == "add":
+            x = rng.randint(2, 30)
+            value += x
+        elif op == "sub":
+            x = rng.randint(1, value - 1)
+            value -= x
+        elif op == "mul":
+            x = rng.randint(2, 5)
+            value *= x
+        else:
+            x = rng.choice(_divisors(value))
+            value //= x
+        sentences.append(rng.choice(getattr(story, op)).format(w=who, x=x))
+    sentences.append(rng.choice(story.question).format(w=who))
+    return " ".join(sentences), value
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(2, 10) if n % d == 0 and n // d >= 1]
+
+
+NAMES = ("Ana", "Ben", "Chen", "Dara", "Eli", "Fay", "Gus", "Hana", "Ivo", "Jun", "Kai", "Lea", "Mo", "Nia")
+
+
+def word_problem_rows(
+    eval_size: int,
+    train_size: int,
+    seed: int,
+    system_prompt: str,
+    train_steps: tuple[int, ...] = (1, 2),
+    eval_steps: tuple[int, ...] = (2,),
+) -> tuple[list[dict], list[dict]]:
+    """Train rows from the training stories, held-out rows from ``HELD_OUT``; both ``{"prompt", "answer"}``.
+
+    ``train_size`` 0 means 2,000 rows. Questions are distinct within each split; the splits cannot share
+    one, since no story is in both.
+    """
+    bad = [s for s in (*train_steps, *eval_steps) if s not in (1, 2, 3)]
+    if bad or not train_steps or not eval_steps:
+        raise ValueError(f"word_problems steps must be among 1, 2, 3; got train {train_steps}, eval {eval_steps}")
+    rng = random.Random(seed)
+    train_stories = [s for s in STORIES if s.name not in HELD_OUT]
+    held_stories = [s for s in STORIES if s.name in HELD_OUT]
+    held_out = _rows(held_stories, eval_steps, eval_size, rng, system_prompt)
+    train = _rows(train_stories, train_steps, train_size or 2000, rng, system_prompt)
+    return train, held_out
+
+
+def _rows(stories: list[Story], steps: tuple[int, ...], count: int, rng: random.Random, system: str) -> list[dict]:
+    rows, seen = [], set()
+    attempts = 0
+    while len(rows) < count:
+        attempts += 1
+        if attempts > 50 * count + 1000:
+            raise ValueError(f"cannot generate {count} distinct word problems; ask for fewer")
+        story = rng.choice(stories)
+        n = rng.choice(steps)
+        question, answer = _problem(story, n, rng, NAMES)
+        if question in seen:
+            continue
+        seen.add(question)
+        messages = [{"role": "user", "content": question}]
+        if system:
+            messages.insert(0, {"role": "system", "content": system})
+        rows.append({"prompt": messages, "answer": str(answer), "story": story.name, "steps": n})
+    return rows

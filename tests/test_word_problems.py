@@ -1,0 +1,86 @@
+"""The word-problem task: deterministic per seed, every answer re-derived here from the question text by an
+independent parser, held-out stories never in training."""
+
+import re
+
+import pytest
+
+from rlvr.tasks.word_problems import HELD_OUT, STORIES, word_problem_rows
+
+OPS = {"add": lambda v, x: v + x, "sub": lambda v, x: v - x, "mul": lambda v, x: v * x, "div": lambda v, x: v / x}
+
+
+def _pattern(template: str) -> re.Pattern:
+    text = re.escape(template).replace(r"\{w\}", r"[A-Z][a-z]+").replace(r"\{x\}", r"(\d+)")
+    return re.compile(text + "$")
+
+
+def solve(story_name: str, question: str) -> tuple[float, int]:
+    """(answer, number of operations) read back from the sentences of ``question``."""
+    story = next(s for s in STORIES if s.name == story_name)
+    sentences = re.split(r"(?<=[.?])\s+", question)
+    value, steps = None, 0
+    for sentence in sentences[:-1]:
+        matches = [(kind, m) for kind in ("start", *OPS) for t in getattr(story, kind)
+                   if (m := _pattern(t).match(sentence))]
+        assert len({kind for kind, _ in matches}) == 1, (sentence, matches)  # every sentence reads one way
+        kind, m = matches[0]
+        x = int(m.group(1))
+        if kind == "start":
+            value = x
+        else:
+            value, steps = OPS[kind](value, x), steps + 1
+    assert any(_pattern(t).match(sentences[-1]) for t in story.question), sentences[-1]
+    return value, steps
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return word_problem_rows(eval_size=200, train_size=1500, seed=7, system_prompt="S", train_steps=(1, 2, 3))
+
+
+def test_answers_are_right_and_whole(rows):
+    for row in rows[0] + rows[1]:
+        value, steps = solve(row["story"], row["prompt"][-1]["content"])
+        assert value == int(row["answer"]) and float(value).is_integer() and value >= 0
+        assert steps == row["steps"]
+
+
+def test_held_out_stories_never_train(rows):
+    train, held_out = rows
+    assert {r["story"] for r in held_out} == set(HELD_OUT)
+    assert not {r["story"] for r in train} & set(HELD_OUT)
+    held_sentences = {t.split("{")[0] for s in STORIES if s.name in HELD_OUT for t in s.start if "{" in t}
+    assert not any(r["prompt"][-1]["content"].startswith(tuple(p for p in held_sentences if len(p) > 8))
+                   for r in train)
+    assert {r["steps"] for r in held_out} == {2} and {r["steps"] for r in train} == {1, 2, 3}
+
+
+def test_deterministic_per_seed_and_distinct(rows):
+    again = word_problem_rows(eval_size=200, train_size=1500, seed=7, system_prompt="S", train_steps=(1, 2, 3))
+    assert again == rows
+    other = word_problem_rows(eval_size=200, train_size=1500, seed=8, system_prompt="S", train_steps=(1, 2, 3))
+    assert other[0][:20] != rows[0][:20]
+    for split in rows:
+        questions = [r["prompt"][-1]["content"] for r in split]
+        assert len(set(questions)) == len(questions)
+    assert rows[0][0]["prompt"][0] == {"role": "system", "content": "S"}
+
+
+def test_bad_steps_are_an_error():
+    with pytest.raises(ValueError, match="steps must be among 1, 2, 3"):
+        word_problem_rows(10, 10, 0, "", train_steps=(4,))
+
+
+def test_reasoning_example_runs_two_steps(tiny_model_dir, tmp_path):
+    from rlvr.cli import main
+    from rlvr.metrics import read_metrics
+
+    out = tmp_path / "run"
+    args = [f"model.name={tiny_model_dir}", "model.lora_r=4", f"output_dir={out}", "train.steps=2",
+            "rollout.group_size=2", "rollout.max_new_tokens=8", "train.prompts_per_step=2", "task.eval_size=4",
+            "eval.batch_size=4", "log.progress=false", "task.system_prompt=Be brief."]  # a 256-token context
+    assert main(["train", "examples/reasoning.yaml", *args]) == 0
+    records = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in records] == [0, 1, 2]
+    assert records[1]["reward/math_correct_missing"] == 0 and "eval_accuracy" in records[-1]
