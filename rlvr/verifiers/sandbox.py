@@ -117,8 +117,11 @@ def runtime_view(python: str) -> tuple[list[str], list[str]]:
     """(paths the sandbox sees read-only, package directories covered by empty tmpfs) for ``python``."""
     query = ("import json, sys, sysconfig; p = sysconfig.get_paths(); "
              "print(json.dumps([sys.base_prefix, p['purelib'], p['platlib']]))")
-    out = subprocess.run([python, "-I", "-S", "-c", query], capture_output=True, text=True, env={}, check=True)
-    prefix, purelib, platlib = json.loads(out.stdout)
+    try:
+        out = subprocess.run([python, "-I", "-S", "-c", query], capture_output=True, text=True, env={}, check=True)
+        prefix, purelib, platlib = json.loads(out.stdout)
+    except (OSError, subprocess.CalledProcessError, ValueError) as err:
+        raise SandboxUnavailable(f"cannot inspect the sandbox's interpreter {python}: {err}") from None
     expose = [p for p in RUNTIME_DIRS if os.path.lexists(p)]
     if not any(prefix == p or prefix.startswith(p + "/") for p in expose):
         expose.append(prefix)  # e.g. an interpreter under /opt
