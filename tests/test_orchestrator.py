@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rlvr.rewards import WeightedReward
-from rlvr.rollout import Groups, SamplingParams
+from rlvr.rollout import Groups, SamplingParams, StaleVersion
 from rlvr.runtime.orchestrator import Orchestrator
 from rlvr.tasks import data_order
 
@@ -18,8 +18,8 @@ G = 2
 class ScriptedSampler:
     """Answers instantly (or when released), tagged with ``version``; counts concurrent calls."""
 
-    def __init__(self, hold: bool = False, fail_after: int | None = None):
-        self.version, self.hold, self.fail_after = 0, hold, fail_after
+    def __init__(self, hold: bool = False, fail_after: int | None = None, stale_calls: tuple[int, ...] = ()):
+        self.version, self.hold, self.fail_after, self.stale_calls = 0, hold, fail_after, stale_calls
         self.release = threading.Semaphore(0)
         self.calls, self.running, self.most_running = 0, 0, 0
         self.lock = threading.Lock()
@@ -33,6 +33,8 @@ class ScriptedSampler:
         try:
             if self.fail_after is not None and calls > self.fail_after:
                 raise ConnectionError("all rollout servers are unreachable")
+            if calls in self.stale_calls:
+                raise StaleVersion("policy-v0 was unloaded while the request was in flight")
             if self.hold:
                 self.release.acquire()
             n = group_size
@@ -66,6 +68,14 @@ def _wait(predicate, timeout=5.0):
     while not predicate():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.01)
+
+
+def test_a_retired_version_is_sampled_again_not_fatal():
+    orch = _orchestrator(ScriptedSampler(stale_calls=(2, 3)), max_inflight=1).start()
+    taken = orch.take(3, version=0)
+    orch.stop()
+    assert [g.uid for g in taken.groups] == [0, 1, 2]  # uid 1 failed twice as stale, then came through
+    assert orch.stats.redispatched == 2 and orch.stats.dispatched == 5
 
 
 def test_groups_come_in_data_order_with_their_uids_and_rows():

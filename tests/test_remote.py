@@ -14,7 +14,7 @@ import torch
 from rlvr.bucket import AdapterBucket
 from rlvr.config import load_config
 from rlvr.models import LoraSpec, add_lora, load_causal_lm
-from rlvr.rollout import SamplingParams
+from rlvr.rollout import SamplingParams, StaleVersion
 from rlvr.rollout.remote import AdapterSyncError, NoServerError, RemoteSampler, ServerPool
 from rlvr.train.batch import StepBatch
 from rlvr.train.step import completion_logprobs
@@ -93,6 +93,9 @@ def test_versions_get_their_own_names_and_old_ones_are_unloaded(servers, tiny_mo
         assert sorted(_stats(server)["adapters"]) == ["policy-v2", "policy-v3"]  # keep_versions = 2
     assert sampler.bucket.versions() == [2, 3]
     assert sampler.sample(PROMPTS[:1], 2, PARAMS, seed=0).version.tolist() == [3, 3]
+    sampler.version = 1  # a request made before v1 was retired, answered after: sample again, not a failure
+    with pytest.raises(StaleVersion, match="policy-v1 was unloaded while the request was in flight"):
+        sampler.sample(PROMPTS[:1], 2, PARAMS, seed=0)
     sampler.pool.unload_adapter("policy-v2")
     sampler.pool.unload_adapter("policy-v3")
     sampler.close()

@@ -3,7 +3,7 @@
 from rlvr.prompts import Prompt, encode_prompts
 from rlvr.rollout.engine import Completions, SamplingParams, generate_groups
 from rlvr.rollout.groups import Groups, sample_groups
-from rlvr.rollout.sampler import LocalSampler, Sampler
+from rlvr.rollout.sampler import LocalSampler, Sampler, StaleVersion
 
 __all__ = [
     "Completions",
@@ -12,6 +12,7 @@ __all__ = [
     "Prompt",
     "Sampler",
     "SamplingParams",
+    "StaleVersion",
     "encode_prompts",
     "generate_groups",
     "sample_groups",

@@ -28,6 +28,7 @@ from rlvr.bucket import AdapterBucket
 from rlvr.prompts import Prompt, left_pad, prompt_token_ids
 from rlvr.rollout.engine import SamplingParams
 from rlvr.rollout.groups import Groups
+from rlvr.rollout.sampler import StaleVersion
 
 
 class NoServerError(RuntimeError):
@@ -203,6 +204,8 @@ class ServerPool:
                     self._mark_dead(server)
                 last = f"{server.url}: {message}"
                 continue
+            if r.status_code == 404 and body.get("model") in self._ever_loaded:  # retired while in flight
+                raise StaleVersion(f"{body['model']} was unloaded while the request was in flight ({server.url})")
             if 400 <= r.status_code < 500:
                 raise ServerRequestError(f"{server.url}{path} refused the request ({r.status_code}): {message}")
             last = f"{server.url}: {r.status_code} {message}"  # 5xx (or 503 while loading): another server

@@ -17,6 +17,11 @@ from rlvr.rollout.engine import SamplingParams
 from rlvr.rollout.groups import Groups, sample_groups
 
 
+class StaleVersion(RuntimeError):
+    """The policy version a sample was asked of is gone from the sampler (replaced by newer ones while the
+    request was in flight, e.g. on a server that restarted meanwhile): sample the prompt again."""
+
+
 class Sampler(Protocol):
     version: int
     """Policy version new samples are drawn from (0: the initial weights; v: after v updates)."""

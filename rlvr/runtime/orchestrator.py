@@ -11,6 +11,8 @@ request, while the learner trains on the groups already scored.
   takes (or drops) the group, so at most ``max_inflight`` groups are being sampled or waiting.
 - Staleness: when the learner at version v takes a group sampled at version u with v - u > max_staleness, the
   group is dropped before training and its uid dispatched again (counted as ``dropped_stale``).
+- A sample whose policy version was retired while it was in flight (``StaleVersion``: a server restarted and
+  the learner moved past keep_versions meanwhile) is dispatched again at once (counted in ``redispatched``).
 - A dispatcher that fails for good (no server reachable) hands the error to the learner, which raises it.
 """
 
@@ -27,7 +29,7 @@ import torch
 
 from rlvr.core import informative_groups
 from rlvr.rewards import Scores, WeightedReward
-from rlvr.rollout import Groups, Sampler, SamplingParams
+from rlvr.rollout import Groups, Sampler, SamplingParams, StaleVersion
 from rlvr.tasks import data_order
 from rlvr.train.collect import score_groups
 
@@ -136,6 +138,12 @@ class Orchestrator:
                 groups = self.sampler.sample([row["prompt"]], self.G, self.params, self.sample_seed(uid))
                 with self._score_lock:
                     scores = score_groups(self.rewards, groups, [row])
+            except StaleVersion:  # its version was retired meanwhile: sample the prompt again, at the current one
+                with self._lock:
+                    self._redo.append(uid)
+                    self.stats.redispatched += 1
+                self._slots.release()
+                continue
             except Exception as err:  # noqa: BLE001 (handed to the learner, which raises it)
                 if not self._stop.is_set():
                     self._ready.put(_Failed(err))
