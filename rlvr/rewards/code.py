@@ -53,7 +53,7 @@ def code_tests(
 
     def code_reward(prompts, completions, **columns) -> list[float | None]:
         present = {name: renamed.get(name, name) for name in TEST_COLUMNS if renamed.get(name, name) in columns}
-        if not ({"test", "test_list"} & set(present) or "tests" in present):
+        if not {"tests", "test", "test_list"} & set(present):
             raise KeyError(f"code_tests needs test columns ({', '.join(TEST_COLUMNS)}); columns are {sorted(columns)}")
         if "sandbox" not in holder:
             holder["sandbox"] = Sandbox(slots=slots, limits=limits, allow_unsandboxed=allow_unsandboxed)

@@ -50,10 +50,8 @@ def mount(source, target, fstype, flags, data=None) -> None:
 
 def bind_readonly(source: str, target: str) -> None:
     mount(source, target, None, MS_BIND | MS_REC)
-    locked = 0  # flags the host mount has must be kept, or the remount is refused in a user namespace
-    for st, ms in STATVFS_FLAGS.items():
-        if os.statvfs(source).f_flag & st:
-            locked |= ms
+    host_flags = os.statvfs(source).f_flag  # what the host mount has must be kept, or a user namespace refuses
+    locked = sum(ms for st, ms in STATVFS_FLAGS.items() if host_flags & st)
     mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | locked)
 
 
