@@ -84,6 +84,10 @@ class TaskConfig:
     """word_problems: operations per training problem, drawn from this list (1-3)."""
     eval_steps: tuple[int, ...] = (2,)
     """word_problems: operations per held-out problem (held-out problems come from stories never trained on)."""
+    few_shot: int = 2
+    """word_problems: worked examples (0-2) shown before each question as earlier chat turns."""
+    max_number: int = 40
+    """word_problems: largest starting amount (added amounts up to 3/4 of it; multipliers 2-5)."""
     train_path: str = ""
     """jsonl: training rows, one JSON object per line with prompt or messages plus answer columns."""
     eval_path: str = ""

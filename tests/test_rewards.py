@@ -96,6 +96,29 @@ def test_total_dtype():
     assert total.dtype == torch.float32 and total.tolist() == [1.0, 0.0]
 
 
+def test_equations_correct_by_hand():
+    f = build_reward("equations_correct")
+    texts = ["3 + 4 = 7\n7 - 2 = 5\nThe answer is 5.",  # both right
+             "12 / 3 = 4, then 4 * 5 = 21",  # one of two
+             "5 x 33 = 165 and 10 × 2 = 22",  # one of two (x and × are times)
+             "7 / 2 = 3", "2 - 5 = -3", "6 ÷ 0 = 0",  # inexact division is wrong; negatives fine; no zero division
+             "no calculation, 1.5 + 2 = 3.5", ""]  # nothing of the form: 0
+    assert f(None, texts) == [1.0, 0.5, 0.5, 0.0, 1.0, 0.0, 0.0, 0.0]
+
+
+def test_steps_correct_by_hand():
+    f = build_reward("steps_correct")
+    chain = ["7", "5"]  # "3 pens, buys 4, gives away 2": 7 after step one, 5 after step two
+    texts = ["3 + 4 = 7\n7 - 2 = 5", "3 + 4 = 7\n7 - 3 = 4", "3 + 4 = 8\n8 - 3 = 5",  # 2/2, 1/2, 0 (wrong sum first)
+             "7 - 2 = 5\n3 + 4 = 7",  # right calculations in the wrong order: the first gives 5, not 7 -> 0
+             "2 + 2 = 4, 3 + 4 = 7, 7 - 2 = 5",  # a calculation off the chain first: 0, however many follow
+             "3 + 4 = 7, 7 - 2 = 5, 5 + 5 = 10", "The answer is 5."]  # extra after the chain: 1; no work: 0
+    assert f(None, texts, chain=[chain] * 7) == [1.0, 0.5, 0.0, 0.0, 0.0, 1.0, 0.0]
+    assert f(None, ["x"], chain=[[]]) == [None]
+    with pytest.raises(KeyError, match="column 'chain'"):
+        f(None, ["x"], answer=["1"])
+
+
 def test_overlong_penalty_by_hand():
     f = build_reward("overlong_penalty", {"max_tokens": 10, "cache_tokens": 4})
     ids = [[0] * n for n in (3, 6, 7, 8, 10, 11)]

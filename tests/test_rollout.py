@@ -144,3 +144,33 @@ def test_per_completion_generators_make_samples_independent_of_the_batch(model, 
     together = run([PROMPTS[1], PROMPTS[0]], [21, 22, 11, 12])
     width = alone.ids.shape[1]
     assert torch.equal(together.ids[2:, :width], alone.ids) and torch.equal(together.mask[2:, :width], alone.mask)
+
+
+SHARED = [{"role": "system", "content": "You are a careful assistant. Reply with one number and nothing else."}]
+SHARED_PROMPTS = [[*SHARED, {"role": "user", "content": q}] for q in ("3 + 4 =", "12 * 9 = ?", "What is 7 - 5?")]
+
+
+def test_common_prefix_length_by_hand():
+    from rlvr.rollout.engine import common_prefix_length
+
+    ids = torch.tensor([[0, 0, 5, 6, 7, 8], [5, 6, 7, 9, 9, 9], [0, 5, 6, 1, 2, 3]])
+    mask = (torch.arange(6)[None] >= torch.tensor([2, 0, 1])[:, None]).long()
+    assert common_prefix_length(ids, mask) == 2  # 5, 6
+    assert common_prefix_length(ids[:1], mask[:1]) == 0  # one prompt: nothing to share
+    same = torch.tensor([[5, 6, 7], [5, 6, 7]])
+    assert common_prefix_length(same, torch.ones_like(same)) == 2  # each keeps its last token
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_shared_prefix_prefill_samples_what_separate_prefills_do(model, tokenizer, temperature):
+    """Prefilling the system message once for the batch changes nothing a caller sees: same tokens, same
+    recorded log-probs (to float error) as running every left-padded prompt whole."""
+    ids, mask = encode_prompts(tokenizer, SHARED_PROMPTS)
+    from rlvr.rollout.engine import common_prefix_length
+
+    assert common_prefix_length(ids, mask) >= 16 and (mask.sum(-1) < ids.shape[1]).any()  # shared, and padded
+    params = SamplingParams(temperature=temperature, max_new_tokens=10)
+    runs = [generate_groups(model.model, model.lm_head, ids, mask, 3, params, [2], tokenizer.pad_token_id,
+                            torch.Generator().manual_seed(5), share_prefix=k) for k in (0, 16)]
+    assert torch.equal(runs[0].ids, runs[1].ids) and torch.equal(runs[0].mask, runs[1].mask)
+    assert torch.allclose(runs[0].behaviour_logp, runs[1].behaviour_logp, atol=1e-5)

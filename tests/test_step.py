@@ -14,10 +14,12 @@ from tests.conftest import make_model, sample_tiny
 from tests.reference import naive_update
 
 PROMPTS = [[{"role": "user", "content": "3 + 4 ="}], [{"role": "user", "content": "12 * 9 ="}]]
+SYSTEM = {"role": "system", "content": "You are a careful assistant. Reply with one number and nothing else."}
+SHARED_PREFIX = [[SYSTEM, {"role": "user", "content": "3 + 4 ="}], [SYSTEM, {"role": "user", "content": "12 * 9 = ?"}]]
 
 
-def _batch(model, tokenizer, G=4, seed=0, temperature=1.0) -> StepBatch:
-    groups = sample_tiny(model, tokenizer, PROMPTS, G, SamplingParams(temperature=temperature, max_new_tokens=8),
+def _batch(model, tokenizer, G=4, seed=0, temperature=1.0, prompts=PROMPTS) -> StepBatch:
+    groups = sample_tiny(model, tokenizer, prompts, G, SamplingParams(temperature=temperature, max_new_tokens=8),
                          seed, eos_every=6)
     torch.manual_seed(seed)
     return StepBatch.from_groups(groups, torch.randn(groups.completion_ids.shape[0], dtype=torch.float64))
@@ -104,13 +106,18 @@ def test_excluded_rows_do_not_move_the_model(tokenizer):
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
 
+@pytest.mark.parametrize("prompts", [PROMPTS, SHARED_PREFIX], ids=["own", "system-prefix"])
 @pytest.mark.parametrize("rows", [list(range(8)), [1, 2, 5], [3]])
-def test_shared_prompt_forward_equals_unshared(tokenizer, rows):
-    """Prompt once per group vs once per completion: same log-probs and same gradients (fp64)."""
+def test_shared_prompt_forward_equals_unshared(tokenizer, rows, prompts):
+    """Prompt once per group (and a prefix common to all prompts once) vs the prompt once per completion: same
+    log-probs and same gradients (fp64)."""
+    from rlvr.rollout import encode_prompts
+    from rlvr.rollout.engine import common_prefix_length
     from rlvr.train.step import completion_logprobs
 
+    assert (common_prefix_length(*encode_prompts(tokenizer, prompts)) >= 16) == (prompts is SHARED_PREFIX)
     model = make_model(len(tokenizer))
-    batch = _batch(model, tokenizer)
+    batch = _batch(model, tokenizer, prompts=prompts)
     model = model.double()
     rows = torch.tensor(rows)
     results = []
@@ -138,12 +145,14 @@ def _mixed_temperature_batch(model, tokenizer) -> StepBatch:
 
 @pytest.mark.parametrize("aggregation", ["sequence_mean", "token_mean"])
 @pytest.mark.parametrize("share_prompt", [False, True])
-@pytest.mark.parametrize("temperatures", ["uniform", "mixed"])
+@pytest.mark.parametrize("temperatures", ["uniform", "mixed", "uniform-system-prefix"])
 def test_step_equals_naive_reference(tokenizer, aggregation, share_prompt, temperatures):
     """The fused, chunked, prompt-shared step vs full logits through autograd (tests/reference.py): same loss,
     statistics and update, with every completion scored at its own sampling temperature."""
     base = make_model(len(tokenizer))
-    if temperatures == "mixed":
+    if temperatures == "uniform-system-prefix":
+        batch = _batch(base, tokenizer, temperature=0.8, prompts=SHARED_PREFIX)
+    elif temperatures == "mixed":
         batch = _mixed_temperature_batch(base, tokenizer)
         assert batch.temperature[:, 0].tolist() == pytest.approx([0.7] * 4 + [1.3] * 4)
     else:

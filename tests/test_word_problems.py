@@ -70,6 +70,37 @@ def test_deterministic_per_seed_and_distinct(rows):
 def test_bad_steps_are_an_error():
     with pytest.raises(ValueError, match="steps must be among 1, 2, 3"):
         word_problem_rows(10, 10, 0, "", train_steps=(4,))
+    with pytest.raises(ValueError, match="few_shot must be 0-2"):
+        word_problem_rows(10, 10, 0, "", few_shot=3)
+    with pytest.raises(ValueError, match="max_number must be at least 4"):
+        word_problem_rows(10, 10, 0, "", max_number=3)
+
+
+def test_worked_examples_come_before_the_question_and_are_right():
+    train, held_out = word_problem_rows(5, 5, 0, "S", few_shot=2)
+    for row in train + held_out:
+        roles = [m["role"] for m in row["prompt"]]
+        assert roles == ["system", "user", "assistant", "user", "assistant", "user"]
+        assert row["prompt"][:5] == train[0]["prompt"][:5]  # the same examples before every question
+    for example, answer in zip(train[0]["prompt"][1:5:2], train[0]["prompt"][2:5:2]):
+        lines = answer["content"].split("\n")
+        values = [eval(line.split(": ")[-1].split("=")[0]) for line in lines[1:-1]]  # noqa: S307 (our own text)
+        assert [int(line.split("= ")[-1]) for line in lines[1:-1]] == values  # each written result is right
+        assert lines[-1] == f"The answer is {int(values[-1])}."
+        assert not any(s.name in example["content"] for s in STORIES)  # a story of neither split
+    assert [m["role"] for m in word_problem_rows(3, 3, 0, "", few_shot=0)[0][0]["prompt"]] == ["user"]
+
+
+def test_max_number_bounds_the_amounts():
+    for max_number in (6, 12):
+        train, held_out = word_problem_rows(100, 400, 3, "", train_steps=(1, 2, 3), max_number=max_number)
+        for row in train + held_out:
+            question = row["prompt"][-1]["content"]
+            first = int(re.search(r"\d+", question).group())
+            assert 2 <= first <= max_number
+            assert solve(row["story"], question)[0] == int(row["answer"])
+    # two steps, max_number 6: adds are <= 4, a multiplier (<= 5) applies to amounts <= 9: at most 9 * 5 + 4
+    assert max(int(r["answer"]) for r in word_problem_rows(100, 400, 3, "", max_number=6)[0]) <= 49
 
 
 def test_reasoning_example_runs_two_steps(tiny_model_dir, tmp_path):
@@ -79,7 +110,8 @@ def test_reasoning_example_runs_two_steps(tiny_model_dir, tmp_path):
     out = tmp_path / "run"
     args = [f"model.name={tiny_model_dir}", "model.lora_r=4", f"output_dir={out}", "train.steps=2",
             "rollout.group_size=2", "rollout.max_new_tokens=8", "train.prompts_per_step=2", "task.eval_size=4",
-            "eval.batch_size=4", "log.progress=false", "task.system_prompt=Be brief."]  # a 256-token context
+            "eval.batch_size=4", "log.progress=false", "task.system_prompt=Be brief.",
+            "task.few_shot=0"]  # a 256-token context
     assert main(["train", "examples/reasoning.yaml", *args]) == 0
     records = read_metrics(out / "metrics.jsonl")
     assert [r["step"] for r in records] == [0, 1, 2]

@@ -17,6 +17,7 @@ from rlvr.rewards.base import (
     score_completions,
 )
 from rlvr.rewards.code import code_tests
+from rlvr.rewards.equations import equations_correct, steps_correct
 from rlvr.rewards.format import format_match
 from rlvr.rewards.length import overlong_penalty
 from rlvr.rewards.math import math_correct
@@ -25,9 +26,11 @@ from rlvr.rewards.math import math_correct
 BUILTINS = {
     "arithmetic_correct": arithmetic_correct,
     "code_tests": code_tests,
+    "equations_correct": equations_correct,
     "format": format_match,
     "math_correct": math_correct,
     "overlong_penalty": overlong_penalty,
+    "steps_correct": steps_correct,
 }
 
 

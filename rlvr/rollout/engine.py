@@ -24,7 +24,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers import DynamicCache
+
+from rlvr.rollout.kv_cache import preallocated_cache
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,52 @@ def _next_tokens(
     return tokens, logp_all.gather(-1, tokens[:, None]).squeeze(-1), logp_all
 
 
+def common_prefix_length(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> int:
+    """How many leading tokens all the left-padded prompts [B, P] share, leaving each at least one of its own."""
+    lengths = prompt_mask.long().sum(-1)  # [B]
+    shortest = int(lengths.min())
+    if prompt_ids.shape[0] < 2 or shortest < 2:
+        return 0
+    starts = prompt_ids.shape[1] - lengths  # where each prompt's tokens begin
+    aligned = prompt_ids.gather(1, starts[:, None] + torch.arange(shortest - 1))  # [B, shortest - 1]
+    differs = (aligned != aligned[:1]).any(0)
+    return int(differs.nonzero()[0, 0]) if bool(differs.any()) else shortest - 1
+
+
+def prefill(
+    backbone: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, cache, share_prefix: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run the prompts [B, P] into ``cache``; return the last position's hidden state [B, H] and the attention
+    mask [B, P] of the cached positions.
+
+    A prefix common to every prompt (a system message, worked examples) of at least ``share_prefix`` tokens
+    runs once, as one row whose cache is then repeated for the batch; each prompt's own remainder follows, right
+    aligned, so the cache keeps the layout [prefix | padding | remainder] (positions skip the padding). Without
+    one, the left-padded prompts run as they are.
+    """
+    shared = common_prefix_length(prompt_ids, prompt_mask) if share_prefix else 0
+    if shared < max(share_prefix, 1):
+        positions = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0)
+        out = backbone(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions, cache=cache,
+                       use_cache=True)
+        return out.last_hidden_state[:, -1], prompt_mask
+    b, p = prompt_ids.shape
+    lengths = prompt_mask.long().sum(-1)
+    first = int(p - lengths[0])  # where prompt 0's tokens begin
+    prefix = prompt_ids[:1, first : first + shared]  # [1, S]; every prompt starts with it
+    backbone(input_ids=prefix, attention_mask=torch.ones_like(prefix), position_ids=torch.arange(shared)[None],
+             cache=cache, use_cache=True)
+    cache.batch_repeat_interleave(b)
+    width = p - shared  # remainder block: the last `width` columns, each prompt's own tokens right-aligned
+    own = torch.arange(width)[None, :] >= (width - (lengths - shared))[:, None]  # [B, width]
+    rest_mask = own.to(prompt_mask.dtype)
+    rest_ids = torch.where(own, prompt_ids[:, shared:], prompt_ids.new_zeros(()))
+    attn = torch.cat([prompt_mask.new_ones(b, shared), rest_mask], dim=1)  # [B, P]
+    positions = shared + (rest_mask.long().cumsum(-1) - 1).clamp(min=0)
+    out = backbone(input_ids=rest_ids, attention_mask=attn, position_ids=positions, cache=cache, use_cache=True)
+    return out.last_hidden_state[:, -1], attn
+
+
 @torch.no_grad()
 def generate_groups(
     backbone: nn.Module,
@@ -104,6 +151,7 @@ def generate_groups(
     generator: Generators = None,
     stop: Callable[[list[int]], bool] | None = None,
     top_logprobs: int = 0,
+    share_prefix: int = 16,
 ) -> Completions:
     """Sample ``group_size`` completions for each prompt.
 
@@ -114,17 +162,16 @@ def generate_groups(
         stop: called with a row's completion tokens so far; True ends that completion after the current
             token (used for stop strings; the token completing the stop string is kept).
         top_logprobs: also record the k most likely tokens of each step and their log-probs.
+        share_prefix: prefill a token prefix common to all prompts once when it is at least this long (0: never).
     """
     b, _p = prompt_ids.shape
     n = b * group_size
     device = prompt_ids.device
-    cache = DynamicCache()
-    positions = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0)
-    out = backbone(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions, cache=cache,
-                   use_cache=True)
-    logits = head(out.last_hidden_state[:, -1]).repeat_interleave(group_size, dim=0)  # [B*G, V]
+    cache = preallocated_cache(prompt_ids.shape[1] + params.max_new_tokens)  # no per-token copy of the cache
+    last_hidden, prompt_attn = prefill(backbone, prompt_ids, prompt_mask, cache, share_prefix)
+    logits = head(last_hidden).repeat_interleave(group_size, dim=0)  # [B*G, V]
     cache.batch_repeat_interleave(group_size)
-    attn = prompt_mask.repeat_interleave(group_size, dim=0)  # [B*G, P + t]
+    attn = prompt_attn.repeat_interleave(group_size, dim=0)  # [B*G, P + t]
     next_pos = prompt_mask.long().sum(-1).repeat_interleave(group_size)  # [B*G]
 
     ids = torch.full((n, params.max_new_tokens), pad_id, dtype=torch.long, device=device)

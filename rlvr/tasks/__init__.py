@@ -30,7 +30,8 @@ def load_task(cfg) -> tuple[list[dict], list[dict], str]:
     if cfg.name == "word_problems":
         system = REASONING_SYSTEM_PROMPT if cfg.system_prompt == ARITHMETIC_SYSTEM_PROMPT else cfg.system_prompt
         train, held_out = word_problem_rows(cfg.eval_size, cfg.train_size, cfg.seed, system,
-                                            tuple(cfg.train_steps), tuple(cfg.eval_steps))
+                                            tuple(cfg.train_steps), tuple(cfg.eval_steps), cfg.few_shot,
+                                            cfg.max_number)
         return train, held_out, cfg.eval_reward or "math_correct"
     if cfg.name in JSONL_TASKS:
         required, check = JSONL_TASKS[cfg.name]

@@ -15,12 +15,18 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-REASONING_SYSTEM_PROMPT = (  # a worked example: the model copies its short form (measured: README)
-    "Solve the problem with one short calculation per line, then give the result. Example:\n"
-    "Question: Tom has 3 pens. He buys 4 more. He gives away 2. How many pens does Tom have?\n"
-    "3 + 4 = 7\n"
-    "7 - 2 = 5\n"
-    "The answer is 5."
+REASONING_SYSTEM_PROMPT = "Solve the problem. Write one calculation per sentence, then the answer."
+
+# Worked examples, shown before each question as earlier chat turns (``few_shot``): each line restates one
+# sentence and does its calculation, which a 135M model copies far more reliably than an instruction
+# (measured: README). Their stories (pens, cakes) are in neither split.
+WORKED_EXAMPLES = (
+    ("Tom has 3 pens. He buys 4 more. He gives away 2. How many pens does Tom have?",
+     "Tom has 3 pens.\nHe buys 4 more: 3 + 4 = 7\nHe gives away 2: 7 - 2 = 5\nThe answer is 5."),
+    ("Sue bakes 12 cakes. She puts them equally on 3 plates; count one plate. She ends up with 5 times as many "
+     "cakes. How many cakes is that?",
+     "Sue bakes 12 cakes.\nShe puts them equally on 3 plates: 12 / 3 = 4\nShe ends up with 5 times as many: "
+     "4 * 5 = 20\nThe answer is 20."),
 )
 
 
@@ -115,18 +121,24 @@ HELD_OUT = ("books", "loaves", "seats", "fish")  # never in training: held-out a
 OPS = ("add", "sub", "mul", "div")
 
 
-def _problem(story: Story, steps: int, rng: random.Random, names: tuple[str, ...]) -> tuple[str, int]:
-    """A ``steps``-operation problem of ``story``: (question, answer). Amounts stay whole and >= 0."""
+def _problem(
+    story: Story, steps: int, rng: random.Random, names: tuple[str, ...], max_number: int
+) -> tuple[str, list[int]]:
+    """A ``steps``-operation problem of ``story``: (question, the amount after each step; the last is the
+    answer). Amounts stay whole and >= 0; the
+    starting amount is at most ``max_number``, an added one at most 3/4 of it, a multiplier 2-5 applies only
+    to amounts up to 1.5x it."""
     who = rng.choice(names)
-    value = rng.randint(2, 40)
+    value = rng.randint(2, max_number)
     sentences = [rng.choice(story.start).format(w=who, x=value)]
+    chain = []
     for _ in range(steps):
         ops = [op for op in OPS if not (op == "div" and _divisors(value) == [])]
         ops = [op for op in ops if not (op == "sub" and value < 2)]
-        ops = [op for op in ops if not (op == "mul" and value > 60)]
+        ops = [op for op in ops if not (op == "mul" and value > 3 * max_number // 2)]
         op = rng.choice(ops)
         if op == "add":
-            x = rng.randint(2, 30)
+            x = rng.randint(2, max(2, 3 * max_number // 4))
             value += x
         elif op == "sub":
             x = rng.randint(1, value - 1)
@@ -138,8 +150,9 @@ def _problem(story: Story, steps: int, rng: random.Random, names: tuple[str, ...
             x = rng.choice(_divisors(value))
             value //= x
         sentences.append(rng.choice(getattr(story, op)).format(w=who, x=x))
+        chain.append(value)
     sentences.append(rng.choice(story.question).format(w=who))
-    return " ".join(sentences), value
+    return " ".join(sentences), chain
 
 
 def _divisors(n: int) -> list[int]:
@@ -156,8 +169,12 @@ def word_problem_rows(
     system_prompt: str,
     train_steps: tuple[int, ...] = (1, 2),
     eval_steps: tuple[int, ...] = (2,),
+    few_shot: int = 0,
+    max_number: int = 40,
 ) -> tuple[list[dict], list[dict]]:
-    """Train rows from the training stories, held-out rows from ``HELD_OUT``; both ``{"prompt", "answer"}``.
+    """Train rows from the training stories, held-out rows from ``HELD_OUT``: ``{"prompt", "answer", "chain"}``
+    (``chain``: the amount after each step, for partial credit), plus ``story`` and ``steps``.
+    Each prompt is the system message, ``few_shot`` worked examples as user/assistant turns, the question.
 
     ``train_size`` 0 means 2,000 rows. Questions are distinct within each split; the splits cannot share
     one, since no story is in both.
@@ -165,15 +182,24 @@ def word_problem_rows(
     bad = [s for s in (*train_steps, *eval_steps) if s not in (1, 2, 3)]
     if bad or not train_steps or not eval_steps:
         raise ValueError(f"word_problems steps must be among 1, 2, 3; got train {train_steps}, eval {eval_steps}")
+    if not 0 <= few_shot <= len(WORKED_EXAMPLES):
+        raise ValueError(f"word_problems few_shot must be 0-{len(WORKED_EXAMPLES)}; got {few_shot}")
+    if max_number < 4:
+        raise ValueError(f"word_problems max_number must be at least 4; got {max_number}")
+    head = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    for question, answer in WORKED_EXAMPLES[:few_shot]:
+        head += [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
     rng = random.Random(seed)
     train_stories = [s for s in STORIES if s.name not in HELD_OUT]
     held_stories = [s for s in STORIES if s.name in HELD_OUT]
-    held_out = _rows(held_stories, eval_steps, eval_size, rng, system_prompt)
-    train = _rows(train_stories, train_steps, train_size or 2000, rng, system_prompt)
+    held_out = _rows(held_stories, eval_steps, eval_size, rng, head, max_number)
+    train = _rows(train_stories, train_steps, train_size or 2000, rng, head, max_number)
     return train, held_out
 
 
-def _rows(stories: list[Story], steps: tuple[int, ...], count: int, rng: random.Random, system: str) -> list[dict]:
+def _rows(
+    stories: list[Story], steps: tuple[int, ...], count: int, rng: random.Random, head: list[dict], max_number: int
+) -> list[dict]:
     rows, seen = [], set()
     attempts = 0
     while len(rows) < count:
@@ -182,12 +208,10 @@ def _rows(stories: list[Story], steps: tuple[int, ...], count: int, rng: random.
             raise ValueError(f"cannot generate {count} distinct word problems; ask for fewer")
         story = rng.choice(stories)
         n = rng.choice(steps)
-        question, answer = _problem(story, n, rng, NAMES)
+        question, chain = _problem(story, n, rng, NAMES, max_number)
         if question in seen:
             continue
         seen.add(question)
-        messages = [{"role": "user", "content": question}]
-        if system:
-            messages.insert(0, {"role": "system", "content": system})
-        rows.append({"prompt": messages, "answer": str(answer), "story": story.name, "steps": n})
+        rows.append({"prompt": [*head, {"role": "user", "content": question}], "answer": str(chain[-1]),
+                     "chain": [str(v) for v in chain], "story": story.name, "steps": n})
     return rows

@@ -30,6 +30,7 @@ from rlvr.core import (
     token_weights,
 )
 from rlvr.models import ReferencePolicy, backbone_and_head
+from rlvr.rollout.engine import prefill
 from rlvr.train.batch import StepBatch
 
 
@@ -57,12 +58,16 @@ def _layer_flags(backbone: nn.Module, **flags) -> Iterator[None]:
                 setattr(m, k, v)
 
 
-def completion_hidden(model: nn.Module, batch: StepBatch, rows: torch.Tensor, share_prompt: bool) -> torch.Tensor:
+def completion_hidden(
+    model: nn.Module, batch: StepBatch, rows: torch.Tensor, share_prompt: bool, share_prefix: int = 16
+) -> torch.Tensor:
     """Final hidden states [n, T, H] at the positions that predict the completion tokens of ``rows``.
 
-    With ``share_prompt`` each distinct prompt among ``rows`` runs through the model once and its keys and
-    values are indexed out to every completion of its group (gradients flow back into the one prompt pass);
-    otherwise every row runs its own copy of the prompt. Works with gradient checkpointing: the prompt
+    With ``share_prompt`` each distinct prompt among ``rows`` runs through the model once - a token prefix
+    common to all of them (>= ``share_prefix`` tokens: a system message, worked examples) once for all, as the
+    sampler does (rlvr.rollout.engine.prefill) - and its keys and values are indexed out to every completion of
+    its group (gradients flow back into the one prompt pass); otherwise every row runs its own copy of the
+    prompt. Works with gradient checkpointing: the prompt
     pass is not checkpointed (it writes the cache), the completion pass only reads a frozen prefix cache.
     """
     backbone, _ = backbone_and_head(model)
@@ -79,25 +84,19 @@ def completion_hidden(model: nn.Module, batch: StepBatch, rows: torch.Tensor, sh
     prompts, local = torch.unique(prompt_of_row, return_inverse=True)
     prompt_mask = batch.prompt_mask[prompts]  # [u, P]
     cache = DynamicCache()
-    with _layer_flags(backbone, gradient_checkpointing=False):
-        prefix = backbone(
-            input_ids=batch.prompt_ids[prompts],
-            attention_mask=prompt_mask,
-            position_ids=(prompt_mask.cumsum(-1) - 1).clamp(min=0),
-            cache=cache,
-            use_cache=True,
-        ).last_hidden_state  # [u, P, H]
+    with _layer_flags(backbone, gradient_checkpointing=False):  # a prefix common to all prompts runs once
+        last, cached_mask = prefill(backbone, batch.prompt_ids[prompts], prompt_mask, cache, share_prefix)
     cache.batch_select_indices(local)  # keys/values [u, ...] -> [n, ...], differentiable
     for layer in cache.layers:
         layer.__class__ = _PrefixLayer
-    mask = torch.cat([prompt_mask[local], completion_mask], dim=1)  # [n, P + T]
+    mask = torch.cat([cached_mask[local], completion_mask], dim=1)  # [n, P + T]
     positions = prompt_mask.sum(-1)[local, None] + torch.arange(t)  # [n, T]
     with _layer_flags(backbone, _can_checkpoint_with_cache=True):
         suffix = backbone(
             input_ids=completion_ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True
         ).last_hidden_state  # [n, T, H]
     # the last prompt state predicts completion token 0; completion state j predicts token j + 1
-    return torch.cat([prefix[local, -1:], suffix[:, :-1]], dim=1)
+    return torch.cat([last[local, None], suffix[:, :-1]], dim=1)
 
 
 def completion_logprobs(
