@@ -1,7 +1,7 @@
 """Where a long-completion step (word problems, 128 new tokens) spends its time, and what the preallocated
 KV cache saves in generation, measured side by side in one process.
 
-    python benchmarks/long_completions.py      # writes benchmarks/results/long_completions.json + a BENCHMARKS.md section
+    python benchmarks/long_completions.py   # writes benchmarks/results/long_completions.json + BENCHMARKS.md
 
 Settings: SmolLM2-135M-Instruct fp32 + LoRA r=16, the reasoning example's prompts (system message + two worked
 examples + question, ~230 tokens), 8 prompts x G=8, temperature 1.0, up to 128 new tokens, no stop string.
@@ -34,12 +34,11 @@ def main() -> None:
     import torch
     from transformers import DynamicCache
 
-    import rlvr.rollout.engine as engine
     from benchmarks.machine import describe
     from benchmarks.report import publish
     from rlvr.core import LossSettings
     from rlvr.models import LoraSpec, ReferencePolicy, load_policy, trainable_parameters
-    from rlvr.rollout import SamplingParams, sample_groups
+    from rlvr.rollout import SamplingParams, engine, sample_groups
     from rlvr.tasks.word_problems import REASONING_SYSTEM_PROMPT, word_problem_rows
     from rlvr.train.batch import StepBatch
     from rlvr.train.step import train_step

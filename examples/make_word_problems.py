@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from rlvr.tasks.word_problems import REASONING_SYSTEM_PROMPT, WORKED_EXAMPLES  # noqa: E402
+from rlvr.tasks.word_problems import REASONING_SYSTEM_PROMPT, WORKED_EXAMPLES
 
 SYSTEM = "Think step by step inside <think></think>, then give only the final number inside <answer></answer>."
 TEMPLATES = [

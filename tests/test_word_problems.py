@@ -84,7 +84,7 @@ def test_worked_examples_come_before_the_question_and_are_right():
         assert row["prompt"][:5] == train[0]["prompt"][:5]  # the same examples before every question
     for example, answer in zip(train[0]["prompt"][1:5:2], train[0]["prompt"][2:5:2]):
         lines = answer["content"].split("\n")
-        values = [eval(line.split(": ")[-1].split("=")[0]) for line in lines[1:-1]]  # noqa: S307 (our own text)
+        values = [eval(line.split(": ")[-1].split("=")[0]) for line in lines[1:-1]]
         assert [int(line.split("= ")[-1]) for line in lines[1:-1]] == values  # each written result is right
         assert lines[-1] == f"The answer is {int(values[-1])}."
         assert not any(s.name in example["content"] for s in STORIES)  # a story of neither split

@@ -23,10 +23,10 @@ REASONING_SYSTEM_PROMPT = "Solve the problem. Write one calculation per sentence
 WORKED_EXAMPLES = (
     ("Tom has 3 pens. He buys 4 more. He gives away 2. How many pens does Tom have?",
      "Tom has 3 pens.\nHe buys 4 more: 3 + 4 = 7\nHe gives away 2: 7 - 2 = 5\nThe answer is 5."),
-    ("Sue bakes 12 cakes. She puts them equally on 3 plates; count one plate. She ends up with 5 times as many "
-     "cakes. How many cakes is that?",
-     "Sue bakes 12 cakes.\nShe puts them equally on 3 plates: 12 / 3 = 4\nShe ends up with 5 times as many: "
-     "4 * 5 = 20\nThe answer is 20."),
+    (("Sue bakes 12 cakes. She puts them equally on 3 plates; count one plate. She ends up with 5 times as many "
+      "cakes. How many cakes is that?"),
+     ("Sue bakes 12 cakes.\nShe puts them equally on 3 plates: 12 / 3 = 4\nShe ends up with 5 times as many: "
+      "4 * 5 = 20\nThe answer is 20.")),
 )
 
 
