@@ -99,7 +99,7 @@ def common_prefix_length(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) ->
     if prompt_ids.shape[0] < 2 or shortest < 2:
         return 0
     starts = prompt_ids.shape[1] - lengths  # where each prompt's tokens begin
-    aligned = prompt_ids.gather(1, starts[:, None] + torch.arange(shortest - 1))  # [B, shortest - 1]
+    aligned = prompt_ids.gather(1, starts[:, None] + torch.arange(shortest - 1, device=prompt_ids.device))
     differs = (aligned != aligned[:1]).any(0)
     return int(differs.nonzero()[0, 0]) if bool(differs.any()) else shortest - 1
 
@@ -122,14 +122,15 @@ def prefill(
                        use_cache=True)
         return out.last_hidden_state[:, -1], prompt_mask
     b, p = prompt_ids.shape
+    device = prompt_ids.device
     lengths = prompt_mask.long().sum(-1)
     first = int(p - lengths[0])  # where prompt 0's tokens begin
     prefix = prompt_ids[:1, first : first + shared]  # [1, S]; every prompt starts with it
-    backbone(input_ids=prefix, attention_mask=torch.ones_like(prefix), position_ids=torch.arange(shared)[None],
-             cache=cache, use_cache=True)
+    backbone(input_ids=prefix, attention_mask=torch.ones_like(prefix),
+             position_ids=torch.arange(shared, device=device)[None], cache=cache, use_cache=True)
     cache.batch_repeat_interleave(b)
     width = p - shared  # remainder block: the last `width` columns, each prompt's own tokens right-aligned
-    own = torch.arange(width)[None, :] >= (width - (lengths - shared))[:, None]  # [B, width]
+    own = torch.arange(width, device=device)[None, :] >= (width - (lengths - shared))[:, None]  # [B, width]
     rest_mask = own.to(prompt_mask.dtype)
     rest_ids = torch.where(own, prompt_ids[:, shared:], prompt_ids.new_zeros(()))
     attn = torch.cat([prompt_mask.new_ones(b, shared), rest_mask], dim=1)  # [B, P]

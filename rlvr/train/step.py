@@ -67,8 +67,8 @@ def completion_hidden(
     common to all of them (>= ``share_prefix`` tokens: a system message, worked examples) once for all, as the
     sampler does (rlvr.rollout.engine.prefill) - and its keys and values are indexed out to every completion of
     its group (gradients flow back into the one prompt pass); otherwise every row runs its own copy of the
-    prompt. Works with gradient checkpointing: the prompt
-    pass is not checkpointed (it writes the cache), the completion pass only reads a frozen prefix cache.
+    prompt. Works with gradient checkpointing: the prompt pass is not checkpointed (it writes the cache), the
+    completion pass only reads a frozen prefix cache.
     """
     backbone, _ = backbone_and_head(model)
     prompt_of_row = rows // batch.group_size  # [n]
