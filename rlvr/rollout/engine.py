@@ -1,9 +1,10 @@
 """Group-aware sampling for Hugging Face causal LMs.
 
 Each distinct prompt is prefilled once; its KV cache is then repeated for the G samples of its group,
-so a step pays for B prompt prefills instead of B*G (``generate(num_return_sequences=G)`` pays B*G).
-All groups decode together, and a sequence that has emitted EOS is dropped from the batch, so it stops
-costing compute.
+so a step pays for B prompt prefills instead of B*G (``generate(num_return_sequences=G)`` pays B*G); a
+prefix all prompts share (system message, worked examples) is prefilled once for the batch. All groups
+decode together into a preallocated KV cache (no per-token copy), and a sequence that has emitted EOS is
+dropped from the batch, so it stops costing compute.
 
 Recorded log-probs: for every generated token we record its log-prob under the distribution it was drawn
 from - logits / temperature, then top-k / top-p truncation and renormalisation - which is vLLM's
