@@ -125,9 +125,8 @@ def _problem(
     story: Story, steps: int, rng: random.Random, names: tuple[str, ...], max_number: int
 ) -> tuple[str, list[int]]:
     """A ``steps``-operation problem of ``story``: (question, the amount after each step; the last is the
-    answer). Amounts stay whole and >= 0; the
-    starting amount is at most ``max_number``, an added one at most 3/4 of it, a multiplier 2-5 applies only
-    to amounts up to 1.5x it."""
+    answer). Amounts stay whole and >= 0; the starting amount is at most ``max_number``, an added one at most
+    3/4 of it, a multiplier 2-5 applies only to amounts up to 1.5x it."""
     who = rng.choice(names)
     value = rng.randint(2, max_number)
     sentences = [rng.choice(story.start).format(w=who, x=value)]
