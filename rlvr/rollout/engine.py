@@ -133,10 +133,11 @@ def prefill(
     width = p - shared  # remainder block: the last `width` columns, each prompt's own tokens right-aligned
     own = torch.arange(width, device=device)[None, :] >= (width - (lengths - shared))[:, None]  # [B, width]
     rest_mask = own.to(prompt_mask.dtype)
-    rest_ids = torch.where(own, prompt_ids[:, shared:], prompt_ids.new_zeros(()))
     attn = torch.cat([prompt_mask.new_ones(b, shared), rest_mask], dim=1)  # [B, P]
     positions = shared + (rest_mask.long().cumsum(-1) - 1).clamp(min=0)
-    out = backbone(input_ids=rest_ids, attention_mask=attn, position_ids=positions, cache=cache, use_cache=True)
+    # the columns left of a prompt's own tokens (padding, or its copy of the prefix) are masked out
+    out = backbone(input_ids=prompt_ids[:, shared:], attention_mask=attn, position_ids=positions, cache=cache,
+                   use_cache=True)
     return out.last_hidden_state[:, -1], attn
 
 
