@@ -173,6 +173,13 @@ class AlgoConfig:
     """mu: optimizer passes over each batch of groups (1: no proximal-policy forward is needed)."""
     adv_eps: float = 1e-4
     """Added to the std when scaling advantages."""
+    mask_truncated: bool = False
+    """DAPO's overlong filtering: completions cut at rollout.max_new_tokens are not trained on (they still count
+    in their group's mean and std), so a ramble that ran out of tokens is neither pushed up nor down."""
+    negative_scale: float = 1.0
+    """Multiplier on negative advantages, in [0, 1]: 1 is GRPO; 0 reinforces only completions better than their
+    group's mean. Damping it keeps a weak model on its format when nearly every sample is wrong (measured:
+    README, word problems)."""
     ratio_to: str = "proximal"
     """Denominator of the clipped ratio: proximal (the weights as the step began; AReaL's decoupled PPO) or
     behaviour (the policy that sampled the tokens, as TRL's async trainer and prime-rl do)."""
@@ -430,6 +437,9 @@ def _validate(cfg: RunConfig) -> None:
         cfg.algo.loss_settings()
     except ValueError as err:
         raise ConfigError(f"algo: {err}") from None
+    if not 0 <= cfg.algo.negative_scale <= 1:
+        raise ConfigError(f"algo.negative_scale must be in [0, 1] (1: GRPO, 0: only better-than-average "
+                          f"completions are reinforced); got {cfg.algo.negative_scale}")
     if cfg.algo.max_resample_rounds < 0:
         raise ConfigError(f"algo.max_resample_rounds must be >= 0; got {cfg.algo.max_resample_rounds}")
     if cfg.rollout.temperature < 0 or not 0 < cfg.rollout.top_p <= 1:

@@ -119,6 +119,17 @@ def test_steps_correct_by_hand():
         f(None, ["x"], answer=["1"])
 
 
+def test_steps_correct_all_steps_by_hand():
+    f = build_reward("steps_correct", {"all_steps": True})
+    chain = ["7", "5"]
+    texts = ["3 + 4 = 7\n7 - 2 = 5", "3 + 4 = 7\n7 - 3 = 4",  # two calculations: 2/2, 1/2 as before
+             "3 + 4 = 7\nThe answer is 7.",  # first step right, then stops: 0 (1/2 without all_steps)
+             "3 + 4 = 7, 7 - 2 = 5, 5 + 5 = 10",  # runs on past the chain: 0 (1 without all_steps)
+             "3 + 4 = 8\n8 - 3 = 5", "The answer is 5."]
+    assert f(None, texts, chain=[chain] * 6) == [1.0, 0.5, 0.0, 0.0, 0.0, 0.0]
+    assert f(None, ["3 + 4 = 7"], chain=[["7"]]) == [1.0]  # a one-step problem needs its one calculation
+
+
 def test_overlong_penalty_by_hand():
     f = build_reward("overlong_penalty", {"max_tokens": 10, "cache_tokens": 4})
     ids = [[0] * n for n in (3, 6, 7, 8, 10, 11)]

@@ -215,3 +215,69 @@ def test_per_token_advantages(tokenizer):
     naive_update(naive, varying, settings, lr=0.5)
     for p, q in zip(naive.parameters(), model.parameters()):
         assert torch.allclose(p, q, rtol=0, atol=1e-6 * float(p.detach().abs().max()))
+
+
+def _hand_batch(lengths: list[int], adv: list[float], group_size: int, trained: list[bool] | None = None) -> StepBatch:
+    """A batch with no model behind it: completion i attends to its first lengths[i] tokens (T = 6)."""
+    n, t = len(lengths), 6
+    mask = (torch.arange(t)[None] < torch.tensor(lengths)[:, None]).long()  # [N, T]
+    loss_mask = mask * torch.tensor(trained or [True] * n)[:, None].long()
+    return StepBatch(prompt_ids=torch.ones(n // group_size, 2, dtype=torch.long),
+                     prompt_mask=torch.ones(n // group_size, 2, dtype=torch.long),
+                     completion_ids=torch.ones(n, t, dtype=torch.long), completion_mask=mask, loss_mask=loss_mask,
+                     behaviour_logp=torch.zeros(n, t), temperature=torch.ones(n, t),
+                     version=torch.zeros(n, t, dtype=torch.long), adv=torch.tensor(adv), group_size=group_size)
+
+
+def test_micro_batches_by_hand():
+    from rlvr.train.step import micro_batches, row_width
+
+    # groups (rows 0-1), (2-3), (4-5) with longest completions 3, 6, 5; row 5 is not trained on
+    batch = _hand_batch([2, 3, 6, 1, 5, 4], [0.5, -0.5, 0.0, 1.0, 0.0, 0.0], 2, trained=[1, 1, 1, 1, 1, 0])
+    # longest group first, longest row first within it; row 5 (nothing trained) always left out
+    assert [r.tolist() for r in micro_batches(batch, 2, skip_zero_advantage=False)] == [[2, 3], [4, 1], [0]]
+    # without a KL term rows 2 and 4 (advantage 0) carry no gradient either
+    assert [r.tolist() for r in micro_batches(batch, 2, skip_zero_advantage=True)] == [[3, 1], [0]]
+    assert row_width(batch, torch.tensor([3, 1])) == 3 and row_width(batch, torch.tensor([2])) == 6
+    assert micro_batches(_hand_batch([2, 2], [0.0, 0.0], 2), 4, skip_zero_advantage=True) == []
+
+
+@pytest.mark.parametrize("share_prompt", [False, True])
+@pytest.mark.parametrize("aggregation", ["sequence_mean", "token_mean"])
+def test_rows_without_gradient_are_skipped_with_the_same_update(tokenizer, share_prompt, aggregation):
+    """beta = 0 and half the advantages 0 (as negative_scale = 0 leaves them): the step leaves those rows out and
+    cuts micro-batches to their longest row, yet its loss and update equal the naive whole-batch reference."""
+    base = make_model(len(tokenizer))
+    batch = _batch(base, tokenizer, temperature=0.8, prompts=SHARED_PREFIX)
+    lengths = batch.completion_mask.sum(dim=1)
+    assert len(set(lengths.tolist())) > 1  # rows of different lengths: the cut to the longest row matters
+    batch.adv = torch.where(torch.arange(8) % 2 == 0, batch.adv, torch.zeros_like(batch.adv))
+    base = base.double()
+    settings = LossSettings(beta=0.0, aggregation=aggregation, eps_low=0.05, eps_high=0.05)
+    model, naive = copy.deepcopy(base), copy.deepcopy(base)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    metrics = train_step(model, opt, None, batch, settings, micro_batch_size=3, max_new_tokens=8, max_grad_norm=0.0,
+                         share_prompt=share_prompt, chunk_tokens=5)
+    loss, _ = naive_update(naive, batch, settings, lr=0.5)
+    assert metrics["loss"] == pytest.approx(loss, rel=1e-6, abs=1e-9)
+    moved = 0.0
+    for name, p in dict(naive.named_parameters()).items():
+        q = dict(model.named_parameters())[name]
+        assert torch.allclose(p, q, rtol=0, atol=1e-6 * float(p.detach().abs().max())), name
+        moved += float((q - dict(base.named_parameters())[name]).abs().sum().detach())
+    assert moved > 0
+
+
+def test_mask_truncated_leaves_cut_completions_untrained(tokenizer):
+    """DAPO's overlong filtering: a completion cut at max_new_tokens keeps its tokens but none is trained on."""
+    groups = sample_tiny(make_model(len(tokenizer)), tokenizer, PROMPTS, 4, SamplingParams(max_new_tokens=8), 1,
+                         eos_every=6)
+    cut = groups.truncated
+    assert 0 < int(cut.sum()) < 8  # some cut, some ended by themselves
+    batch = StepBatch.from_groups(groups, torch.ones(8), mask_truncated=True)
+    assert torch.equal(batch.loss_mask.any(dim=1), ~cut)
+    assert torch.equal(batch.loss_mask[~cut], batch.completion_mask[~cut])
+    assert torch.equal(batch.completion_mask, StepBatch.from_groups(groups, torch.ones(8)).loss_mask)  # off: all
+    no_reward = torch.tensor([True, False] * 4)
+    both = StepBatch.from_groups(groups, torch.ones(8), no_reward, mask_truncated=True)
+    assert torch.equal(both.loss_mask.any(dim=1), no_reward & ~cut)

@@ -20,7 +20,7 @@ SCALES = ("group", "batch", "none")
 
 
 def group_advantages(
-    rewards: torch.Tensor, group_size: int, scale: Scale = "group", eps: float = 1e-4
+    rewards: torch.Tensor, group_size: int, scale: Scale = "group", eps: float = 1e-4, negative_scale: float = 1.0
 ) -> torch.Tensor:
     """Advantages from rewards laid out group after group.
 
@@ -30,6 +30,9 @@ def group_advantages(
         scale: "group" divides by each group's std (GRPO), "batch" by the std of all valid rewards in
             the batch, "none" only subtracts the group mean (Dr. GRPO).
         eps: added to the std so tiny-but-nonzero spreads stay finite.
+        negative_scale: multiplies the advantages below 0 after scaling: 1 is GRPO; 0 reinforces only the
+            completions better than their group's mean (rejection-sampling fine-tuning weighted by advantage);
+            in between damps the push away from worse-than-average completions.
 
     Returns:
         [B*G] float advantages, 0 for missing rewards and for groups without spread.
@@ -38,6 +41,8 @@ def group_advantages(
         raise ValueError(f"rewards must be 1-D with a multiple of group_size={group_size} entries")
     if scale not in SCALES:
         raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
+    if not 0.0 <= negative_scale <= 1.0:
+        raise ValueError(f"negative_scale must be in [0, 1], got {negative_scale}")
     r = rewards.double().view(-1, group_size)  # [B, G]
     valid = ~torch.isnan(r)
     n = valid.sum(dim=1, keepdim=True)  # [B, 1]
@@ -56,6 +61,7 @@ def group_advantages(
         adv = centered / (std + eps)
     else:
         adv = centered
+    adv = torch.where(adv < 0, adv * negative_scale, adv)
     adv = torch.where(has_signal & valid, adv, torch.zeros_like(adv))
     return adv.view(-1).to(rewards.dtype)
 

@@ -49,7 +49,7 @@ def equations_correct() -> RewardFn:
     return equations_reward
 
 
-def steps_correct(chain_column: str = "chain") -> RewardFn:
+def steps_correct(chain_column: str = "chain", all_steps: bool = False) -> RewardFn:
     """Per completion: k / n, where the gold chain holds the amounts v1..vn after each step of the problem and
     the completion's first k calculations are right and give v1..vk. A two-step problem solved half-way
     scores 0.5, solved 1.0. Only the leading calculations count: a completion cannot collect credit by
@@ -59,6 +59,10 @@ def steps_correct(chain_column: str = "chain") -> RewardFn:
     Pair it with the answer's reward at a lower weight: a group whose answers are all wrong then still ranks
     the samples that got the first step right above those that did not - the signal sparse multi-step
     problems lack.
+
+    ``all_steps``: credit only a completion that writes exactly n calculations (one per step); one that stops
+    early or runs on scores 0. Without it, doing the first step and stopping is a cheap way to collect credit
+    on a two-step problem (measured: the 135M model learned exactly that - README).
     """
 
     def steps_reward(prompts, completions, **columns) -> list[float | None]:
@@ -71,8 +75,12 @@ def steps_correct(chain_column: str = "chain") -> RewardFn:
             if not gold:
                 out.append(None)
                 continue
+            found = _calculations(completion_text(c))
+            if all_steps and len(found) != len(gold):
+                out.append(0.0)
+                continue
             reached = 0
-            for (right, result), want in zip(_calculations(completion_text(c)), gold):
+            for (right, result), want in zip(found, gold):
                 if not (right and result == want):
                     break
                 reached += 1

@@ -59,11 +59,11 @@ def _start_servers(cfg: RunConfig, model_dir, run_dir, stack_: contextlib.ExitSt
 EMBEDDED_STARTUP_S = 120.0
 
 
-def _collected(taken: Taken, G: int, scale: str, adv_eps: float) -> Collected:
+def _collected(taken: Taken, G: int, scale: str, adv_eps: float, negative_scale: float) -> Collected:
     groups, scores, rows = stack(taken.groups)
     uids = [g.uid for g in taken.groups]
     round_ = Round(rows, groups, scores, informative_groups(scores.total, G), uids)
-    return Collected([round_], rows, groups, scores, group_advantages(scores.total, G, scale, adv_eps),
+    return Collected([round_], rows, groups, scores, group_advantages(scores.total, G, scale, adv_eps, negative_scale),
                      time_generate_s=taken.idle_s, time_reward_s=0.0)
 
 
@@ -99,7 +99,7 @@ def train_async(cfg: RunConfig) -> dict:
         for step in bar:
             before = orchestrator.stats.__dict__.copy()
             taken = orchestrator.take(B, version=step - 1, dynamic_sampling=algo.dynamic_sampling)
-            c = _collected(taken, G, algo.scale, algo.adv_eps)
+            c = _collected(taken, G, algo.scale, algo.adv_eps, algo.negative_scale)
             metrics = run.update(c, step)
             now_busy, now = sampler.busy_seconds(), time.perf_counter()
             metrics.update(_async_metrics(taken, before, orchestrator, busy, now_busy, now - clock))

@@ -52,10 +52,14 @@ class StepBatch:
         return adv[:, None].expand(-1, self.completion_ids.shape[1]) if adv.dim() == 1 else adv
 
     @classmethod
-    def from_groups(cls, groups: Groups, adv: torch.Tensor, include: torch.Tensor | None = None) -> StepBatch:
+    def from_groups(cls, groups: Groups, adv: torch.Tensor, include: torch.Tensor | None = None,
+                    mask_truncated: bool = False) -> StepBatch:
         """The batch for ``groups`` with advantages ``adv`` ([N] or [N, T]); completions where ``include`` [N]
-        is False (e.g. no reward) stay in the batch but are not trained on. Greedy rows (temperature 0) are
-        scored at temperature 1, the distribution their log-probs were recorded from."""
+        is False (e.g. no reward) stay in the batch but are not trained on, nor (``mask_truncated``, DAPO's
+        overlong filtering) are completions cut at max_new_tokens. Greedy rows (temperature 0) are scored at
+        temperature 1, the distribution their log-probs were recorded from."""
+        if mask_truncated:
+            include = ~groups.truncated if include is None else include & ~groups.truncated
         mask = groups.completion_mask.long()
         loss_mask = mask if include is None else mask * include[:, None].long()
         width = mask.shape[1]

@@ -78,6 +78,7 @@ def collect(
     seed: int,
     scale: str = "group",
     adv_eps: float = 1e-4,
+    negative_scale: float = 1.0,
     dynamic_sampling: bool = False,
     max_extra_rounds: int = 0,
 ) -> Collected:
@@ -123,7 +124,7 @@ def collect(
         row_ids=[r.row_ids[i] for r, idx in kept for i in idx.tolist()],
         groups=groups,
         scores=scores,
-        adv=group_advantages(scores.total, G, scale, adv_eps),  # [N]
+        adv=group_advantages(scores.total, G, scale, adv_eps, negative_scale),  # [N]
         time_generate_s=t_generate,
         time_reward_s=t_reward,
     )

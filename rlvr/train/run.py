@@ -167,7 +167,7 @@ class Run:
     def update(self, c: Collected, step: int) -> dict:
         """Train on collected groups, hand the new weights to the sampler (as version ``step``); metrics."""
         cfg, algo = self.cfg, self.cfg.algo
-        batch = StepBatch.from_groups(c.groups, c.adv, c.included)
+        batch = StepBatch.from_groups(c.groups, c.adv, c.included, mask_truncated=algo.mask_truncated)
         t0 = time.perf_counter()
         common = {"reference": self.reference, "micro_batch_size": cfg.train.micro_batch_size,
                   "max_new_tokens": cfg.rollout.max_new_tokens, "max_grad_norm": cfg.train.max_grad_norm,

@@ -58,10 +58,39 @@ def _layer_flags(backbone: nn.Module, **flags) -> Iterator[None]:
                 setattr(m, k, v)
 
 
+def row_width(batch: StepBatch, rows: torch.Tensor) -> int:
+    """Completion columns ``rows`` need: their longest attended completion (completions are right-padded)."""
+    mask = batch.completion_mask[rows].bool()  # [n, T]
+    return max(int((mask * torch.arange(1, mask.shape[1] + 1)).amax()) if mask.numel() else 0, 1)
+
+
+def micro_batches(batch: StepBatch, size: int, skip_zero_advantage: bool) -> list[torch.Tensor]:
+    """The rows of each micro-batch, groups ordered by their longest completion (longest first) so a
+    micro-batch is cut to its own longest row instead of the step's (``row_width``); a group's rows stay
+    together, so its prompt still runs once. Rows that cannot move the loss are left out: no trained token,
+    or, with ``skip_zero_advantage`` (no KL term), an advantage of 0 on every trained token - the clipped
+    objective times 0 is 0 whatever the ratio. The loss normaliser still counts them, so the loss and
+    gradient are those of the whole batch."""
+    trained = batch.loss_mask.bool()  # [N, T]
+    keep = trained.any(dim=1)
+    if skip_zero_advantage:
+        adv = batch.token_adv(torch.arange(batch.num_completions))  # [N, T]
+        keep &= ((adv != 0) & trained).any(dim=1)
+    length = (batch.completion_mask.bool() * torch.arange(1, trained.shape[1] + 1)).amax(dim=1)  # [N]
+    group = torch.arange(batch.num_completions) // batch.group_size
+    group_length = length.view(-1, batch.group_size).amax(dim=1)[group]  # [N]
+    # longest group first, then longest row within it; ties keep batch order
+    order = sorted(keep.nonzero().squeeze(-1).tolist(), key=lambda i: (-int(group_length[i]), int(group[i]),
+                                                                        -int(length[i]), i))
+    return list(torch.tensor(order, dtype=torch.long).split(size)) if order else []
+
+
 def completion_hidden(
-    model: nn.Module, batch: StepBatch, rows: torch.Tensor, share_prompt: bool, share_prefix: int = 16
+    model: nn.Module, batch: StepBatch, rows: torch.Tensor, share_prompt: bool, share_prefix: int = 16,
+    width: int | None = None,
 ) -> torch.Tensor:
-    """Final hidden states [n, T, H] at the positions that predict the completion tokens of ``rows``.
+    """Final hidden states [n, W, H] at the positions that predict the first W completion tokens of ``rows``
+    (``width`` W; all T columns by default).
 
     With ``share_prompt`` each distinct prompt among ``rows`` runs through the model once - a token prefix
     common to all of them (>= ``share_prefix`` tokens: a system message, worked examples) once for all, as the
@@ -72,8 +101,8 @@ def completion_hidden(
     """
     backbone, _ = backbone_and_head(model)
     prompt_of_row = rows // batch.group_size  # [n]
-    completion_ids = batch.completion_ids[rows]  # [n, T]
-    completion_mask = batch.completion_mask[rows]
+    completion_ids = batch.completion_ids[rows, :width]  # [n, W]
+    completion_mask = batch.completion_mask[rows, :width]
     p, t = batch.prompt_ids.shape[1], completion_ids.shape[1]
     if not share_prompt:
         ids = torch.cat([batch.prompt_ids[prompt_of_row], completion_ids], dim=1)  # [n, P + T]
@@ -106,13 +135,15 @@ def completion_logprobs(
     chunk_tokens: int = 512,
     with_entropy: bool = False,
     share_prompt: bool = True,
+    width: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs [n, T] of the completion tokens of ``rows`` at their sampling temperatures (and entropies);
-    prompt logits are never computed."""
-    hidden = completion_hidden(model, batch, rows, share_prompt)
+    """Log-probs [n, W] of the first W (``width``; default all T) completion tokens of ``rows`` at their
+    sampling temperatures (and entropies); prompt logits are never computed."""
+    hidden = completion_hidden(model, batch, rows, share_prompt, width=width)
     head = backbone_and_head(model)[1]
-    temperature = _uniform(batch.temperature[rows])
-    return token_logprobs(hidden, head.weight, batch.completion_ids[rows], temperature, chunk_tokens, with_entropy)
+    temperature = _uniform(batch.temperature[rows, :width])
+    return token_logprobs(hidden, head.weight, batch.completion_ids[rows, :width], temperature, chunk_tokens,
+                          with_entropy)
 
 
 def _uniform(temperature: torch.Tensor) -> float | torch.Tensor:
@@ -132,9 +163,14 @@ class FrozenLogprobs:
 
 @torch.no_grad()
 def frozen_logprobs(model, batch, micro_rows, chunk_tokens, share_prompt) -> torch.Tensor:
-    """Log-probs [N, T] of every completion token, micro-batch by micro-batch, without gradient."""
-    parts = [completion_logprobs(model, batch, rows, chunk_tokens, share_prompt=share_prompt)[0] for rows in micro_rows]
-    return torch.cat(parts)
+    """Log-probs [N, T] of the completion tokens of ``micro_rows``, micro-batch by micro-batch, without gradient
+    (0 in rows and columns no micro-batch covers)."""
+    out = torch.zeros(batch.completion_ids.shape)
+    for rows in micro_rows:
+        width = row_width(batch, rows)
+        out[rows, :width] = completion_logprobs(model, batch, rows, chunk_tokens, share_prompt=share_prompt,
+                                                width=width)[0].to(out.dtype)
+    return out
 
 
 def frozen_passes(
@@ -175,16 +211,17 @@ def micro_batch_loss(
     Returns the loss (differentiable), the sums of the per-token statistics (rlvr.core.losses.stat_sums), taken
     inside the fused pass, and the summed entropy of the trained tokens.
     """
-    loss_mask = batch.loss_mask[rows]  # [n, T]
+    w = row_width(batch, rows)  # columns past every row's completion are padding: not computed
+    loss_mask = batch.loss_mask[rows, :w]  # [n, W]
     m = loss_mask.bool()
-    hidden = completion_hidden(model, batch, rows, share_prompt)[m]  # [M, H], trained tokens only
+    hidden = completion_hidden(model, batch, rows, share_prompt, width=w)[m]  # [M, H], trained tokens only
     head = backbone_and_head(model)[1]
-    targets, temperature = batch.completion_ids[rows][m], _uniform(batch.temperature[rows][m])  # [M] (or one)
+    targets, temperature = batch.completion_ids[rows, :w][m], _uniform(batch.temperature[rows, :w][m])  # [M]
     weights = token_weights(loss_mask.to(hidden.dtype), settings.aggregation, normaliser)[m]  # [M]
-    adv = batch.token_adv(rows)[m].to(hidden.dtype)
-    behaviour = batch.behaviour_logp[rows][m]
-    proximal = None if frozen.proximal is None else frozen.proximal[rows][m]
-    ref = None if frozen.ref is None else frozen.ref[rows][m]
+    adv = batch.token_adv(rows)[:, :w][m].to(hidden.dtype)
+    behaviour = batch.behaviour_logp[rows, :w][m]
+    proximal = None if frozen.proximal is None else frozen.proximal[rows, :w][m]
+    ref = None if frozen.ref is None else frozen.ref[rows, :w][m]
     sequence_weight = None
     if settings.is_level == "sequence":
         prox = proximal
@@ -195,7 +232,7 @@ def micro_batch_loss(
                 prox = prox[0]
         full = torch.zeros(loss_mask.shape, dtype=prox.dtype)
         full[m] = prox
-        per_row = sequence_log_ratio(full, batch.behaviour_logp[rows].to(prox.dtype), loss_mask)  # [n]
+        per_row = sequence_log_ratio(full, batch.behaviour_logp[rows, :w].to(prox.dtype), loss_mask)  # [n]
         sequence_weight = per_row[:, None].expand_as(full)[m]
     sums: dict[str, float] = {}
 
@@ -256,16 +293,22 @@ def train_step(
       (``rlvr.core.fused``), so [tokens, vocab] logits are never held.
     - The ratio and importance weights use ``batch.behaviour_logp`` as ``settings`` asks (rlvr.core.off_policy).
     - An update whose loss or gradient norm is not finite is skipped and counted in ``skipped_updates``.
+    - Micro-batches come from ``micro_batches``: cut to their longest row, and without the rows that carry no
+      gradient (with beta = 0: those whose advantage is 0). ``entropy`` is the mean over the tokens computed.
     """
-    micro_rows = list(torch.arange(batch.num_completions).split(micro_batch_size))
+    micro_rows = micro_batches(batch, micro_batch_size, skip_zero_advantage=settings.beta == 0.0)
     normaliser = loss_normaliser(batch.loss_mask, settings.aggregation, max_new_tokens)
     frozen = frozen_passes(model, batch, micro_rows, settings, reference, num_iterations, chunk_tokens, share_prompt)
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     sums: dict[str, float] = {}
     entropy_sum, skipped = 0.0, 0
+    computed = sum(float(batch.loss_mask[rows].sum()) for rows in micro_rows)
     for iteration in range(num_iterations):
         optimizer.zero_grad(set_to_none=True)
+        if not micro_rows:  # nothing carries a gradient: a zero one, so the optimizer steps as it would on one
+            for p in params:
+                p.grad = torch.zeros_like(p)
         loss_sum = 0.0
         for rows in micro_rows:
             loss, part, entropy = micro_batch_loss(model, batch, rows, settings, normaliser, frozen, chunk_tokens,
@@ -276,7 +319,7 @@ def train_step(
             entropy_sum += entropy if iteration == 0 else 0.0
         grad_norm, applied = apply_update(params, optimizer, scheduler, max_grad_norm, loss_sum)
         skipped += not applied
-    return step_statistics(sums, loss_sum, grad_norm, entropy_sum / max(float(batch.loss_mask.sum()), 1.0),
+    return step_statistics(sums, loss_sum, grad_norm, entropy_sum / max(computed, 1.0),
                            optimizer.param_groups[0]["lr"], skipped)
 
 

@@ -48,7 +48,8 @@ def train(cfg: RunConfig) -> dict:
         for step in bar:
             c = collect(sampler, next_row_ids, run.data.train_rows, cfg.rollout.group_size,
                         sampling_params(cfg.rollout), run.rewards, seed=cfg.train.seed * 1_000_003 + step,
-                        scale=algo.scale, adv_eps=algo.adv_eps, dynamic_sampling=algo.dynamic_sampling,
+                        scale=algo.scale, adv_eps=algo.adv_eps, negative_scale=algo.negative_scale,
+                        dynamic_sampling=algo.dynamic_sampling,
                         max_extra_rounds=algo.max_resample_rounds)
             fault_point("after_generate", step)
             metrics = run.update(c, step)

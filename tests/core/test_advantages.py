@@ -37,6 +37,17 @@ def test_no_scaling_only_centres():
     assert torch.equal(adv, torch.tensor([1.0, -1.0, -2.0, 2.0]))
 
 
+def test_negative_scale_damps_only_negative_advantages():
+    r = torch.tensor([1.0, 0.0, 0.0, 0.0, 3.0, 3.0, 3.0, 3.0])  # second group: no signal, stays 0
+    # first group as in test_group_scaling_by_hand: [1.5, -0.5, -0.5, -0.5]; the negatives x 0.5, then x 0
+    adv = group_advantages(r, group_size=4, eps=0.0, negative_scale=0.5)
+    assert torch.allclose(adv, torch.tensor([1.5, -0.25, -0.25, -0.25, 0, 0, 0, 0]))
+    adv = group_advantages(r, group_size=4, scale="none", negative_scale=0.0)
+    assert torch.equal(adv, torch.tensor([0.75, 0, 0, 0, 0, 0, 0, 0]))
+    with pytest.raises(ValueError, match="negative_scale"):
+        group_advantages(r, group_size=4, negative_scale=1.5)
+
+
 @pytest.mark.parametrize("scale", ["group", "batch", "none"])
 def test_zero_variance_group_is_exactly_zero(scale):
     rewards = torch.tensor([0.1, 0.1, 0.1, 1.0, 0.0, 0.5])  # 0.1 * 3 / 3 != 0.1 in floating point
