@@ -165,12 +165,14 @@ class FrozenLogprobs:
 def frozen_logprobs(model, batch, micro_rows, chunk_tokens, share_prompt) -> torch.Tensor:
     """Log-probs [N, T] of the completion tokens of ``micro_rows``, micro-batch by micro-batch, without gradient
     (0 in rows and columns no micro-batch covers)."""
-    out = torch.zeros(batch.completion_ids.shape)
+    out = None
     for rows in micro_rows:
         width = row_width(batch, rows)
-        out[rows, :width] = completion_logprobs(model, batch, rows, chunk_tokens, share_prompt=share_prompt,
-                                                width=width)[0].to(out.dtype)
-    return out
+        logp = completion_logprobs(model, batch, rows, chunk_tokens, share_prompt=share_prompt, width=width)[0]
+        if out is None:  # the model's dtype (fp64 in tests, bf16 under autocast)
+            out = torch.zeros(batch.completion_ids.shape, dtype=logp.dtype)
+        out[rows, :width] = logp
+    return torch.zeros(batch.completion_ids.shape) if out is None else out
 
 
 def frozen_passes(
