@@ -58,10 +58,14 @@ def _layer_flags(backbone: nn.Module, **flags) -> Iterator[None]:
                 setattr(m, k, v)
 
 
+def _lengths(completion_mask: torch.Tensor) -> torch.Tensor:
+    """[N] attended length of each right-padded completion row of ``completion_mask`` [N, T]."""
+    return (completion_mask.bool() * torch.arange(1, completion_mask.shape[1] + 1)).amax(dim=1)
+
+
 def row_width(batch: StepBatch, rows: torch.Tensor) -> int:
-    """Completion columns ``rows`` need: their longest attended completion (completions are right-padded)."""
-    mask = batch.completion_mask[rows].bool()  # [n, T]
-    return max(int((mask * torch.arange(1, mask.shape[1] + 1)).amax()) if mask.numel() else 0, 1)
+    """Completion columns ``rows`` need: their longest attended completion."""
+    return max(int(_lengths(batch.completion_mask[rows]).max()) if len(rows) else 0, 1)
 
 
 def micro_batches(batch: StepBatch, size: int, skip_zero_advantage: bool) -> list[torch.Tensor]:
@@ -76,12 +80,12 @@ def micro_batches(batch: StepBatch, size: int, skip_zero_advantage: bool) -> lis
     if skip_zero_advantage:
         adv = batch.token_adv(torch.arange(batch.num_completions))  # [N, T]
         keep &= ((adv != 0) & trained).any(dim=1)
-    length = (batch.completion_mask.bool() * torch.arange(1, trained.shape[1] + 1)).amax(dim=1)  # [N]
-    group = torch.arange(batch.num_completions) // batch.group_size
-    group_length = length.view(-1, batch.group_size).amax(dim=1)[group]  # [N]
+    length = _lengths(batch.completion_mask)  # [N]
+    G = batch.group_size
+    group_length = length.view(-1, G).amax(dim=1).tolist()  # [B]
+    length = length.tolist()
     # longest group first, then longest row within it; ties keep batch order
-    order = sorted(keep.nonzero().squeeze(-1).tolist(), key=lambda i: (-int(group_length[i]), int(group[i]),
-                                                                        -int(length[i]), i))
+    order = sorted(keep.nonzero().squeeze(-1).tolist(), key=lambda i: (-group_length[i // G], i // G, -length[i], i))
     return list(torch.tensor(order, dtype=torch.long).split(size)) if order else []
 
 
