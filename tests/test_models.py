@@ -31,7 +31,7 @@ def test_not_a_causal_lm_is_a_clear_error(tmp_path):
 
 
 def test_lora_target_typo_is_a_clear_error(tokenizer):
-    with pytest.raises(ValueError, match=r"LoRA target modules \['qproj'\] are not in the model"):
+    with pytest.raises(ValueError, match=r"LoRA target modules \[.qproj.\] are not linear layers of the decoder"):
         add_lora(make_model(len(tokenizer)), LoraSpec(target_modules=("qproj",)))
 
 

@@ -8,20 +8,22 @@ from __future__ import annotations
 
 import torch
 
+from rlvr.core.head import OutputLayer, as_output_layer
+
 
 def token_logprobs(
     hidden: torch.Tensor,
-    head_weight: torch.Tensor,
+    head: OutputLayer | torch.Tensor,
     targets: torch.Tensor,
     temperature: float | torch.Tensor = 1.0,
     chunk_tokens: int = 512,
     with_entropy: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """log softmax(hidden @ head_weight.T / temperature)[targets], chunked over tokens.
+    """log softmax(head(hidden) / temperature)[targets], chunked over tokens.
 
     Args:
         hidden: [N, T, H] final hidden states at the positions that predict ``targets``.
-        head_weight: [V, H] output-layer weight (no bias).
+        head: the output layer (rlvr.core.head), or a bare weight [V, H] for logits = hidden @ W.T.
         targets: [N, T] token ids.
         temperature: the sampling temperature, one float or one per token [N, T]; the trainer must score
             with the one each token was sampled at.
@@ -30,15 +32,17 @@ def token_logprobs(
     Returns:
         logp [N, T] in at least float32 (carries gradient), entropy [N, T] or None.
     """
+    layer = as_output_layer(head)
     n, t, h = hidden.shape
     flat_h = hidden.reshape(n * t, h)
     flat_y = targets.reshape(n * t)
     flat_temp = temperature.reshape(n * t, 1) if isinstance(temperature, torch.Tensor) else None
     logps, entropies = [], []
     for start in range(0, n * t, chunk_tokens):
-        logits = flat_h[start : start + chunk_tokens] @ head_weight.T  # [c, V]
+        logits = layer.linear(flat_h[start : start + chunk_tokens])  # [c, V]
         if logits.dtype in (torch.float16, torch.bfloat16):
             logits = logits.float()
+        logits = layer.transform(logits)
         if flat_temp is not None:
             logits = logits / flat_temp[start : start + chunk_tokens]
         elif temperature != 1.0:

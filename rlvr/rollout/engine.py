@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from rlvr.architecture import share_prefix_within
 from rlvr.rollout.kv_cache import preallocated_cache
 
 
@@ -159,7 +160,8 @@ def generate_groups(
     """Sample ``group_size`` completions for each prompt.
 
     Args:
-        backbone, head: the model body (returns last_hidden_state) and output layer.
+        backbone, head: the model body (returns last_hidden_state) and output layer (hidden [A, H] -> logits [A, V]:
+            rlvr.models.backbone_and_head gives the model's whole head, scale and soft-cap included).
         prompt_ids, prompt_mask: [B, P] left-padded prompts.
         eos_ids: token ids that end a completion (kept in it, with mask 1).
         stop: called with a row's completion tokens so far; True ends that completion after the current
@@ -170,7 +172,9 @@ def generate_groups(
     b, _p = prompt_ids.shape
     n = b * group_size
     device = prompt_ids.device
-    cache = preallocated_cache(prompt_ids.shape[1] + params.max_new_tokens)  # no per-token copy of the cache
+    columns = prompt_ids.shape[1] + params.max_new_tokens
+    cache = preallocated_cache(columns)  # no per-token copy of the cache
+    share_prefix = share_prefix_within(backbone.config, columns, share_prefix)  # exact under sliding windows
     last_hidden, prompt_attn = prefill(backbone, prompt_ids, prompt_mask, cache, share_prefix)
     logits = head(last_hidden).repeat_interleave(group_size, dim=0)  # [B*G, V]
     cache.batch_repeat_interleave(group_size)

@@ -17,6 +17,7 @@ from torch import nn
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from rlvr.architecture import share_prefix_within
 from rlvr.core import (
     LossSettings,
     TokenInputs,
@@ -117,6 +118,7 @@ def completion_hidden(
     prompts, local = torch.unique(prompt_of_row, return_inverse=True)
     prompt_mask = batch.prompt_mask[prompts]  # [u, P]
     cache = DynamicCache()
+    share_prefix = share_prefix_within(backbone.config, p + t, share_prefix)  # exact under sliding windows
     with _layer_flags(backbone, gradient_checkpointing=False):  # a prefix common to all prompts runs once
         last, cached_mask = prefill(backbone, batch.prompt_ids[prompts], prompt_mask, cache, share_prefix)
     cache.batch_select_indices(local)  # keys/values [u, ...] -> [n, ...], differentiable
@@ -146,7 +148,7 @@ def completion_logprobs(
     hidden = completion_hidden(model, batch, rows, share_prompt, width=width)
     head = backbone_and_head(model)[1]
     temperature = _uniform(batch.temperature[rows, :width])
-    return token_logprobs(hidden, head.weight, batch.completion_ids[rows, :width], temperature, chunk_tokens,
+    return token_logprobs(hidden, head, batch.completion_ids[rows, :width], temperature, chunk_tokens,
                           with_entropy)
 
 
@@ -234,7 +236,7 @@ def micro_batch_loss(
         if prox is None:  # mu = 1: the current weights are the proximal policy; one pass through the output layer
             with torch.no_grad():
                 temp = temperature[None] if isinstance(temperature, torch.Tensor) else temperature
-                prox, _ = token_logprobs(hidden.detach()[None], head.weight, targets[None], temp, chunk_tokens)
+                prox, _ = token_logprobs(hidden.detach()[None], head, targets[None], temp, chunk_tokens)
                 prox = prox[0]
         full = torch.zeros(loss_mask.shape, dtype=prox.dtype)
         full[m] = prox
@@ -253,7 +255,7 @@ def micro_batch_loss(
         merge_stat_sums(sums, stat_sums(stats))
         return loss * weights[sl]
 
-    loss, _, entropy = fused_head_loss(hidden, head.weight, targets, token_loss, temperature, chunk_tokens)
+    loss, _, entropy = fused_head_loss(hidden, head, targets, token_loss, temperature, chunk_tokens)
     return loss, sums, float(entropy.sum())
 
 

@@ -80,3 +80,34 @@ def test_frozen_head_gets_no_weight_gradient():
     loss, _, _ = fused_head_loss(h, weight, targets.reshape(-1), lambda lp, rows: -lp, 1.0, 4)
     (grad,) = torch.autograd.grad(loss, hidden)
     assert grad.shape == hidden.shape and torch.isfinite(grad).all()
+
+
+@pytest.mark.parametrize("scale, softcap", [(1.0, None), (0.25, None), (4.0, None), (1.0, 2.0), (0.5, 3.0)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_whole_output_layer_equals_the_formula(scale, softcap, with_bias):
+    """Bias, logit scale and soft-cap: fused and chunked log-probs equal the formula written out, with gradients
+    for hidden, weight and bias."""
+    from rlvr.core.head import OutputLayer
+
+    hidden, weight, targets, mask, *_ = _inputs(seed=2)
+    weight = (weight * 3).detach().requires_grad_(True)  # logits of order 10: the cap bites
+    bias = torch.randn(weight.shape[0], dtype=torch.float64, requires_grad=True) if with_bias else None
+    temperature = 0.7
+    z = hidden @ weight.T + (bias if with_bias else 0.0)
+    logits = z * scale if softcap is None else softcap * torch.tanh(z * scale / softcap)  # by hand
+    ref = torch.log_softmax(logits / temperature, -1).gather(-1, targets[..., None]).squeeze(-1)
+    adv = torch.linspace(-1, 1, ref.numel(), dtype=torch.float64).view_as(ref)
+    m = mask.bool()
+    naive = -(ref * adv)[m].sum()
+    params = (hidden, weight) + ((bias,) if with_bias else ())
+    naive_grads = torch.autograd.grad(naive, params)
+
+    layer = OutputLayer(weight, bias, scale, softcap)
+    chunked, _ = token_logprobs(hidden, layer, targets, temperature, chunk_tokens=4)
+    assert torch.allclose(chunked, ref, atol=1e-12, rtol=0)
+    fused, f_logp, _ = fused_head_loss(hidden[m], layer, targets[m], lambda lp, rows: -lp * adv[m][rows],
+                                       temperature, 3)
+    assert torch.allclose(f_logp, ref.detach()[m], atol=1e-12, rtol=0)
+    assert torch.allclose(fused, naive, atol=1e-10, rtol=0)
+    for a, b in zip(torch.autograd.grad(fused, params), naive_grads):
+        assert torch.allclose(a, b, atol=1e-10, rtol=0)
