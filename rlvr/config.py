@@ -52,8 +52,10 @@ class ModelConfig:
     """LoRA scaling numerator (scale = alpha / r)."""
     lora_dropout: float = 0.0
     """Dropout on the LoRA input."""
-    lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-    """Names of the linear modules that get adapters."""
+    lora_targets: tuple[str, ...] = ("all-linear",)
+    """Names of the linear modules that get adapters (e.g. [q_proj, v_proj]), or all-linear: every linear layer of the
+    decoder whatever its naming scheme (fused qkv_proj, query_key_value, ...) and the stacked expert weights of MoE
+    layers; never the output layer; MoE routers stay frozen."""
     autocast: str = "none"
     """none (fp32) or bf16: run generation and training matmuls under bf16 autocast (fp32 master weights;
     log-probs and the loss stay fp32). Only worth it where the hardware has bf16 units (AMX, GPUs)."""
@@ -65,27 +67,35 @@ class ModelConfig:
 class TaskConfig:
     name: str = "arithmetic"
     """arithmetic or word_problems (generated from the seed); jsonl, math_jsonl (needs an answer column) or
-    code_jsonl (needs test columns), read from train_path / eval_path."""
+    code_jsonl (needs test columns), read from train_path / eval_path; hf: any Hugging Face datasets source
+    (task.source; docs/data.md)."""
     digits: int = 1
     """arithmetic: digits per operand (1 means 0-9)."""
     operators: tuple[str, ...] = ("+",)
     """arithmetic: operators drawn from + - *."""
     eval_size: int = 100
-    """Held-out questions (arithmetic: carved out of the question space; jsonl: first rows of eval_path)."""
+    """Held-out questions (arithmetic: carved out of the question space; jsonl: first rows of eval_path; hf: first
+    rows of eval_split, or rows held out of train_split when eval_split is '')."""
     train_size: int = 0
-    """arithmetic: training questions to keep (0: all that are not held out); word_problems: rows (0: 2,000)."""
+    """arithmetic: training questions to keep (0: all that are not held out); word_problems: rows (0: 2,000); hf:
+    the first rows of train_split to read (0: all; needed with streaming)."""
     seed: int = 1234
     """arithmetic, word_problems: seed of the questions (separate from train.seed, so every run shares one
-    held-out set)."""
+    held-out set); hf: seed of the rows held out when eval_split is ''."""
     system_prompt: str = ARITHMETIC_SYSTEM_PROMPT
-    """arithmetic, word_problems: system message of every prompt (empty for none; word_problems replaces
-    the arithmetic default with its own step-by-step instruction)."""
+    """arithmetic, word_problems, hf: system message of every prompt (empty for none; word_problems and hf
+    replace the arithmetic default with their own step-by-step instruction; hf adds it only to plain-string
+    prompts)."""
     train_steps: tuple[int, ...] = (1, 2)
     """word_problems: operations per training problem, drawn from this list (1-3)."""
     eval_steps: tuple[int, ...] = (2,)
     """word_problems: operations per held-out problem (held-out problems come from stories never trained on)."""
     few_shot: int = 2
     """word_problems: worked examples (0-2) shown before each question as earlier chat turns."""
+    chat_template: bool = True
+    """Render chat-message prompts with the tokenizer's chat template; false renders them as a plain transcript
+    (system paragraph, 'Q: ...' / 'A: ...' turns, ending in 'A:') for base models trained without one (e.g.
+    gemma3-270m; pair it with rollout.stop so the model stops after its answer). String prompts are unchanged."""
     max_number: int = 40
     """word_problems: largest starting amount (added amounts up to 3/4 of it; multipliers 2-5)."""
     train_path: str = ""
@@ -98,6 +108,31 @@ class TaskConfig:
     eval_reward: str = ""
     """Reward whose value 1.0 means 'correct' for held-out accuracy ('' = arithmetic_correct for
     arithmetic, code_tests for code_jsonl, math_correct otherwise)."""
+    source: str = ""
+    """hf: a local parquet / arrow / json / jsonl / csv file or glob, a directory of such files (splits from the
+    file names: train.parquet, test.parquet), a directory written by save_to_disk, or a Hub dataset id (only where
+    the Hub is reachable; otherwise download it elsewhere and point here at the local copy)."""
+    subset: str = ""
+    """hf: the dataset's configuration, load_dataset's name (e.g. main for GSM8K on the Hub; '' = default)."""
+    train_split: str = "train"
+    """hf: split the training rows come from."""
+    eval_split: str = "test"
+    """hf: split the held-out rows come from ('' = hold out eval_size rows of train_split, chosen by task.seed)."""
+    prompt_column: str = "prompt"
+    """hf: column holding the prompt, a string (sent as the user message after task.system_prompt) or chat
+    messages [{role, content}, ...] (sent as they are)."""
+    prompt_template: str = ""
+    """hf: the prompt as a template over columns instead of prompt_column, e.g. 'Question: {question}' (literal
+    braces doubled: {{ }}); the result is a string prompt."""
+    answer_column: str = "answer"
+    """hf: column holding the gold answer, copied to the answer column reward functions read after answer_format
+    ('' = none: rewards read the source columns themselves)."""
+    answer_format: str = "raw"
+    """hf: raw (the column as is), gsm8k (the text after ####, thousands separators removed) or math (the last
+    \\boxed{...} or \\fbox{...}, nested braces kept)."""
+    streaming: bool = False
+    """hf: read rows as a stream (datasets streaming=True), only the first train_size (+ eval_size) of them,
+    instead of loading or converting the whole source first."""
 
 
 @dataclass(frozen=True)
@@ -141,7 +176,13 @@ class RolloutConfig:
     keep_versions: int = 2
     """backend=server: adapter versions kept loaded on the servers and in the bucket."""
     request_timeout_s: float = 600.0
-    """backend=server: seconds one generation request may take before it is retried on another server."""
+    """backend=server: seconds one generation request may take, all of it (connecting, generating, reading the
+    answer), before it is retried on another server."""
+    api_key_env: str = "RLVR_API_KEY"
+    """backend=server, or async with rollout.servers: the name of the environment variable that holds the servers'
+    API key (sent as Authorization: Bearer KEY, as rlvr serve --api-key and vLLM --api-key expect); the key itself
+    never goes into a config file. Unset or empty variable: no key is sent. Servers the learner starts get a random
+    key of their own per run."""
     server_wait_s: float = 300.0
     """backend=server: seconds to wait for servers to come up, and for any server at all to be reachable
     again before the run stops with an error."""
@@ -303,12 +344,28 @@ class AsyncConfig:
     """Times a started server that dies is restarted (embedded: by the learner; ray: Ray's max_restarts)."""
     ray_address: str = ""
     """ray: address of an existing Ray cluster ('' starts a local one in this process)."""
+    server_host: str = "127.0.0.1"
+    """ray: address the servers listen on. 127.0.0.1 (default): loopback only, so they are placed on the learner's
+    node and nobody else can reach them; node: the address Ray knows each node by (servers anywhere on the
+    cluster, reachable by anyone on that network: they require this run's random API key, but HTTP is plain
+    text, so use a network you trust); or an explicit address such as 0.0.0.0."""
+    learner_wait_s: float = 0.0
+    """Seconds the learner waits for the next scored group before the run stops with an error (0: 4 attempts x
+    (rollout.request_timeout_s + rollout.server_wait_s) + 300 s for scoring, the longest a healthy pool can take)."""
 
 
 @dataclass(frozen=True)
 class LogConfig:
+    trackers: tuple[str, ...] = ("tensorboard",)
+    """Where metrics go besides metrics.jsonl (same names and steps): tensorboard (event files in tensorboard/),
+    wandb (Weights & Biases, offline unless WANDB_MODE is set; pip install 'rlvr[wandb]') and trackio (a local
+    database, trackio/ unless TRACKIO_DIR is set; pip install 'rlvr[trackio]'). See docs/trackers.md."""
     tensorboard: bool = True
-    """Write TensorBoard event files into the run directory."""
+    """Older spelling kept working: false takes tensorboard out of log.trackers (prefer editing log.trackers)."""
+    project: str = "rlvr"
+    """Project name in wandb and trackio."""
+    run_name: str = ""
+    """Run name in wandb and trackio ('' = the name of output_dir)."""
     progress: bool = True
     """Show a live progress bar."""
     plot: bool = True
@@ -317,6 +374,18 @@ class LogConfig:
     """Write samples.jsonl: every completion's text and reward, with its prompt's row index, per step."""
     sample_token_ids: bool = False
     """Also write each completion's token ids into samples.jsonl."""
+
+    def __post_init__(self) -> None:
+        from rlvr.trackers import TRACKERS
+
+        unknown = [t for t in self.trackers if t not in TRACKERS]
+        if unknown:
+            raise ConfigError(f"log.trackers: unknown tracker {unknown[0]!r}; allowed: {', '.join(TRACKERS)}")
+        # the two fields always agree, so a saved config.yaml reads back equal
+        trackers = tuple(t for i, t in enumerate(self.trackers) if t not in self.trackers[:i]
+                         and (self.tensorboard or t != "tensorboard"))
+        object.__setattr__(self, "trackers", trackers)
+        object.__setattr__(self, "tensorboard", "tensorboard" in trackers)
 
 
 @dataclass(frozen=True)
@@ -353,7 +422,8 @@ class ConfigError(ValueError):
 
 
 CHOICES: dict[str, tuple[str, ...]] = {
-    "task.name": ("arithmetic", "word_problems", "jsonl", "math_jsonl", "code_jsonl"),
+    "task.name": ("arithmetic", "word_problems", "jsonl", "math_jsonl", "code_jsonl", "hf"),
+    "task.answer_format": ("raw", "gsm8k", "math"),
     "model.autocast": ("none", "bf16"),
     "algo.name": ALGORITHMS,
     "algo.preset": tuple(PRESETS),
@@ -460,8 +530,9 @@ def _validate(cfg: RunConfig) -> None:
     if a.enabled:
         if not cfg.model.lora:
             raise ConfigError("async.enabled=true ships LoRA adapters to the rollout servers; set model.lora=true")
-        if a.max_staleness < 0 or a.max_inflight_groups < 0 or a.servers < 0 or a.server_restarts < 0:
-            raise ConfigError("async.max_staleness, max_inflight_groups, servers and server_restarts must be >= 0")
+        if min(a.max_staleness, a.max_inflight_groups, a.servers, a.server_restarts, a.learner_wait_s) < 0:
+            raise ConfigError("async.max_staleness, max_inflight_groups, servers, server_restarts and learner_wait_s "
+                              "must be >= 0")
         if not cfg.rollout.servers and a.servers < 1:
             raise ConfigError("async.enabled=true needs servers: async.servers >= 1, or rollout.servers=[URL, ...]")
     if cfg.rollout.backend == "server":
@@ -472,6 +543,26 @@ def _validate(cfg: RunConfig) -> None:
                               "model.lora=true (full weights cannot be hot-loaded over HTTP)")
     if cfg.task.name.endswith("jsonl") and not (cfg.task.train_path and cfg.task.eval_path):
         raise ConfigError(f"task.name={cfg.task.name} needs task.train_path and task.eval_path")
+    if cfg.task.name == "hf":
+        _validate_hf(cfg)
+
+
+def _validate_hf(cfg: RunConfig) -> None:
+    t = cfg.task
+    if not t.source:
+        raise ConfigError("task.name=hf needs task.source: a local parquet / arrow / json / jsonl / csv file or "
+                          "directory, a save_to_disk directory, or a Hub dataset id")
+    if t.eval_split and t.eval_split == t.train_split:
+        raise ConfigError(f"task.eval_split and task.train_split are both {t.eval_split!r}: held-out rows would be "
+                          "trained on; name another split, or set task.eval_split='' to hold out task.eval_size rows")
+    if t.prompt_template and t.prompt_column != "prompt":
+        raise ConfigError("set task.prompt_column or task.prompt_template, not both")
+    if t.answer_format != "raw" and not t.answer_column:
+        raise ConfigError(f"task.answer_format={t.answer_format} reads task.answer_column; name the column")
+    if t.streaming and t.train_size < 1:
+        needed = cfg.train.steps * cfg.train.prompts_per_step
+        raise ConfigError(f"task.streaming=true reads only the rows a run needs: set task.train_size (this run "
+                          f"draws train.steps x train.prompts_per_step = {needed} prompts)")
 
 
 def _set_dotted(tree: dict, dotted: str, value: Any) -> None:

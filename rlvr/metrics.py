@@ -1,4 +1,5 @@
-"""Metric sinks: metrics.jsonl (one object per step), samples.jsonl, TensorBoard, and a PNG of the run."""
+"""Metric sinks: metrics.jsonl (one object per step), samples.jsonl, the trackers (TensorBoard, wandb, trackio:
+rlvr/trackers.py), and a PNG of the run."""
 
 from __future__ import annotations
 
@@ -7,35 +8,64 @@ import math
 import os
 from pathlib import Path
 
+from rlvr.trackers import TrackedRun, open_trackers
+
+
+def _records(path: Path, warn: bool = False) -> list[tuple[str, dict]]:
+    """(line, record) for each record of a JSONL log. A last line without its newline that does not parse was cut
+    short by a kill mid-write (or is being written): it is skipped, with a warning if ``warn``. Any other line that
+    is not a record with an integer step is an error that names it."""
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    records = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            if type(record.get("step")) is not int:
+                raise TypeError("no integer step")
+        except (ValueError, TypeError, AttributeError) as err:
+            if number == len(lines) and not line.endswith("\n"):
+                if warn:
+                    print(f"rlvr: {path}: dropped its last line, cut short when the run was killed while writing it")
+                continue
+            raise ValueError(f"{path}, line {number}: not a record with a step ({type(err).__name__}: {err}); "
+                             "fix or delete that line, then resume again") from None
+        records.append((line if line.endswith("\n") else line + "\n", record))
+    return records
+
 
 def _truncate_after(path: Path, step: int) -> None:
-    """Drop records of steps after ``step`` (they are redone on resume); atomic rewrite."""
+    """Drop records of steps after ``step`` (they are redone on resume), and a torn last line; atomic rewrite."""
     if not path.is_file():
         return
-    lines = path.read_text().splitlines(keepends=True)
-    kept = [line for line in lines if line.strip() and json.loads(line)["step"] <= step]
+    kept = [line for line, record in _records(path, warn=True) if record["step"] <= step]
     tmp = path.with_suffix(".tmp")
     tmp.write_text("".join(kept))
     os.replace(tmp, path)
 
 
-class MetricsWriter:
-    """Appends one JSON object per step; on resume, first forgets the steps after the checkpoint."""
+def _last_step(path: Path) -> int | None:
+    return max((r["step"] for r in read_metrics(path)), default=None) if path.is_file() else None
 
-    def __init__(self, run_dir: Path, tensorboard: bool = True, samples: bool = True, resume_step: int | None = None):
+
+class MetricsWriter:
+    """Appends one JSON object per step and hands its finite scalars to the trackers, same names and steps; on resume,
+    first forgets the steps after the checkpoint. ``config`` (the resolved run config) goes to wandb and trackio."""
+
+    def __init__(self, run_dir: Path, trackers: tuple[str, ...] = ("tensorboard",), samples: bool = True,
+                 resume_step: int | None = None, project: str = "rlvr", run_name: str = "", config: dict | None = None):
         self.path = run_dir / "metrics.jsonl"
         self.samples_path = run_dir / "samples.jsonl"
+        last_logged = None
         if resume_step is not None:
+            last_logged = _last_step(self.path)  # what the trackers were sent before the interruption
             _truncate_after(self.path, resume_step)
             _truncate_after(self.samples_path, resume_step)
+        run = TrackedRun(run_dir, project, run_name or run_dir.resolve().name, config or {}, resume_step, last_logged)
+        self.trackers = open_trackers(trackers, run)
         self._file = self.path.open("a", encoding="utf-8")
         self._samples = self.samples_path.open("a", encoding="utf-8") if samples else None
-        self._tb = None
-        if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            purge = None if resume_step is None else resume_step + 1
-            self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"), purge_step=purge)
 
     def log_samples(self, step: int, samples: list[dict]) -> None:
         if self._samples is not None:
@@ -46,21 +76,32 @@ class MetricsWriter:
         record = {"step": step, **metrics}
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
-        if self._tb is not None:
-            for key, value in metrics.items():
-                if isinstance(value, (int, float)) and math.isfinite(value):
-                    self._tb.add_scalar(key, value, step)
+        scalars = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and math.isfinite(v)}
+        for tracker in self.trackers:
+            tracker.log(step, scalars)
 
-    def close(self) -> None:
+    def __enter__(self) -> MetricsWriter:  # noqa: PYI034 (typing.Self needs Python 3.11)
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        """Leaving a ``with`` block closes; an exception marks the trackers' runs failed."""
+        self.close(failed=exc_type is not None)
+
+    def close(self, failed: bool = False) -> None:
+        """Close the files and finish every tracker's run (``failed``: the run ended with an error); a second call
+        does nothing."""
+        if self._file.closed:
+            return
         self._file.close()
         if self._samples is not None:
             self._samples.close()
-        if self._tb is not None:
-            self._tb.close()
+        for tracker in self.trackers:
+            tracker.close(failed)
 
 
 def read_metrics(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """Every record of a JSONL log (a torn last line skipped; see ``_records``)."""
+    return [record for _, record in _records(path)]
 
 
 def plot_run(metrics_path: Path, png_path: Path, title: str = "") -> None:

@@ -9,11 +9,42 @@ import torch
 Prompt = str | list[dict[str, Any]]  # raw text, or chat messages [{"role": ..., "content": ...}]
 
 
+PLAIN_ROLES = {"user": "Q: ", "assistant": "A: "}
+
+
 def prompt_text(tokenizer, prompt: Prompt) -> str:
     """Chat messages go through the tokenizer's chat template; plain strings are used as they are."""
     if isinstance(prompt, str):
         return prompt
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(
+            "this tokenizer has no chat template (a base model?), so chat-message prompts cannot be rendered; "
+            "set task.chat_template=false to send them as plain text (Q:/A: turns), or pass string prompts."
+        )
     return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+
+
+def plain_text(prompt: Prompt) -> str:
+    """Chat messages as a plain transcript for a base model (``task.chat_template=false``): the system message
+    as a first paragraph, each user turn as ``Q: ...`` and each assistant turn as ``A: ...``, turns separated by
+    a blank line, ending in ``A:`` for the model to continue. Strings are returned as they are.
+
+    [system, user "3 + 4 =", assistant "7", user "8 + 6 ="] -> "system\n\nQ: 3 + 4 =\nA: 7\n\nQ: 8 + 6 =\nA:"
+    """
+    if isinstance(prompt, str):
+        return prompt
+    turns = []
+    for m in prompt:
+        role = m["role"]
+        if role == "system":
+            turns.append(m["content"] + "\n\n")
+        elif role in PLAIN_ROLES:
+            turns.append(PLAIN_ROLES[role] + m["content"] + ("\n" if role == "user" else "\n\n"))
+        else:
+            raise ValueError(f"plain-text prompts know the roles system, user and assistant, not {role!r}")
+    if prompt and prompt[-1]["role"] == "assistant":
+        raise ValueError("a plain-text prompt must end with a user turn (the model writes the answer after 'A:')")
+    return "".join(turns) + "A:"
 
 
 def prompt_token_ids(tokenizer, prompt: Prompt) -> list[int]:

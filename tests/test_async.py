@@ -146,3 +146,61 @@ def test_all_servers_dying_mid_run_stops_the_run_with_an_error(tiny_model_dir, t
     assert proc.returncode == 2, output[-3000:]
     assert "rlvr: error:" in output and "rollout server" in output and "reachable" in output
     assert time.monotonic() - killed < 60
+
+
+def test_embedded_servers_need_the_runs_key_and_load_only_from_its_bucket(tiny_model_dir, tmp_path):
+    """The embedded runtime's servers: the key travels in their environment (not argv, which any local user can read
+    in /proc), every route but /health refuses a request without it, and adapters load from the bucket only."""
+    import secrets
+
+    import httpx
+
+    from rlvr.bucket import AdapterBucket
+    from rlvr.rollout.remote import AdapterSyncError, ServerPool
+    from rlvr.runtime.embedded import EmbeddedServers
+    from tests.test_remote import _trainer
+
+    key = secrets.token_urlsafe(16)
+    bucket = tmp_path / "bucket"
+    servers = EmbeddedServers(str(tiny_model_dir), 1, 1, tmp_path, api_key=key, adapter_roots=(str(bucket),),
+                              env={**os.environ, "RLVR_API_KEY": "the-users-own-key"})
+    try:
+        [url] = servers.start()
+        pool = ServerPool([url], api_key=key)
+        pool.wait_ready(120)
+        assert httpx.get(f"{url}/health").status_code == 200
+        assert httpx.get(f"{url}/v1/models").status_code == 401
+        assert httpx.get(f"{url}/v1/models", headers={"authorization": "Bearer the-users-own-key"}).status_code == 401
+        pid = servers.servers[0].proc.pid
+        assert key not in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        assert f"RLVR_API_KEY={key}".encode() in Path(f"/proc/{pid}/environ").read_bytes()
+        assert key not in (tmp_path / "servers.json").read_text()
+        model = _trainer(tiny_model_dir)
+        pool.load_adapter("policy-v0", AdapterBucket(bucket).publish_adapter(model, 0).url)
+        elsewhere = AdapterBucket(tmp_path / "elsewhere").publish_adapter(model, 1).url
+        with pytest.raises(AdapterSyncError, match="adapter path not allowed"):
+            pool.load_adapter("policy-v1", elsewhere)
+        pool.close()
+    finally:
+        servers.stop()
+    assert not _alive(pid)
+
+
+def test_the_learners_wait_for_groups_has_a_deadline(tiny_model_dir, tokenizer, tmp_path):
+    """A server that takes sampling requests and never answers them (while the pool's request deadline is far off):
+    the learner stops with an error after async.learner_wait_s instead of waiting forever."""
+    from tests.test_pool_validation import FaultyServer
+
+    fake = FaultyServer(len(tokenizer), "hang_sampling")  # evaluation (greedy) is answered, sampling hangs
+    try:
+        cfg = load_config(None, _overrides(tiny_model_dir, tmp_path / "run") + [
+            "async.enabled=true", f"rollout.servers=[{fake.url}]", "async.learner_wait_s=3", "eval.every=0",
+            "rollout.server_wait_s=10"])
+        started = time.monotonic()
+        with pytest.raises(NoServerError, match=r"step 1: no scored group came from the rollout servers for 3 s "
+                                                r"\(async.learner_wait_s\): \d+ requests sent, 0 answers rejected"):
+            train(cfg)
+        assert time.monotonic() - started < 60  # the request deadline (600 s) is far off
+        assert fake.completions() >= 2  # the evaluation's and the hanging ones
+    finally:
+        fake.stop()

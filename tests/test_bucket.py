@@ -2,8 +2,10 @@
 published adapter loads in peft with the trainer's exact weights."""
 
 import hashlib
+import json
 import os
 import threading
+import uuid
 
 import pytest
 import torch
@@ -110,3 +112,150 @@ def test_published_adapter_loads_in_peft_with_the_same_weights(tmp_path, tokeniz
     for name, value in loaded.named_parameters():
         if "lora_" in name:
             assert torch.equal(value, trained[name])
+
+
+# --- hostile manifests, FIFOs and devices, the fetch cache -------------------------------------------------------
+
+GOOD = {"adapter_model.safetensors": b"weights", "adapter_config.json": b"{}"}
+
+
+def _no_hang(fn, *args):
+    """``fn(*args)`` (or the exception it raised), failing the test instead of hanging the suite if it blocks on a
+    FIFO or reads a device forever; the limit is a watchdog, not a timing assertion."""
+    result = []
+
+    def call():
+        try:
+            result.append(fn(*args))
+        except Exception as err:  # noqa: BLE001 (handed back to the test)
+            result.append(err)
+
+    thread = threading.Thread(target=call, daemon=True)
+    thread.start()
+    thread.join(timeout=120)
+    assert not thread.is_alive(), "blocked reading a FIFO or a device named by the manifest"
+    return result[0]
+
+
+def _entries(files):
+    return {n: {"bytes": len(d), "sha256": hashlib.sha256(d).hexdigest()} for n, d in files.items()}
+
+
+def _forge(bucket, version, files):
+    """What anyone who can write to the bucket can do: put ``files`` at any key and list them in a manifest with
+    correct sizes and hashes."""
+    for name, data in files.items():
+        bucket.fs.pipe_file(f"{bucket.root}/v{version:08d}/{name}", data)
+    manifest = {"version": version, "files": _entries(files)}
+    bucket.fs.pipe_file(f"{bucket.root}/v{version:08d}/manifest.json", json.dumps(manifest).encode())
+
+
+@pytest.mark.parametrize("kind", ["traversal", "absolute"])
+def test_a_remote_manifest_naming_a_path_outside_its_version_is_refused_and_nothing_is_written(tmp_path, kind):
+    """A manifest is a checksum anyone can recompute. Naming ``../../x`` or ``/abs/x`` used to make the server
+    write that file wherever it could when it fetched a remote version into its cache."""
+    cache, target = tmp_path / "cache", tmp_path / "escaped"
+    name = "../../escaped" if kind == "traversal" else str(target)  # cache/.fetch-XXXX/../../escaped = target
+    bucket = AdapterBucket(f"memory://rlvr-evil-{uuid.uuid4().hex}")
+    _forge(bucket, 1, {**GOOD, name: b"written by whoever can write to the bucket"})
+    with pytest.raises(ValueError, match=r"manifest\.json must list exactly"):
+        fetch_version(bucket.version_url(1), cache)
+    assert not target.exists() and not cache.exists()
+
+
+@pytest.mark.parametrize("kind", ["traversal", "absolute"])
+def test_a_local_manifest_naming_a_path_outside_its_version_is_refused(tmp_path, kind):
+    """In a local bucket the same names made the reader open and hash files outside the bucket."""
+    bucket = AdapterBucket(tmp_path / "bucket")
+    bucket.publish_files(1, GOOD)
+    outside = tmp_path / "bucket" / "outside" if kind == "traversal" else tmp_path / "secret"
+    outside.write_bytes(b"secret")
+    name = "../outside" if kind == "traversal" else str(outside)
+    entries = _entries({**GOOD, name: b"secret"})
+    (tmp_path / "bucket" / "v00000001" / "manifest.json").write_text(json.dumps({"version": 1, "files": entries}))
+    with pytest.raises(ValueError, match=r"manifest\.json must list exactly"):
+        bucket.read(1)
+    with pytest.raises(ValueError, match=r"manifest\.json must list exactly"):
+        fetch_version(bucket.version_url(1), tmp_path / "cache")
+    assert outside.read_bytes() == b"secret" and not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize("where", ["memory", "local"])
+def test_a_manifest_naming_dev_zero_is_refused_without_hanging(tmp_path, where):
+    bucket = AdapterBucket(f"memory://rlvr-zero-{uuid.uuid4().hex}" if where == "memory" else tmp_path / "b")
+    bucket.publish_files(1, GOOD)
+    entries = _entries(GOOD)
+    entries["/dev/zero"] = {"bytes": 0, "sha256": hashlib.sha256(b"").hexdigest()}
+    bucket.fs.pipe_file(f"{bucket.root}/v00000001/manifest.json",
+                        json.dumps({"version": 1, "files": entries}).encode())
+    err = _no_hang(fetch_version, bucket.version_url(1), tmp_path / "cache")
+    assert isinstance(err, ValueError) and "must list exactly" in str(err)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero-link", "outside-link"])
+def test_a_payload_that_is_not_a_regular_file_inside_its_version_is_refused_without_hanging(tmp_path, kind):
+    """The manifest names the right file, but on disk it is a FIFO (opening it would wait for a writer forever),
+    a symlink to /dev/zero (whose reading never ends) or a symlink to a file elsewhere with the right bytes."""
+    bucket = AdapterBucket(tmp_path / "b")
+    bucket.publish_files(1, {**GOOD, "adapter_model.safetensors": b""})
+    payload = tmp_path / "b" / "v00000001" / "adapter_model.safetensors"
+    payload.unlink()
+    if kind == "fifo":
+        os.mkfifo(payload)
+    elif kind == "dev-zero-link":
+        payload.symlink_to("/dev/zero")
+    else:
+        (tmp_path / "elsewhere").write_bytes(b"")
+        payload.symlink_to(tmp_path / "elsewhere")
+    err = _no_hang(bucket.read, 1)
+    assert isinstance(err, ValueError), err
+    assert isinstance(_no_hang(fetch_version, bucket.version_url(1), tmp_path / "cache"), ValueError)
+
+
+def test_manifests_that_are_not_what_rlvr_writes_are_refused(tmp_path):
+    bucket = AdapterBucket(tmp_path)
+    bucket.publish_files(1, GOOD)
+    manifest = tmp_path / "v00000001" / "manifest.json"
+    good = json.loads(manifest.read_text())
+    for bad in ([good], {**good, "version": 2}, {**good, "version": True},
+                {**good, "files": {**good["files"], "adapter_config.json": {"bytes": 2 << 20, "sha256": "0" * 64}}},
+                {**good, "files": {**good["files"], "adapter_config.json": {"bytes": 2, "sha256": "../x"}}}):
+        manifest.write_text(json.dumps(bad))
+        with pytest.raises(ValueError, match=r"manifest\.json"):
+            bucket.read(1)
+    manifest.write_bytes(b" " * (1 << 20))  # larger than any manifest: not read whole
+    with pytest.raises(ValueError, match="larger than any rlvr writes"):
+        bucket.read(1)
+    with pytest.raises(ValueError, match="exactly"):
+        bucket.publish_files(2, {**GOOD, "../x": b""})
+
+
+@pytest.mark.parametrize("name", ["v²", "v0000000²", "v1", "vx", "v" + "9" * 200])
+def test_directory_names_that_are_not_plain_version_numbers_are_ignored(tmp_path, name):
+    """``"²".isdigit()`` is True but ``int("²")`` fails: such names must neither crash nor count as versions."""
+    bucket = AdapterBucket(tmp_path)
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "manifest.json").write_text("{}")
+    for v in (1, 2):
+        bucket.publish_files(v, GOOD)
+    assert bucket.versions() == [1, 2] and bucket.gc(keep=1) == [1]
+    assert (tmp_path / name).is_dir()
+    with pytest.raises(FileNotFoundError, match="vNNNNNNNN"):
+        fetch_version(str(tmp_path / name), tmp_path / "cache")
+
+
+def test_the_fetch_cache_keeps_the_last_versions_only(tmp_path):
+    from rlvr.bucket import evict_version
+
+    url = f"memory://rlvr-cache-{uuid.uuid4().hex}"
+    bucket, cache = AdapterBucket(url), tmp_path / "cache"
+    fetched = []
+    for v in range(1, 5):
+        bucket.publish_files(v, {**GOOD, "adapter_model.safetensors": bytes([v])})
+        fetched.append(fetch_version(bucket.version_url(v), cache, keep=2))
+    assert sorted(cache.iterdir()) == fetched[2:]  # the two fetched last
+    assert (fetched[3] / "adapter_model.safetensors").read_bytes() == bytes([4])
+    again = fetch_version(bucket.version_url(3), cache, keep=2)  # fetched again: one copy, now the newest
+    assert sorted(cache.iterdir()) == sorted([fetched[3], again])
+    assert evict_version(bucket.version_url(3), cache) and sorted(cache.iterdir()) == [fetched[3]]
+    assert not evict_version(bucket.version_url(3), cache)

@@ -169,3 +169,26 @@ def test_a_failing_sampler_is_raised_in_the_learner():
     with pytest.raises(ConnectionError, match="unreachable"):
         orch.take(2, version=0, timeout_s=10)
     orch.stop()
+
+
+def test_the_learners_wait_is_a_deadline_on_progress():
+    """take(timeout_s) raises when no group arrives for that long, whatever the number asked for: groups that keep
+    coming are waited for even when all of them together take longer than the deadline."""
+    sampler = ScriptedSampler(hold=True)
+    orch = _orchestrator(sampler, max_inflight=2).start()
+
+    def trickle(n: int) -> None:
+        for _ in range(n):
+            time.sleep(0.4)
+            sampler.release.release()
+
+    feeder = threading.Thread(target=trickle, args=(6,))
+    feeder.start()
+    taken = orch.take(6, version=0, timeout_s=2.0)  # 6 x 0.4 s > 2 s, but never 2 s without a group
+    feeder.join()
+    assert len(taken.groups) == 6
+    with pytest.raises(TimeoutError, match=r"no scored group for 0.3 s \(0 of 2 taken\)"):
+        orch.take(2, version=0, timeout_s=0.3)
+    for _ in range(4):
+        sampler.release.release()
+    orch.stop()

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from rlvr.bucket import AdapterBucket
-from rlvr.config import load_config
+from rlvr.config import load_config, to_yaml
 from rlvr.models import LoraSpec, add_lora, load_causal_lm
 from rlvr.rollout import SamplingParams, StaleVersion
 from rlvr.rollout.remote import AdapterSyncError, NoServerError, RemoteSampler, ServerPool
@@ -235,3 +235,42 @@ def test_a_server_that_was_away_drops_the_versions_it_missed_the_unload_of(tiny_
     finally:
         stuck.stop()
         fast.stop()
+
+
+def test_the_pool_against_a_server_with_an_api_key(tiny_model_dir, tokenizer, tmp_path, monkeypatch):
+    """`rlvr serve` started with a key (through RLVR_API_KEY, as the runtimes do): the pool with the key samples;
+    without it, or with another, it stops before any work with an error that says where the key comes from - and
+    build_sampler reads the key from the variable rollout.api_key_env names, never from the config."""
+    from rlvr.rollout.remote import ServerAuthError
+    from rlvr.train.build import build_sampler
+
+    server = ServerProcess(tiny_model_dir, api_key="k-3f9a").wait_ready()
+    try:
+        for key, hint in ((None, "requires an API key and the pool sent none"),
+                          ("k-wrong", "does not accept the pool's API key")):
+            pool = ServerPool([server.url], api_key=key)
+            with pytest.raises(ServerAuthError, match=f"refused the request \\(401.*{hint}.*rollout.api_key_env"):
+                pool.wait_ready(30)
+            with pytest.raises(AdapterSyncError, match=f"401.*{hint}"):  # a pool that skipped wait_ready
+                pool.load_adapter("policy-v0", str(tmp_path))
+            pool.close()
+        model = _trainer(tiny_model_dir)
+        sampler = _sampler([server.url], model, tokenizer, tmp_path, api_key="k-3f9a")
+        sampler.sync(0)
+        assert sampler.sample(PROMPTS, 2, PARAMS, seed=0).num_groups == 4
+        sampler.close()
+
+        overrides = ["rollout.backend=server", f"rollout.servers=[{server.url}]", "rollout.api_key_env=MY_ROLLOUT_KEY",
+                     "rollout.server_wait_s=30", f"model.name={tiny_model_dir}"]
+        cfg = load_config(None, overrides)
+        monkeypatch.delenv("MY_ROLLOUT_KEY", raising=False)
+        with pytest.raises(ServerAuthError, match="sent none"):
+            build_sampler(cfg, model, tokenizer, tmp_path)
+        monkeypatch.setenv("MY_ROLLOUT_KEY", "k-3f9a")
+        sampler = build_sampler(cfg, model, tokenizer, tmp_path)
+        sampler.sync(1)
+        assert sampler.sample(PROMPTS[:1], 2, PARAMS, seed=0).version.tolist() == [1, 1]
+        sampler.close()
+        assert "k-3f9a" not in to_yaml(cfg) and "MY_ROLLOUT_KEY" in to_yaml(cfg)  # what the run directory keeps
+    finally:
+        server.stop()

@@ -119,3 +119,38 @@ def test_resume_applies_a_changed_learning_rate_and_says_so(tiny_model_dir, tmp_
     assert records[2]["lr"] == pytest.approx(0.01 * 3 / 4)
     assert records[3]["lr"] == pytest.approx(0.02 * 4 / 4)
     assert load_config(out / "config.yaml").train.lr == 0.02
+
+
+def _two_steps(tiny_model_dir, out):
+    base = _overrides(tiny_model_dir, out, True) + ["eval.every=0"]
+    train(load_config(ROOT / "examples" / "demo.yaml", base + ["train.steps=2"]))
+    return base
+
+
+def test_a_torn_last_log_line_is_dropped_on_resume(tiny_model_dir, tmp_path, capsys):
+    """A run killed in the middle of writing a record leaves a last line without its newline; resuming used to
+    fail on it until the file was edited by hand."""
+    out = tmp_path / "run"
+    base = _two_steps(tiny_model_dir, out)
+    steps = [r["step"] for r in _records(out, "metrics.jsonl")]
+    with (out / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 3, "loss": 0.12')
+    with (out / "samples.jsonl").open("a") as f:
+        f.write('{"step": 3, "row": 1, "te')
+    capsys.readouterr()
+    train(load_config(ROOT / "examples" / "demo.yaml", base + ["train.steps=3", "resume=auto"]))
+    printed = capsys.readouterr().out
+    assert f"{out / 'metrics.jsonl'}: dropped its last line" in printed
+    assert f"{out / 'samples.jsonl'}: dropped its last line" in printed
+    assert [r["step"] for r in _records(out, "metrics.jsonl")] == [*steps, 3]
+    assert {r["step"] for r in _records(out, "samples.jsonl")} == {1, 2, 3}
+
+
+def test_a_corrupt_log_line_before_the_last_is_an_error_naming_it(tiny_model_dir, tmp_path):
+    out = tmp_path / "run"
+    base = _two_steps(tiny_model_dir, out)
+    lines = (out / "metrics.jsonl").read_text().splitlines(keepends=True)
+    lines[1] = lines[1][: len(lines[1]) // 2] + "\n"  # damaged, yet not the last line: not a torn write
+    (out / "metrics.jsonl").write_text("".join(lines))
+    with pytest.raises(ValueError, match=r"metrics\.jsonl, line 2: not a record with a step .* fix or delete"):
+        train(load_config(ROOT / "examples" / "demo.yaml", base + ["train.steps=3", "resume=auto"]))

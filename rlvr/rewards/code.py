@@ -3,10 +3,10 @@
 The test format is recognised per row from the dataset's columns (see ``rlvr.verifiers.code_formats``):
 input/output calls (``entry_point`` + ``tests: [{"input", "output"}]``), stdin/stdout programs (``tests:
 [{"stdin", "stdout"}]``), HumanEval (``test`` defining ``check(candidate)`` + ``entry_point``) or MBPP
-(``test_list`` of asserts, optional ``test_setup_code``). The code is the last fenced ```python block of
-the completion, else the last fenced block, else the whole completion. Score: 1.0 when every test passes
-(or the fraction passed, with ``partial_credit``), None when the sandbox itself failed (excluded from
-training, counted).
+(``test_list`` of asserts, optional ``test_setup_code`` / ``test_imports``). The code is the last fenced
+```python block of the completion, else the last fenced block, else the whole completion. Score: 1.0 when
+every test passes (or the fraction passed, with ``partial_credit``), None when the sandbox itself failed
+(excluded from training, counted).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from rlvr.verifiers.code_formats import make_job, score
 from rlvr.verifiers.sandbox import Limits, Sandbox
 
 _FENCE = re.compile(r"```([A-Za-z0-9_+-]*)[ \t]*\n(.*?)```", re.DOTALL)
-TEST_COLUMNS = ("entry_point", "tests", "test", "test_list", "test_setup_code")
+TEST_COLUMNS = ("entry_point", "tests", "test", "test_list", "test_setup_code", "test_imports")
 
 
 def extract_code(text: str) -> str:

@@ -6,6 +6,10 @@
 - A watcher restarts a server that dies (up to ``restarts`` times) on the same port, so the pool's probe finds
   it again and loads the current adapters onto it before giving it work.
 - ``servers.json`` in the run directory names every server's URL and pid (for operators and tests).
+- The servers listen on loopback only and, given an ``api_key`` (the learner makes a random one per run), require
+  it on every route but /health; the key reaches them through their environment (``RLVR_API_KEY``), never their
+  command line, which any local user can read in /proc; they load adapters only from ``adapter_roots`` (the
+  learner gives its bucket).
 """
 
 from __future__ import annotations
@@ -55,10 +59,21 @@ class _Server:
 
 class EmbeddedServers:
     def __init__(self, model: str, count: int, threads: int, run_dir: Path, *, cores: list[list[int]] | None = None,
-                 restarts: int = 3, max_loras: int = 4, env: dict | None = None):
+                 restarts: int = 3, max_loras: int = 4, env: dict | None = None, api_key: str | None = None,
+                 adapter_roots: tuple[str, ...] = (), adapter_protocols: tuple[str, ...] = ("file",)):
         self.model, self.threads, self.run_dir, self.restarts_allowed = model, threads, run_dir, restarts
         self.max_loras = max_loras
         self.env = dict(os.environ if env is None else env)
+        self.env.pop("RLVR_API_KEY", None)  # the servers get this run's key, or none
+        if api_key:
+            self.env["RLVR_API_KEY"] = api_key
+        if any("," in r for r in (*adapter_roots, *adapter_protocols)):
+            raise ValueError(f"rlvr serve takes adapter roots as a comma-separated list: {adapter_roots} cannot be "
+                             "passed (use a bucket path without commas)")
+        self.adapter_flags = []
+        if adapter_roots:  # the servers load adapters from the run's bucket and nowhere else
+            self.adapter_flags = ["--allowed-adapter-roots", ",".join(adapter_roots),
+                                  "--allowed-protocols", ",".join(adapter_protocols)]
         self.servers = [_Server(i, _free_port(), cores[i] if cores else None) for i in range(count)]
         self._stop = threading.Event()
         self._watcher = threading.Thread(target=self._watch, name="rlvr-servers", daemon=True)
@@ -70,8 +85,9 @@ class EmbeddedServers:
 
     def _spawn(self, server: _Server, env: dict) -> None:
         log = (self.run_dir / "servers" / f"server-{server.index}.log").open("ab")
-        cmd = [sys.executable, "-m", "rlvr", "serve", self.model, "--port", str(server.port),
-               "--threads", str(self.threads), "--max-loras", str(self.max_loras), "--parent-pid", str(os.getpid())]
+        cmd = [sys.executable, "-m", "rlvr", "serve", self.model, "--host", "127.0.0.1", "--port", str(server.port),
+               "--threads", str(self.threads), "--max-loras", str(self.max_loras), "--parent-pid", str(os.getpid()),
+               *self.adapter_flags]
         if server.cores:
             cmd += ["--cores", ",".join(map(str, server.cores))]
         server.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)

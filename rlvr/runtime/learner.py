@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import time
 
 import torch
@@ -22,7 +23,7 @@ from tqdm.auto import tqdm
 from rlvr.bucket import AdapterBucket
 from rlvr.config import RunConfig
 from rlvr.core import group_advantages, informative_groups
-from rlvr.rollout.remote import RemoteSampler, ServerPool
+from rlvr.rollout.remote import NoServerError, RemoteSampler, ServerPool, api_key_from_env
 from rlvr.runtime.orchestrator import Orchestrator, Taken, stack
 from rlvr.train.build import sampling_params
 from rlvr.train.collect import Collected, Round
@@ -30,33 +31,59 @@ from rlvr.train.run import open_run, stop_on_interrupt
 
 
 def _start_servers(cfg: RunConfig, model_dir, run_dir, stack_: contextlib.ExitStack):
-    """URLs of the rollout servers, how to find a server again after it restarts (Ray, else None), and the
-    launcher (None for servers the user started)."""
+    """URLs of the rollout servers, how to find a server again after it restarts (Ray, else None), the launcher
+    (None for servers the user started) and the API key to send them: the user's (from the environment variable
+    rollout.api_key_env), or a random one made here for the servers started here."""
     a = cfg.asynchronous
     if cfg.rollout.servers:
-        return list(cfg.rollout.servers), None, None
+        return list(cfg.rollout.servers), None, None, api_key_from_env(cfg.rollout.api_key_env)
+    api_key = secrets.token_urlsafe(32)  # this run's servers accept no one else's requests
+    roots, protocols = adapter_access(cfg.rollout.bucket or str(run_dir / "adapters"))
     if a.runtime == "ray":
         from rlvr.runtime.ray_servers import RayServers
 
         servers = RayServers(str(model_dir), a.servers, a.server_threads, address=a.ray_address,
-                             restarts=a.server_restarts, max_loras=a.max_staleness + 3, run_dir=run_dir)
+                             restarts=a.server_restarts, max_loras=a.max_staleness + 3, run_dir=run_dir,
+                             host=a.server_host, api_key=api_key, adapter_roots=roots, adapter_protocols=protocols)
         stack_.callback(servers.stop)
-        return servers.start(), servers.resolve, servers
+        return servers.start(), servers.resolve, servers, api_key
     from rlvr.runtime.embedded import EmbeddedServers, plan_cores
 
     plan = plan_cores(a.servers, a.server_threads, a.learner_threads) if a.pin else None
     servers = EmbeddedServers(str(model_dir), a.servers, a.server_threads, run_dir, restarts=a.server_restarts,
-                              cores=plan[1] if plan else None, max_loras=a.max_staleness + 3)
+                              cores=plan[1] if plan else None, max_loras=a.max_staleness + 3, api_key=api_key,
+                              adapter_roots=roots, adapter_protocols=protocols)
     stack_.callback(servers.stop)
     urls = servers.start()
     if plan:  # the learner keeps to its own cores while it runs
         previous = os.sched_getaffinity(0)
         os.sched_setaffinity(0, plan[0])
         stack_.callback(os.sched_setaffinity, 0, previous)
-    return urls, None, servers
+    return urls, None, servers, api_key
+
+
+def adapter_access(bucket: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """What the servers started here may load adapters from: the run's bucket (a directory, made absolute, or an
+    fsspec URL with its protocol), nothing else."""
+    protocol, sep, _ = bucket.partition("://")
+    if sep and protocol.lower() not in ("file", "local"):
+        return (bucket.rstrip("/"),), ("file", protocol.lower())
+    return (os.path.abspath(bucket.partition("://")[2] if sep else bucket),), ("file",)
 
 
 EMBEDDED_STARTUP_S = 120.0
+MAX_ATTEMPTS = 4  # servers a request is tried on
+SCORING_MARGIN_S = 300.0
+
+
+def learner_wait_s(cfg: RunConfig) -> float:
+    """How long the learner waits for the next scored group: async.learner_wait_s, or (0) the longest a healthy
+    pool can take for one request - every attempt running to its deadline after waiting for a server - plus
+    time to score it."""
+    if cfg.asynchronous.learner_wait_s > 0:
+        return cfg.asynchronous.learner_wait_s
+    r = cfg.rollout
+    return MAX_ATTEMPTS * (r.request_timeout_s + r.server_wait_s) + SCORING_MARGIN_S
 
 
 def _collected(taken: Taken, G: int, scale: str, adv_eps: float, negative_scale: float) -> Collected:
@@ -71,12 +98,12 @@ def train_async(cfg: RunConfig) -> dict:
     """Train with generation on rollout servers overlapped with the updates; returns the summary."""
     run = open_run(cfg)
     a, algo, B, G = cfg.asynchronous, cfg.algo, cfg.train.prompts_per_step, cfg.rollout.group_size
-    with contextlib.ExitStack() as stack_, stop_on_interrupt() as stop:
-        urls, resolve, launcher = _start_servers(cfg, run.data.model_dir, run.run_dir, stack_)
+    with contextlib.ExitStack() as stack_, stop_on_interrupt() as stop, run.writer:
+        urls, resolve, launcher, api_key = _start_servers(cfg, run.data.model_dir, run.run_dir, stack_)
         threads = a.learner_threads or (len(os.sched_getaffinity(0)) if a.pin else torch.get_num_threads())
         torch.set_num_threads(max(threads, 1))
-        pool = ServerPool(urls, request_timeout_s=cfg.rollout.request_timeout_s, resolve=resolve,
-                          no_server_wait_s=cfg.rollout.server_wait_s, probe_interval_s=2.0)
+        pool = ServerPool(urls, api_key=api_key, request_timeout_s=cfg.rollout.request_timeout_s, resolve=resolve,
+                          no_server_wait_s=cfg.rollout.server_wait_s, probe_interval_s=2.0, max_attempts=MAX_ATTEMPTS)
         # servers started here are loading the model: they get at least EMBEDDED_STARTUP_S to come up
         pool.wait_ready(cfg.rollout.server_wait_s if launcher is None else max(cfg.rollout.server_wait_s,
                                                                                EMBEDDED_STARTUP_S))
@@ -96,9 +123,18 @@ def train_async(cfg: RunConfig) -> dict:
         bar = tqdm(range(run.start + 1, cfg.train.steps + 1), disable=not cfg.log.progress,
                    desc=f"async {algo.preset}", unit="step", initial=run.start, total=cfg.train.steps)
         busy, clock = sampler.busy_seconds(), time.perf_counter()
+        wait_s = learner_wait_s(cfg)
         for step in bar:
             before = orchestrator.stats.__dict__.copy()
-            taken = orchestrator.take(B, version=step - 1, dynamic_sampling=algo.dynamic_sampling)
+            try:
+                taken = orchestrator.take(B, version=step - 1, dynamic_sampling=algo.dynamic_sampling, timeout_s=wait_s)
+            except TimeoutError:
+                logs = f" (logs: {run.run_dir / 'servers'})" if launcher is not None and a.runtime != "ray" else ""
+                raise NoServerError(
+                    f"step {step}: no scored group came from the rollout servers for {wait_s:.0f} s "
+                    f"(async.learner_wait_s): {pool.stats.requests} requests sent, {pool.stats.answers_rejected} "
+                    f"answers rejected as malformed, {len(pool.live())} of {len(urls)} servers live. Check the "
+                    f"servers{logs}, or raise async.learner_wait_s if generation is this slow") from None
             c = _collected(taken, G, algo.scale, algo.adv_eps, algo.negative_scale)
             metrics = run.update(c, step)
             now_busy, now = sampler.busy_seconds(), time.perf_counter()

@@ -155,15 +155,15 @@ class Orchestrator:
     def take(self, n: int, version: int, dynamic_sampling: bool = False, timeout_s: float | None = None) -> Taken:
         """``n`` scored groups to train at ``version`` (blocks until they are there). Groups staler than
         max_staleness are dropped and their prompts dispatched again; with dynamic sampling, groups whose
-        rewards are all equal are dropped for good."""
+        rewards are all equal are dropped for good. ``timeout_s``: raise ``TimeoutError`` when no group (nor
+        a dispatcher's error) arrives for that long - a deadline on progress, so the learner never hangs."""
         taken = Taken([])
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while len(taken.groups) < n:
             waited = time.perf_counter()
             try:
-                item = self._ready.get(timeout=None if deadline is None else max(deadline - time.monotonic(), 0))
+                item = self._ready.get(timeout=timeout_s)
             except queue.Empty:
-                raise TimeoutError(f"no scored group within {timeout_s} s") from None
+                raise TimeoutError(f"no scored group for {timeout_s:g} s ({len(taken.groups)} of {n} taken)") from None
             taken.idle_s += time.perf_counter() - waited
             if isinstance(item, _Failed):
                 raise item.error

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import socket
+import sys
+from dataclasses import replace
 
-from rlvr.serve.engine import Engine
+from rlvr.serve.engine import DEFAULT_QUEUED_ROWS, Engine
+from rlvr.serve.security import AdapterPolicy, check_api_key, is_loopback
 
 PR_SET_PDEATHSIG = 1
 
@@ -22,14 +25,29 @@ def tie_to_parent(parent_pid: int) -> None:
 
 def serve(model: str, host: str = "127.0.0.1", port: int = 8000, max_loras: int = 4, threads: int = 0,
           max_model_len: int = 0, served_model_name: str = "", max_num_seqs: int = 256, batch_wait_ms: float = 10.0,
-          parent_pid: int = 0, cores: tuple[int, ...] = ()) -> None:
+          parent_pid: int = 0, cores: tuple[int, ...] = (), *, api_key: str | None = None,
+          allowed_adapter_roots: tuple[str, ...] = (), allowed_protocols: tuple[str, ...] = ("file",),
+          max_batch_tokens: int = 0, max_queued_rows: int = DEFAULT_QUEUED_ROWS,
+          max_body_mb: float = 4.0, body_timeout_s: float = 30.0) -> None:
     """Listen on host:port (0: any free port) and serve until interrupted. The first line printed names the URL;
     the model loads in the background (requests get 503 until it is ready). ``parent_pid``: exit when that
-    process dies; ``cores``: run on these CPU cores only."""
+    process dies; ``cores``: run on these CPU cores only. ``api_key`` None: the ``RLVR_API_KEY`` environment
+    variable (if set). Without ``allowed_adapter_roots``, a loopback server loads adapters from any local
+    directory and any other refuses every adapter path (rlvr.serve.security)."""
     import os
 
     import uvicorn
 
+    if api_key is None:
+        api_key = os.environ.get("RLVR_API_KEY", "")
+    if api_key:
+        check_api_key(api_key)
+    if max_body_mb <= 0 or body_timeout_s <= 0:
+        raise ValueError("--max-body-mb and --body-timeout-s must be positive")
+    if allowed_adapter_roots:
+        policy = AdapterPolicy.parse(allowed_adapter_roots, allowed_protocols)
+    else:
+        policy = replace(AdapterPolicy.default(host), protocols=AdapterPolicy.parse((), allowed_protocols).protocols)
     if parent_pid:
         tie_to_parent(parent_pid)
     if cores:
@@ -37,15 +55,27 @@ def serve(model: str, host: str = "127.0.0.1", port: int = 8000, max_loras: int 
 
     from rlvr.serve.app import create_app
 
-    engine = Engine(model, max_loras, max_model_len, max_num_seqs, batch_wait_ms / 1000, threads).start()
-    app = create_app(engine, served_model_name or model)
+    engine = Engine(model, max_loras, max_model_len, max_num_seqs, batch_wait_ms / 1000, threads,
+                    max_batch_tokens=max_batch_tokens, max_queued_rows=max_queued_rows, adapter_policy=policy).start()
+    app = create_app(engine, served_model_name or model, api_key=api_key, max_body_bytes=int(max_body_mb * 2**20),
+                     body_timeout_s=body_timeout_s)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     bound = sock.getsockname()[1]
     print(f"rlvr serve: listening on http://{host}:{bound} (model {served_model_name or model})", flush=True)
-    uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5)).run(sockets=[sock])
+    print(f"rlvr serve: {policy.describe()}; API key {'required' if api_key else 'not required'}", flush=True)
+    if not is_loopback(host):
+        if not api_key:
+            print(f"rlvr serve: warning: {host} is not loopback and there is no --api-key: anyone who can reach this "
+                  "port can generate and load adapters (docs/security.md)", file=sys.stderr, flush=True)
+        print("rlvr serve: note: TLS is not built in; across untrusted networks put this server behind a TLS "
+              "proxy", file=sys.stderr, flush=True)
+    try:
+        uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5)).run(sockets=[sock])
+    finally:
+        engine.close(wait_s=1.0)
 
 
-__all__ = ["Engine", "serve"]
+__all__ = ["AdapterPolicy", "Engine", "serve"]

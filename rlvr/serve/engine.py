@@ -10,15 +10,30 @@ so a seeded request gives the same tokens whatever it is batched with.
 Adapters are held by peft, several at once (``max_loras``), under internal names, so that ``load_inplace``
 can swap one without a moment where the name is missing; the files are checked (readable config and
 safetensors) before the model is touched, and a failed load leaves the resident adapters as they were.
+
+Bounds: a batch holds at most ``max_num_seqs`` completions and ``max_batch_tokens`` KV-cache positions
+(completions × (longest prompt + max_tokens)); a request larger than that runs as several batches of whole
+prompts, in order, and one whose single prompt cannot fit is refused. At most ``max_queued_rows`` completions
+are accepted and unfinished at once (beyond: ``ServerBusy``, 503). A request whose future is cancelled (its
+client went away) is dropped: its queued prompts never run, and a running batch whose every request is
+cancelled stops at the next decoding step. Nothing sent after an adapter load or unload joins a batch that
+runs before it, so a request sent after ``load_inplace`` never sees the old weights.
+
+Adapter paths are checked against an ``AdapterPolicy`` (rlvr.serve.security) before anything is read or
+fetched; errors say "adapter path not allowed" or "could not load adapter" with a fixed reason, never the
+text of an exception (which may quote a remote server or a path). A downloaded copy is deleted once loaded.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import itertools
 import json
 import queue
 import secrets
+import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -33,14 +48,31 @@ from rlvr.models import backbone_and_head, load_causal_lm, load_tokenizer, model
 from rlvr.prompts import left_pad
 from rlvr.rollout.engine import SamplingParams, generate_groups
 from rlvr.rollout.groups import eos_token_ids, stop_string_checker
+from rlvr.serve.security import NOT_ALLOWED, AdapterPathError, AdapterPolicy
+
+DEFAULT_BATCH_TOKENS = 1 << 17  # 131,072 KV positions: ~6 GB of fp32 cache for SmolLM2-135M
+DEFAULT_QUEUED_ROWS = 4096
+RETRY_AFTER_S = 1
+_STOP = object()  # queued by close(): the engine thread ends
 
 
 class EngineError(Exception):
     """A request the engine refuses; ``status`` is the HTTP status to answer with."""
 
-    def __init__(self, message: str, status: int = 400):
+    def __init__(self, message: str, status: int = 400, headers: dict[str, str] | None = None):
         super().__init__(message)
-        self.status = status
+        self.status, self.headers = status, headers or {}
+
+
+class ServerBusy(EngineError):
+    """The queue is full: 503 with Retry-After."""
+
+    def __init__(self, message: str):
+        super().__init__(message, 503, {"Retry-After": str(RETRY_AFTER_S)})
+
+
+class _Abandoned(Exception):
+    """Every request of the running batch was cancelled."""
 
 
 @dataclass
@@ -64,6 +96,8 @@ class Job:
     seed: int | None = None
     top_logprobs: int = 0
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+    taken: int = 0  # prompts handed to batches so far (a large request runs in several)
+    results: list[Generation] = field(default_factory=list)
 
     def key(self) -> tuple:
         return (self.adapter, self.params, self.n, self.top_logprobs)
@@ -71,6 +105,10 @@ class Job:
     @property
     def rows(self) -> int:
         return len(self.prompts) * self.n
+
+    def tokens(self, prompt: list[int]) -> int:
+        """KV-cache positions this prompt's n completions take in a batch."""
+        return self.n * (len(prompt) + self.params.max_new_tokens)
 
 
 @dataclass
@@ -86,6 +124,19 @@ def _row_seed(seed: int, prompt: int, choice: int) -> int:
     return ((seed * 1_000_003 + prompt) * 1_009 + choice) % (1 << 63)
 
 
+def _settle(future: concurrent.futures.Future, result=None, error: BaseException | None = None) -> None:
+    """Complete a future unless its request was cancelled meanwhile."""
+    with contextlib.suppress(concurrent.futures.InvalidStateError):
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+
+
+def _log(message: str) -> None:
+    print(f"rlvr serve: {message}", file=sys.stderr, flush=True)
+
+
 def check_adapter_files(path: Path) -> dict:
     """The adapter's config, after checking that its config and weights can be read (before any model change)."""
     from safetensors.torch import load_file
@@ -93,10 +144,12 @@ def check_adapter_files(path: Path) -> dict:
     try:
         config = json.loads((path / "adapter_config.json").read_text())
         weights = load_file(str(path / "adapter_model.safetensors"))
-    except (OSError, ValueError) as err:
-        raise EngineError(f"cannot read a LoRA adapter at {path}: {err}") from None
-    if config.get("peft_type", "LORA") != "LORA" or not weights:
-        raise EngineError(f"{path} does not hold a LoRA adapter (peft_type {config.get('peft_type')!r})")
+    except (OSError, ValueError, RuntimeError) as err:
+        _log(f"adapter at {str(path)!r} unreadable: {type(err).__name__}: {err}")
+        raise EngineError("could not load adapter: adapter_config.json and adapter_model.safetensors must be "
+                          "readable") from None
+    if not isinstance(config, dict) or config.get("peft_type", "LORA") != "LORA" or not weights:
+        raise EngineError("could not load adapter: not a LoRA adapter")
     return config
 
 
@@ -104,24 +157,36 @@ class Engine:
     """Owns the model; everything that touches it runs on the engine thread."""
 
     def __init__(self, model: str, max_loras: int = 4, max_model_len: int = 0, max_num_seqs: int = 256,
-                 batch_wait_s: float = 0.01, threads: int = 0):
+                 batch_wait_s: float = 0.01, threads: int = 0, *, max_batch_tokens: int = 0,
+                 max_queued_rows: int = DEFAULT_QUEUED_ROWS, adapter_policy: AdapterPolicy | None = None):
         self.model_dir = resolve_model_dir(model)
         self.tokenizer = load_tokenizer(self.model_dir)
         context = model_context(self.model_dir)
         self.max_model_len = min(max_model_len, context) if max_model_len else context
+        if min(max_loras, max_num_seqs, max_queued_rows) < 1 or max_batch_tokens < 0:
+            raise ValueError("--max-loras, --max-num-seqs and --max-queued-rows must be at least 1, "
+                             "--max-batch-tokens at least 0")
         self.max_loras, self.max_num_seqs = max_loras, max_num_seqs
+        self.max_batch_tokens = max_batch_tokens or max(DEFAULT_BATCH_TOKENS, self.max_model_len)
+        self.max_queued_rows = max_queued_rows
+        self.policy = adapter_policy or AdapterPolicy.default("127.0.0.1")
         self.batch_wait_s, self.threads = batch_wait_s, threads
-        self.adapters: dict[str, str] = {}  # public name -> lora_path it was loaded from
-        self._internal: dict[str, str] = {}  # public name -> peft adapter name
+        # public name -> lora_path it was loaded from; replaced whole by the engine thread, never changed in
+        # place, so other threads may iterate the dict they read
+        self.adapters: dict[str, str] = {}
+        self._internal: dict[str, str] = {}  # public name -> peft adapter name (engine thread only)
         self._names = (f"a{i}" for i in itertools.count())
         self._queue: queue.Queue = queue.Queue()
         self._waiting: list = []
+        self._lock = threading.Lock()
+        self.queued_rows = 0  # completions accepted and not finished
         self.ready = threading.Event()
         self.load_error: str | None = None
         self._cache = Path(tempfile.mkdtemp(prefix="rlvr-serve-adapters-"))
         self._base = self._peft = None
         self.busy_s = 0.0  # time spent generating
         self.batches = self.requests = self.rows = 0  # batches run, requests served in them, completions
+        self.cancelled = 0  # requests dropped because their client went away
         self.loads = 0  # adapter loads attempted
         self._thread = threading.Thread(target=self._run, name="rlvr-engine", daemon=True)
 
@@ -129,9 +194,47 @@ class Engine:
         self._thread.start()
         return self
 
+    def close(self, wait_s: float = 5.0) -> None:
+        """Stop the engine thread once its current batch ends (requests still waiting fail with 503) and remove
+        the download cache."""
+        if self._thread.is_alive():
+            self._queue.put(_STOP)
+            self._thread.join(wait_s)
+        shutil.rmtree(self._cache, ignore_errors=True)
+
+    def check(self, job: Job) -> None:
+        """Refuse (400) a request that can never run within the bounds; says which knob to lower."""
+        if not job.prompts or job.n < 1:
+            raise EngineError("a request needs at least one prompt and n >= 1")
+        if job.n > self.max_num_seqs:
+            raise EngineError(f"n={job.n} is more than this server decodes at once (--max-num-seqs "
+                              f"{self.max_num_seqs}): lower n")
+        if job.rows > self.max_queued_rows:
+            raise EngineError(f"{len(job.prompts)} prompts x n={job.n} = {job.rows} completions is more than this "
+                              f"server accepts at once (--max-queued-rows {self.max_queued_rows}): send fewer "
+                              "prompts per request")
+        longest = max(job.prompts, key=len)
+        if job.tokens(longest) > self.max_batch_tokens:
+            raise EngineError(f"n={job.n} x ({len(longest)} prompt + {job.params.max_new_tokens} completion tokens) "
+                              f"= {job.tokens(longest)} tokens is more than one batch holds (--max-batch-tokens "
+                              f"{self.max_batch_tokens}): lower n, max_tokens or the prompt length")
+
     def submit(self, job: Job | AdapterJob) -> concurrent.futures.Future:
+        """Queue a job; EngineError (400) if it can never fit, ServerBusy (503) while the queue is full."""
+        if isinstance(job, Job):
+            self.check(job)
+            with self._lock:
+                if self.queued_rows + job.rows > self.max_queued_rows:
+                    raise ServerBusy(f"the server is busy ({self.queued_rows} completions queued, at most "
+                                     f"{self.max_queued_rows}); retry later or on another server")
+                self.queued_rows += job.rows
+            job.future.add_done_callback(lambda _, rows=job.rows: self._release(rows))
         self._queue.put(job)
         return job.future
+
+    def _release(self, rows: int) -> None:
+        with self._lock:
+            self.queued_rows -= rows
 
     # --- the engine thread ------------------------------------------------------------------------------
     def _run(self) -> None:
@@ -142,42 +245,99 @@ class Engine:
             self.eos_ids = eos_token_ids(self._base, self.tokenizer)
         except Exception as err:  # noqa: BLE001 (reported by /health and every request)
             self.load_error = f"{type(err).__name__}: {err}"
+            _log(f"the model failed to load: {self.load_error}")
             return
         finally:
             self.ready.set()
         while True:
-            first = self._waiting.pop(0) if self._waiting else self._queue.get()
+            if not self._waiting:
+                self._waiting.append(self._queue.get())
+            self._drain()
+            first = self._waiting[0]
+            if first is _STOP:
+                for job in self._waiting:
+                    if job is not _STOP:
+                        _settle(job.future, error=EngineError("the server is shutting down", 503))
+                return
             if isinstance(first, AdapterJob):
-                self._settle(first, self._adapter_job)
+                self._waiting.pop(0)
+                self._adapter_job(first)
                 continue
-            time.sleep(self.batch_wait_s)  # let requests sent together arrive together
-            batch = [first]
-            while True:  # everything queued so far, in arrival order
-                try:
-                    self._waiting.append(self._queue.get_nowait())
-                except queue.Empty:
+            if first.future.cancelled():
+                self._finish([first])
+                continue
+            if first.taken == 0:
+                time.sleep(self.batch_wait_s)  # let requests sent together arrive together
+                self._drain()
+            self._generate(self._next_batch())
+
+    def _drain(self) -> None:
+        while True:  # everything queued so far, in arrival order
+            try:
+                self._waiting.append(self._queue.get_nowait())
+            except queue.Empty:
+                return
+
+    def _next_batch(self) -> list[tuple[Job, int, int]]:
+        """(job, first prompt, end) pieces for the next batch: the oldest request's parameters, as many whole
+        prompts as the bounds allow, oldest first; nothing from beyond an adapter change."""
+        key = self._waiting[0].key()
+        pieces, rows, longest = [], 0, 0
+        for job in self._waiting:
+            if not isinstance(job, Job):
+                break  # requests sent after an adapter change must see the adapters as it leaves them
+            if job.future.cancelled() or job.key() != key:
+                continue
+            end = job.taken
+            while end < len(job.prompts):
+                width = max(longest, len(job.prompts[end]))
+                if rows + job.n > self.max_num_seqs or \
+                        (rows + job.n) * (width + job.params.max_new_tokens) > self.max_batch_tokens:
                     break
-            rows, rest = first.rows, []
-            for job in self._waiting:
-                if isinstance(job, Job) and job.key() == first.key() and rows + job.rows <= self.max_num_seqs:
-                    batch.append(job)
-                    rows += job.rows
-                else:
-                    rest.append(job)
-            self._waiting = rest
-            self._generate(batch)
+                rows, longest, end = rows + job.n, width, end + 1
+            if end > job.taken:
+                pieces.append((job, job.taken, end))
+                job.taken = end
+            if job.taken < len(job.prompts):
+                break  # the batch is full
+        if not pieces:  # the oldest request was cancelled meanwhile, or (check() prevents it) does not fit
+            job = self._waiting[0]
+            _settle(job.future, error=EngineError("a prompt does not fit in one batch (--max-batch-tokens)"))
+            self._finish([job])
+        return pieces
 
-    @staticmethod
-    def _settle(job, fn) -> None:
+    def _finish(self, jobs: list[Job]) -> None:
+        """Take finished, failed or cancelled requests off the waiting list."""
+        gone = {id(j) for j in jobs}
+        self._waiting = [j for j in self._waiting if id(j) not in gone]
+        self.cancelled += sum(job.future.cancelled() for job in jobs)
+
+    def _adapter_job(self, job: AdapterJob) -> None:
         try:
-            job.future.set_result(fn(job))
+            result = self._unload(job.name) if job.action == "unload" else self._load(job.name, job.path, job.inplace)
         except Exception as err:  # noqa: BLE001 (the request fails, the engine goes on)
-            job.future.set_exception(err)
+            _settle(job.future, error=err)
+        else:
+            _settle(job.future, result)
 
-    def _adapter_job(self, job: AdapterJob) -> str:
-        if job.action == "unload":
-            return self._unload(job.name)
-        return self._load(job.name, job.path, job.inplace)
+    def _fetch(self, name: str, path: str) -> tuple[Path, bool]:
+        """A local, verified copy of the adapter at an allowed path, and whether it was downloaded (fixed error
+        messages only)."""
+        try:
+            where = self.policy.resolve(path)
+        except AdapterPathError:
+            _log(f"refused lora_path {path[:300]!r} for {name!r}: outside {self.policy.describe()}")
+            raise EngineError(NOT_ALLOWED) from None
+        try:
+            local = fetch_version(where, self._cache)
+        except FileNotFoundError:
+            raise EngineError("could not load adapter: no adapter at that path", status=404) from None
+        except Exception as err:  # noqa: BLE001 (a remote's reply or a path may be quoted in it: logged, not sent)
+            _log(f"fetching {where!r} failed: {type(err).__name__}: {err}")
+            raise EngineError("could not load adapter: the adapter could not be read or did not match its "
+                              "manifest") from None
+        downloaded = "://" in where and local.resolve().is_relative_to(self._cache.resolve())
+        return local, downloaded
 
     def _load(self, name: str, path: str, inplace: bool) -> str:
         replacing = name in self._internal
@@ -187,36 +347,37 @@ class Engine:
         if not replacing and len(self._internal) >= self.max_loras:
             raise EngineError(f"{len(self._internal)} adapters are resident, the most this server holds "
                               f"(--max-loras {self.max_loras}); unload one first")
+        local, downloaded = self._fetch(name, path)
         try:
-            local = fetch_version(path, self._cache)
-        except FileNotFoundError as err:
-            raise EngineError(f"Loading lora {name} failed: no adapter found at {path} ({err})", status=404) from None
-        except (OSError, RuntimeError, ValueError) as err:
-            raise EngineError(f"cannot fetch the LoRA adapter at {path}: {err}") from None
-        check_adapter_files(local)
-        self.loads += 1
-        fault_point("adapter_load", self.loads)  # crash tests: die in the middle of the n-th load
-        internal = next(self._names)
-        try:
-            if self._peft is None:
-                from peft import PeftModel
+            check_adapter_files(local)
+            self.loads += 1
+            fault_point("adapter_load", self.loads)  # crash tests: die in the middle of the n-th load
+            internal = next(self._names)
+            try:
+                if self._peft is None:
+                    from peft import PeftModel
 
-                self._peft = PeftModel.from_pretrained(self._base, str(local), adapter_name=internal).eval()
-            else:
-                self._peft.load_adapter(str(local), adapter_name=internal)
-        except Exception as err:  # noqa: BLE001 (whatever peft raises, the resident adapters stay as they were)
-            self._drop(internal)
-            raise EngineError(f"cannot load the LoRA adapter at {path}: {type(err).__name__}: {err}") from None
+                    self._peft = PeftModel.from_pretrained(self._base, str(local), adapter_name=internal).eval()
+                else:
+                    self._peft.load_adapter(str(local), adapter_name=internal)
+            except Exception as err:  # noqa: BLE001 (whatever peft raises, the resident adapters stay as they were)
+                self._drop(internal)
+                _log(f"peft could not load {str(local)!r}: {type(err).__name__}: {err}")
+                raise EngineError("could not load adapter: it does not fit this model") from None
+        finally:
+            if downloaded:  # its weights are in memory now (or it failed): the disk holds no old versions
+                shutil.rmtree(local, ignore_errors=True)
         if replacing:
             self._drop(self._internal[name])
-        self._internal[name], self.adapters[name] = internal, path
+        self._internal[name] = internal
+        self.adapters = {**self.adapters, name: path}
         return f"Success: LoRA adapter '{name}' added successfully."
 
     def _unload(self, name: str) -> str:
         if name not in self._internal:
             raise EngineError(f"The lora adapter '{name}' cannot be found.", status=404)
         self._drop(self._internal.pop(name))
-        del self.adapters[name]
+        self.adapters = {k: v for k, v in self.adapters.items() if k != name}
         return f"Success: LoRA adapter '{name}' removed successfully."
 
     def _drop(self, internal: str) -> None:
@@ -229,43 +390,60 @@ class Engine:
         else:
             self._peft.delete_adapter(internal)
 
-    def _generate(self, batch: list[Job]) -> None:
-        first = batch[0]
+    def _generate(self, pieces: list[tuple[Job, int, int]]) -> None:
+        if not pieces:
+            return
+        jobs = [job for job, _, _ in pieces]
+        first = jobs[0]
         started = time.perf_counter()
         try:
             if first.adapter is not None and first.adapter not in self._internal:
                 raise EngineError(f"The model `{first.adapter}` does not exist.", status=404)
-            prompts = [p for job in batch for p in job.prompts]
+            prompts = [p for job, a, b in pieces for p in job.prompts[a:b]]
             ids, mask = left_pad(prompts, self.tokenizer.pad_token_id)
             generators = []
-            for job in batch:
-                seed = job.seed if job.seed is not None else secrets.randbits(62)
-                generators += [torch.Generator().manual_seed(_row_seed(seed, i, c))
-                               for i in range(len(job.prompts)) for c in range(job.n)]
+            for job, a, b in pieces:
+                if job.seed is None:  # one seed per request, however many batches it runs in
+                    job.seed = secrets.randbits(62)
+                generators += [torch.Generator().manual_seed(_row_seed(job.seed, i, c))
+                               for i in range(a, b) for c in range(job.n)]
+
+            def abandoned(*_):
+                if all(job.future.cancelled() for job in jobs):
+                    raise _Abandoned
+
             with torch.no_grad(), self._policy(first.adapter) as model:
                 backbone, head = backbone_and_head(model)
-                out = generate_groups(backbone, head, ids, mask, first.n, first.params, self.eos_ids,
-                                      self.tokenizer.pad_token_id, generators,
-                                      stop_string_checker(self.tokenizer, first.params.stop), first.top_logprobs)
+                hook = backbone.register_forward_pre_hook(abandoned)
+                try:
+                    out = generate_groups(backbone, head, ids, mask, first.n, first.params, self.eos_ids,
+                                          self.tokenizer.pad_token_id, generators,
+                                          stop_string_checker(self.tokenizer, first.params.stop), first.top_logprobs)
+                finally:
+                    hook.remove()
+        except _Abandoned:
+            self._finish(jobs)
+            return
         except Exception as err:  # noqa: BLE001 (every request of the batch fails; the engine goes on)
-            for job in batch:
-                job.future.set_exception(err)
+            for job in jobs:
+                _settle(job.future, error=err)
+            self._finish(jobs)
             return
         finally:
             self.busy_s += time.perf_counter() - started
-            self.batches, self.requests = self.batches + 1, self.requests + len(batch)
-            self.rows += sum(job.rows for job in batch)
+        self.batches += 1
+        self.requests += sum(a == 0 for _, a, _ in pieces)
+        self.rows += sum((b - a) * job.n for job, a, b in pieces)
         row = 0
-        for job in batch:
-            results = []
-            for prompt in job.prompts:
-                results.append(self._generation(prompt, out, range(row, row + job.n), job.params.stop))
+        for job, a, b in pieces:
+            for prompt in job.prompts[a:b]:
+                job.results.append(self._generation(prompt, out, range(row, row + job.n), job.params.stop))
                 row += job.n
-            job.future.set_result(results)
+            if job.taken == len(job.prompts):
+                _settle(job.future, job.results)
+        self._finish([job for job in jobs if job.taken == len(job.prompts) or job.future.cancelled()])
 
     def _policy(self, adapter: str | None):
-        import contextlib
-
         if self._peft is None:
             return contextlib.nullcontext(self._base)
         if adapter is None:

@@ -7,6 +7,7 @@ import torch
 from rlvr.config import ARITHMETIC_SYSTEM_PROMPT
 from rlvr.prompts import prompt_token_ids
 from rlvr.tasks.arithmetic import arithmetic_rows
+from rlvr.tasks.hf import HF_SYSTEM_PROMPT, hf_rows
 from rlvr.tasks.jsonl import load_jsonl
 from rlvr.tasks.word_problems import REASONING_SYSTEM_PROMPT, word_problem_rows
 from rlvr.verifiers.code_formats import detect_format
@@ -40,7 +41,11 @@ def load_task(cfg) -> tuple[list[dict], list[dict], str]:
             for path, rows in ((cfg.train_path, train), (cfg.eval_path, held_out)):
                 validate_code_rows(path, rows)
         return train, held_out, cfg.eval_reward or check
-    names = ", ".join(["arithmetic", "word_problems", *JSONL_TASKS])
+    if cfg.name == "hf":
+        system = HF_SYSTEM_PROMPT if cfg.system_prompt == ARITHMETIC_SYSTEM_PROMPT else cfg.system_prompt
+        train, held_out = hf_rows(cfg, system)
+        return train, held_out, cfg.eval_reward or "math_correct"
+    names = ", ".join(["arithmetic", "word_problems", *JSONL_TASKS, "hf"])
     raise ValueError(f"task.name must be one of {names}, got {cfg.name!r}")
 
 
@@ -100,4 +105,4 @@ def data_order(num_rows: int, seed: int, start: int, count: int) -> list[int]:
     return out
 
 
-__all__ = ["arithmetic_rows", "data_order", "fit_prompts", "load_jsonl", "load_task", "reward_columns"]
+__all__ = ["arithmetic_rows", "data_order", "fit_prompts", "hf_rows", "load_jsonl", "load_task", "reward_columns"]

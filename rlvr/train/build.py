@@ -14,6 +14,7 @@ from torch import nn
 from rlvr.baselines.ppo import PPOSettings
 from rlvr.config import ModelConfig, PPOConfig, RewardConfig, RolloutConfig, RunConfig, TrainConfig
 from rlvr.models import LoraSpec, load_tokenizer, load_trainable, model_context, resolve_model_dir, trainable_parameters
+from rlvr.prompts import plain_text
 from rlvr.rewards import RewardFn, WeightedReward, build_reward
 from rlvr.rollout import LocalSampler, Sampler, SamplingParams
 from rlvr.tasks import fit_prompts, load_task
@@ -40,6 +41,9 @@ def load_data(cfg: RunConfig) -> TaskData:
     """Rows, correctness check and tokenizer; prompt lengths are checked here, before any model loads, so bad
     input fails fast."""
     train_rows, eval_rows, check_name = load_task(cfg.task)
+    if not cfg.task.chat_template:  # base models: chat messages become a plain Q:/A: transcript
+        train_rows, eval_rows = ([{**r, "prompt": plain_text(r["prompt"])} for r in rows]
+                                 for rows in (train_rows, eval_rows))
     check = build_reward(check_name)
     model_dir = resolve_model_dir(cfg.model.name)
     tokenizer = load_tokenizer(model_dir)
@@ -109,9 +113,10 @@ def build_sampler(cfg: RunConfig, model: nn.Module, tokenizer, run_dir: Path) ->
     if r.backend == "local":
         return build_local_sampler(cfg, model, tokenizer)
     from rlvr.bucket import AdapterBucket
-    from rlvr.rollout.remote import RemoteSampler, ServerPool
+    from rlvr.rollout.remote import RemoteSampler, ServerPool, api_key_from_env
 
-    pool = ServerPool(r.servers, request_timeout_s=r.request_timeout_s, no_server_wait_s=r.server_wait_s)
+    pool = ServerPool(r.servers, api_key=api_key_from_env(r.api_key_env), request_timeout_s=r.request_timeout_s,
+                      no_server_wait_s=r.server_wait_s)
     pool.wait_ready(r.server_wait_s)
     bucket = AdapterBucket(r.bucket or run_dir / "adapters")
     return RemoteSampler(pool, tokenizer, model, bucket, keep_versions=r.keep_versions)

@@ -17,14 +17,15 @@ import numpy as np
 import torch
 
 from rlvr.baselines.ppo import Critic, ppo_step
-from rlvr.checkpoint import latest_valid, load_training_state, save_training_state
-from rlvr.config import RunConfig, config_changes, save_config, to_yaml
+from rlvr.checkpoint import latest_valid, load_training_state, read_text, save_training_state
+from rlvr.config import RunConfig, config_changes, save_config, to_dict, to_yaml
 from rlvr.core import LossSettings
 from rlvr.faults import fault_point
 from rlvr.memory import return_freed_memory
 from rlvr.metrics import MetricsWriter, plot_run
 from rlvr.models import ReferencePolicy, autocast, save_policy
 from rlvr.rollout import Sampler
+from rlvr.trackers import require_trackers
 from rlvr.train.batch import StepBatch
 from rlvr.train.build import (
     TaskData,
@@ -240,6 +241,7 @@ def open_run(cfg: RunConfig) -> Run:
     """Load data, rewards, model, optimizer; resume from a checkpoint if asked (applying the configuration given
     now and printing what changed); prepare the run directory and metric sinks."""
     started = time.perf_counter()
+    require_trackers(cfg.log.trackers)  # a missing wandb / trackio package fails here, before the model loads
     torch.set_num_threads(cfg.train.threads or torch.get_num_threads())
     if cfg.train.heap_threshold_kb:
         return_freed_memory(cfg.train.heap_threshold_kb << 10)
@@ -267,10 +269,11 @@ def open_run(cfg: RunConfig) -> Run:
         start = state.pop("step")
         state.setdefault("cursor", start * cfg.train.prompts_per_step)  # checkpoints from before the cursor
         retune_optimizer(optimizer, scheduler, cfg.train)
-        changes = config_changes((checkpoint / "config.yaml").read_text(), cfg)
+        changes = config_changes(read_text(checkpoint, "config.yaml"), cfg)  # bounded, from inside the checkpoint
         print(f"rlvr: resuming from {checkpoint} (step {start})"
               + (f"; changed settings apply from step {start + 1}: " + "; ".join(changes) if changes else ""))
     save_config(cfg, run_dir / "config.yaml")
-    writer = MetricsWriter(run_dir, cfg.log.tensorboard, cfg.log.samples, resume_step=start if checkpoint else None)
+    writer = MetricsWriter(run_dir, cfg.log.trackers, cfg.log.samples, resume_step=start if checkpoint else None,
+                           project=cfg.log.project, run_name=cfg.log.run_name, config=to_dict(cfg))
     return Run(cfg, model, optimizer, scheduler, reference, settings, data, rewards, state, run_dir, start,
                checkpoint is not None, writer, started, critic=critic)

@@ -39,7 +39,7 @@ def train(cfg: RunConfig) -> dict:
         return ids
 
     sampler = build_sampler(cfg, run.model, run.data.tokenizer, run.run_dir)
-    with contextlib.closing(sampler), stop_on_interrupt() as stop:
+    with contextlib.closing(sampler), stop_on_interrupt() as stop, run.writer:
         run.sampler = sampler
         sampler.sync(run.start)  # version = optimizer steps taken; a remote sampler gets the restored weights here
         run.evaluate_before()

@@ -5,12 +5,17 @@
 | `io`        | `entry_point`, `tests: [{"input": [...], "output": v}]` | a call; the trainer compares  |
 | `program`   | `tests: [{"stdin": "...", "stdout": "..."}]`         | a run; the trainer compares     |
 | `humaneval` | `test` (defines `check(candidate)`), `entry_point`    | the whole `check` (one test)    |
-| `mbpp`      | `test_list` (assert strings), `test_setup_code`?      | one assert                      |
+| `mbpp`      | `test_list` (asserts), `test_setup_code`?, `test_imports`? | one assert                 |
 
 Expected values of `io` and `program` tests never enter the sandbox. `program` outputs are compared after
 removing trailing whitespace from every line and trailing blank lines. A HumanEval completion may be the
 whole function or only its body: if the code alone does not define the entry point, the prompt's code
 followed by the completion is tried.
+
+Assert tests see only the names they read and do not bind themselves, never a builtin or a dunder (see
+``harness.test_namespace``): MBPP tests get the solution's functions they call; HumanEval tests get the
+entry point from the solution and every other name (``poly``, ``encode_cyclic``) from the prompt's code, run
+by the checker - so pass the prompt (its code alone, or its last fenced block), or such tests fail.
 """
 
 from __future__ import annotations
@@ -36,13 +41,13 @@ def detect_format(row: dict) -> str:
         raise ValueError("HumanEval-style rows need 'entry_point' next to 'test'")
     test_list = row.get("test_list")
     if isinstance(test_list, list) and test_list and all(isinstance(t, str) and t.strip() for t in test_list):
-        setup = row.get("test_setup_code", "")
-        if isinstance(setup, str):
+        setup, imports = row.get("test_setup_code", ""), row.get("test_imports", [])
+        if isinstance(setup, str) and isinstance(imports, list) and all(isinstance(t, str) for t in imports):
             return "mbpp"
     raise ValueError(
         "code rows need one of: 'entry_point' + 'tests' [{\"input\": [args...], \"output\": value}]; 'tests' "
         "[{\"stdin\": str, \"stdout\": str}]; HumanEval's 'test' (defining check(candidate)) + 'entry_point'; "
-        "or MBPP's 'test_list' (assert strings) with optional 'test_setup_code'"
+        "or MBPP's 'test_list' (assert strings) with optional 'test_setup_code' and 'test_imports'"
     )
 
 
@@ -60,9 +65,10 @@ def make_job(row: dict, code: str, prompt_code: str | None = None) -> dict:
         return {"format": fmt, "sources": [code], "stdins": [t["stdin"] for t in row["tests"]]}
     if fmt == "humaneval":
         sources = [code] + ([prompt_code.rstrip("\n") + "\n" + code] if prompt_code else [])
-        return {"format": fmt, "sources": sources, "entry_point": row["entry_point"], "test": row["test"]}
-    return {"format": fmt, "sources": [code], "test_list": list(row["test_list"]),
-            "setup_code": row.get("test_setup_code") or ""}
+        return {"format": fmt, "sources": sources, "entry_point": row["entry_point"], "test": row["test"],
+                "prompt_code": prompt_code or ""}
+    setup = "".join(line + "\n" for line in row.get("test_imports") or []) + (row.get("test_setup_code") or "")
+    return {"format": fmt, "sources": [code], "test_list": list(row["test_list"]), "setup_code": setup}
 
 
 def num_tests(row: dict) -> int:

@@ -16,9 +16,13 @@ A test that exceeds ``test_timeout_s``, or a candidate that dies, ends the execu
 reported fail.
 """
 
+import builtins
+import importlib
 import json
 import os
 import select
+import symtable
+import sys
 
 import plain
 
@@ -90,7 +94,7 @@ def check(job: dict, candidate: Candidate, report) -> None:
         for i, args in enumerate(job["inputs"]):
             _run_test(i, report, lambda args=args: {"out": json.dumps(entry(*args))})
     elif fmt == "humaneval":
-        namespace = {"__name__": "__check__"}
+        namespace = test_namespace(job, [job["test"]], [job["entry_point"]], candidate)
         exec(compile(job["test"], "test.py", "exec"), namespace)  # noqa: S102 (the dataset's test code)
         entry = candidate.function(job["entry_point"])
 
@@ -100,16 +104,73 @@ def check(job: dict, candidate: Candidate, report) -> None:
 
         _run_test(0, report, run_check)
     elif fmt == "mbpp":
-        namespace = {"__name__": "__check__"}
-        for name in loaded["functions"]:
-            namespace[name] = candidate.function(name)
-        if job.get("setup_code"):
-            exec(compile(job["setup_code"], "setup.py", "exec"), namespace)  # noqa: S102
-        for i, test in enumerate(job["test_list"]):
+        setup, tests = job.get("setup_code") or "", job["test_list"]
+        namespace = test_namespace(job, [setup, *tests], loaded["functions"], candidate)
+        if setup:
+            exec(compile(setup, "setup.py", "exec"), namespace)  # noqa: S102
+        for i, test in enumerate(tests):
             code = compile(test, f"test_{i}.py", "exec")
             _run_test(i, report, lambda code=code: exec(code, namespace) or {"passed": True})  # noqa: S102
     else:
         raise ValueError(f"unknown format {fmt!r}")
+
+
+def test_namespace(job: dict, sources: list[str], functions: list[str], candidate: Candidate) -> dict:
+    """The globals the tests run in: only the names they read without binding them, each from a trusted
+    place. Builtins and dunders are never set (the checker's own apply); a name the candidate must supply
+    (MBPP: any function of the solution the tests call; HumanEval: the entry point only) is a proxy that
+    returns plain data; a HumanEval test's other names (``poly``, ``encode_cyclic``) come from the prompt's
+    code, run here; a standard-library module the tests use without importing it is imported here."""
+    reads, bound = set(), set()
+    for source in sources:
+        source_reads, source_bound = names_read(source)
+        reads |= source_reads
+        bound |= source_bound
+    namespace, prompt = {"__name__": "__check__"}, None
+    for name in sorted(reads - bound):
+        if name.startswith("__") or hasattr(builtins, name):
+            continue
+        if name in functions:
+            namespace[name] = candidate.function(name)
+            continue
+        if job["format"] == "humaneval":
+            prompt = _run_prompt(job.get("prompt_code")) if prompt is None else prompt
+            if name in prompt:
+                namespace[name] = prompt[name]
+                continue
+        if name in sys.stdlib_module_names:
+            try:
+                namespace[name] = importlib.import_module(name)
+            except ImportError:
+                pass
+    return namespace
+
+
+def names_read(source: str) -> tuple[set[str], set[str]]:
+    """(global names ``source`` reads, global names it binds), from the compiler's own scope analysis."""
+    top = symtable.symtable(source, "test.py", "exec")
+    reads, bound, tables = set(), set(), [top]
+    while tables:
+        table = tables.pop()
+        for sym in table.get_symbols():
+            if table is top and (sym.is_assigned() or sym.is_imported()):
+                bound.add(sym.get_name())
+            elif table is not top and sym.is_declared_global() and sym.is_assigned():
+                bound.add(sym.get_name())  # `global x; x = ...` in a function
+            elif sym.is_referenced() and (table is top or sym.is_global()):
+                reads.add(sym.get_name())
+        tables.extend(table.get_children())
+    return reads, bound
+
+
+def _run_prompt(code: str | None) -> dict:
+    """The names a HumanEval prompt defines (its helpers), or none when there is no prompt or it fails."""
+    namespace = {"__name__": "__prompt__"}
+    try:
+        exec(compile(code or "", "prompt.py", "exec"), namespace)  # noqa: S102 (the dataset's prompt)
+    except Exception:  # noqa: BLE001 (prose around the code: the tests then lack the helpers, and fail)
+        return {}
+    return namespace
 
 
 def _run_test(i: int, report, test) -> None:

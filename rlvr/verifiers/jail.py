@@ -1,8 +1,8 @@
 """PID 1 of a sandbox execution: build a private root filesystem, start the candidate process as its own
 uid, drop to the checker's uid and run the checks. Standard library only (ctypes for mount(2)).
 
-Started by the trainer as ``python -I -S -B jail.py JOB_JSON RESULTS_FD`` inside fresh PID, network and
-mount namespaces (``unshare``). The new root is a tmpfs holding only:
+Started by the trainer as ``python -I -S -B jail.py JOB_JSON RESULTS_FD`` inside fresh PID, network, mount,
+IPC, UTS and cgroup namespaces (``unshare``). The new root is a tmpfs holding only:
 
     /usr /bin /lib* /sbin    read-only binds (or the same symlinks), i.e. the Python runtime and its libraries;
                              site-packages / dist-packages covered by empty read-only tmpfs
@@ -16,9 +16,14 @@ mount namespaces (``unshare``). The new root is a tmpfs holding only:
 Everything else of the host - the project, the datasets, /home, /root, the host's /tmp - is absent, not
 merely unreadable. The job file (tests included) is read here, as root, before the root is switched; the
 candidate, a fresh interpreter started with ``exec``, never has it in memory.
+
+Both the checker and the candidate run under a seccomp filter (``seccomp_filter``): no new user namespace
+(``clone``/``unshare`` with CLONE_NEWUSER; ``clone3``, whose flags a filter cannot read, answers ENOSYS so
+the C library falls back to ``clone``), and none of keyrings, bpf, perf events, userfaultfd or io_uring.
 """
 
 import ctypes
+import errno
 import fcntl
 import json
 import os
@@ -28,9 +33,15 @@ import sys
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 MNT_DETACH = 2
-PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 4, 24, 38
+PR_SET_DUMPABLE, PR_SET_SECCOMP, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 4, 22, 24, 38
 PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
 DEVICES = ("null", "zero", "full", "random", "urandom")
+HOSTNAME = b"sandbox"
+# arch: (AUDIT_ARCH_*, clone, unshare, syscalls refused outright: add_key request_key keyctl perf_event_open
+# bpf userfaultfd io_uring_setup io_uring_enter io_uring_register); clone3 is 435 on both
+SECCOMP_ARCH = {"x86_64": (0xC000003E, 56, 272, (248, 249, 250, 298, 321, 323, 425, 426, 427)),
+                "aarch64": (0xC00000B7, 220, 97, (217, 218, 219, 241, 280, 282, 425, 426, 427))}
+CLONE3, CLONE_NEWUSER, X32_BIT = 435, 0x10000000, 0x40000000
 # statvfs ST_* flag -> mount MS_* flag: what a read-only remount must keep (a user namespace may not clear them)
 STATVFS_FLAGS = {1: MS_RDONLY, 2: MS_NOSUID, 4: MS_NODEV, 8: MS_NOEXEC, 1024: 1024, 2048: 2048, 4096: 1 << 21}
 
@@ -107,6 +118,55 @@ def build_root(setup: dict) -> None:
     os.chdir("/")
 
 
+class SockFilter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint)]
+
+
+class SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(SockFilter))]
+
+
+def seccomp_program(arch: str) -> list[tuple[int, int, int, int]]:
+    """Classic BPF over ``struct seccomp_data {int nr; u32 arch; u64 ip; u64 args[6]}`` (little-endian)."""
+    audit, clone, unshare, refused = SECCOMP_ARCH[arch]
+    ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06  # BPF_LD|W|ABS, BPF_JMP|{JEQ,JGE,JSET}|K, BPF_RET|K
+    allow, eperm, enosys = 0x7FFF0000, 0x50000 | errno.EPERM, 0x50000 | errno.ENOSYS  # SECCOMP_RET_*
+    prog = [(ld, 0, 0, 4), (jeq, 1, 0, audit), (ret, 0, 0, enosys),  # another ABI (i386): nothing works
+            (ld, 0, 0, 0), (jge, 0, 1, X32_BIT), (ret, 0, 0, enosys),  # x32 numbers: the same
+            (jeq, 0, 1, CLONE3), (ret, 0, 0, enosys)]
+    for nr in refused:
+        prog += [(jeq, 0, 1, nr), (ret, 0, 0, eperm)]
+    prog += [(jeq, 1, 0, clone), (jeq, 0, 3, unshare),
+             (ld, 0, 0, 16), (jset, 0, 1, CLONE_NEWUSER), (ret, 0, 0, eperm),  # args[0]: the flags
+             (ret, 0, 0, allow)]
+    return prog
+
+
+def seccomp_filter() -> None:
+    """Install the filter described in the module docstring (needs no_new_privs); other arches: none."""
+    if platform.machine() not in SECCOMP_ARCH:
+        return
+    prog = seccomp_program(platform.machine())
+    filters = (SockFilter * len(prog))(*(SockFilter(*insn) for insn in prog))
+    fprog = SockFprog(len(prog), filters)
+    _check(libc.prctl(PR_SET_SECCOMP, 2, ctypes.byref(fprog), 0, 0), "seccomp")  # SECCOMP_MODE_FILTER
+
+
+def isolate_host_names(mode: str) -> None:
+    """A hostname of the sandbox's own; in a user namespace also a limit of 0 further user namespaces."""
+    _check(libc.sethostname(HOSTNAME, len(HOSTNAME)), "sethostname")
+    if mode != "userns":
+        return
+    with open("/proc/self/uid_map") as f:
+        if f.read().split() == ["0", "0", "4294967295"]:  # the host's own user namespace: never touch it
+            return
+    try:
+        with open("/proc/sys/user/max_user_namespaces", "w") as f:
+            f.write("0")  # best effort (old kernels lack it): the seccomp filter refuses them too
+    except OSError:
+        pass
+
+
 def drop_privileges(uid: int | None) -> None:
     """Become ``uid`` (root mode) and give up every capability for good; nothing may regain them."""
     cap = 0
@@ -117,6 +177,7 @@ def drop_privileges(uid: int | None) -> None:
         os.setgid(uid)
         os.setuid(uid)
     _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+    seccomp_filter()
 
 
 def start_candidate(setup: dict, python: str, isolated: bool) -> tuple[int, int]:
@@ -161,6 +222,7 @@ def main() -> None:
 
     isolated = setup["mode"] != "none"
     if isolated:
+        isolate_host_names(setup["mode"])
         build_root(setup)
     request_fd, response_fd = start_candidate(setup, setup["python"], isolated)
     if isolated:

@@ -60,6 +60,12 @@ def _boxed_contents(text: str) -> list[str]:
     return out
 
 
+def last_boxed(text: str) -> str | None:
+    """Contents of the last \\boxed{...} / \\fbox{...} in ``text`` (nested braces kept), or None."""
+    boxed = _boxed_contents(text)
+    return boxed[-1] if boxed else None
+
+
 def extract_answer(completion: str) -> object:
     """The answer text to verify, or AMBIGUOUS when several different answers are boxed."""
     tail = completion[-MAX_COMPLETION_CHARS:].replace("\u2212", "-")

@@ -1,9 +1,10 @@
 """Run model-written Python in a local sandbox, against tests it never sees.
 
-Each execution is ``prlimit ... -- unshare --net --pid --fork --mount --kill-child python -I -S -B jail.py``
-as root (or inside an unprivileged user namespace). ``jail.py`` is PID 1 of the new PID namespace; it
-builds a private root filesystem, forks the candidate process (``candidate.py``, which loads the model's
-code) as one uid and runs the checker (``harness.py``) as another:
+Each execution is ``prlimit ... -- unshare --net --pid --fork --mount --ipc --uts --cgroup --kill-child
+python -I -S -B jail.py`` as root (or inside an unprivileged user namespace), started inside the slot's
+memory cgroup where there is one (``memcg.py``). ``jail.py`` is PID 1 of the new PID namespace; it builds a
+private root filesystem, forks the candidate process (``candidate.py``, which loads the model's code) as
+one uid and runs the checker (``harness.py``) as another:
 
 - filesystem: a tmpfs root with read-only binds of only the Python runtime (/usr, /lib*, the
   interpreter's prefix; site-packages and dist-packages covered by empty tmpfs), /etc/ld.so.cache, five
@@ -13,8 +14,16 @@ code) as one uid and runs the checker (``harness.py``) as another:
   grandchildren that called ``setsid`` included. Wall-clock timeout, then SIGKILL.
 - rlimits: CPU seconds, address space, file size, open files, no core dumps, and a process-count cap
   (RLIMIT_NPROC, enforced because the code runs as a dedicated unprivileged uid per pool slot).
-- capabilities: none (empty bounding set, no_new_privs); the filesystem is nosuid.
+- memory: where a memory cgroup can be made (cgroup v2 with memory delegable to the trainer's cgroup's
+  children, or a v1 memory hierarchy), one per slot caps the resident memory of the whole execution, tmpfs
+  pages included (``Limits.slot_memory_mb``); ``Sandbox.memory_cgroup`` says which, or why there is none.
+- capabilities: none (empty bounding set, no_new_privs); the filesystem is nosuid. A seccomp filter refuses
+  new user namespaces (which would hand the code every capability inside one) and the keyring, bpf, perf,
+  userfaultfd and io_uring system calls (x86_64 and aarch64; see ``jail.py``).
 - network: a new namespace with no interface but a down loopback, so nothing outside is reachable.
+- IPC, UTS and cgroup namespaces of its own: SysV / POSIX shared memory, semaphores and message queues die
+  with the execution and never meet the host's; the hostname is ``sandbox``; /proc/self/cgroup shows no
+  host path.
 - an empty environment (no inherited secrets), stdin closed, stdout/stderr kept up to a byte cap (more
   output than that ends the run).
 - grading: the candidate process never receives a test. For input/output and stdin/stdout tests it
@@ -23,19 +32,34 @@ code) as one uid and runs the checker (``harness.py``) as another:
   them as a different uid the candidate cannot signal, trace or read; every value the candidate returns
   crosses a pipe as plain data (``plain.py``), so an object whose ``__eq__`` always says yes cannot pass,
   and only the checker holds the pipe to the trainer, so printing or writing a forged result earns
-  nothing. Exiting or dying before the checks finish fails the tests not yet reported.
+  nothing. Exiting or dying before the checks finish fails the tests not yet reported. The tests' globals
+  hold only the names they read and do not bind, never a builtin, a dunder or a module they import: a
+  solution's ``def sorted(...)`` never reaches them (``harness.test_namespace``).
 - a sandbox that cannot start (no launcher, no namespaces, no private root, a crash before the checker
   reports ready) is an infrastructure failure: the completion scores None (excluded from training,
   counted), never 0.
 
-What is NOT protected: the code shares the kernel with the trainer (a kernel exploit escapes); it can read
-the files of the Python runtime's directories (/usr and the interpreter prefix: standard library, system
-binaries and shared libraries, documentation); CPU time is limited per execution but not weighted against
-the trainer; the tmpfs pages of /work and /tmp (``disk_mb`` each) come out of host memory. As a non-root
-user (user-namespace mode) checker and candidate share a uid (the checker is protected from tracing by
-being non-dumpable and keeping capabilities the candidate lacks) and the process cap counts against that
-user. Where neither root nor user namespaces are available the sandbox refuses to run unless
-``allow_unsandboxed=True`` is passed explicitly (then nothing above holds except the rlimits).
+What is NOT protected:
+- the kernel is shared with the trainer: a kernel exploit through a system call the filter allows escapes
+  (the filter is a short deny list, not Docker's allow list); on other architectures than x86_64 and
+  aarch64 there is no filter (in user-namespace mode the namespace limit still forbids nested ones).
+- the files of the Python runtime's directories are readable (/usr and the interpreter prefix: standard
+  library, system binaries and shared libraries, documentation).
+- CPU time is limited per execution but not weighted against the trainer; no CPU or I/O cgroup.
+- without a memory cgroup (cgroup v1 without a writable memory hierarchy, v2 where the trainer's cgroup
+  holds processes and no delegated parent is given, read-only /sys/fs/cgroup) memory is bounded only per
+  process (``memory_mb`` of address space × ``processes`` per slot) and the tmpfs pages of /work and /tmp
+  (``disk_mb`` each) come out of host memory.
+- grading trusts the dataset: its tests, setup code and a HumanEval prompt's helpers run in the checker.
+  An MBPP test that calls a second function of the solution gets the solution's (that is the task), so a
+  dataset whose asserts check one solution function with another can be satisfied by rewriting both.
+- the model's code may write to stdout and stderr (kept up to a byte cap) and learn the slot's limits and
+  uids; timing differences across executions are observable.
+- as a non-root user (user-namespace mode) checker and candidate share a uid (the checker is protected from
+  tracing by being non-dumpable and keeping capabilities the candidate lacks) and the process cap counts
+  against that user.
+- where neither root nor user namespaces are available the sandbox refuses to run unless
+  ``allow_unsandboxed=True`` is passed explicitly (then nothing above holds except the rlimits).
 """
 
 from __future__ import annotations
@@ -53,9 +77,12 @@ import sys
 import tempfile
 import threading
 import time
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from rlvr.verifiers.memcg import SlotCgroups
 
 HERE = Path(__file__).resolve().parent
 JAIL = HERE / "jail.py"
@@ -81,6 +108,7 @@ class Limits:
     processes: int = 32
     output_bytes: int = 64 * 1024  # stdout and stderr each; a program's stdout per test
     test_timeout_s: float | None = None  # one test (a call, a check, a program run); None: timeout_s
+    slot_memory_mb: int | None = None  # resident memory of a whole execution (memory cgroup); None: memory_mb
 
 
 @dataclass
@@ -156,9 +184,13 @@ def io_job(code: str, entry_point: str, inputs: list[list]) -> dict:
 
 
 class Sandbox:
-    """A pool of sandbox slots; ``execute`` may be called from several threads at once."""
+    """A pool of sandbox slots; ``execute`` may be called from several threads at once.
 
-    def __init__(self, slots: int = 2, limits: Limits = Limits(), allow_unsandboxed: bool = False) -> None:
+    ``memory_cgroup``: True makes a memory cgroup per slot under the trainer's own cgroup where it can
+    (``memcg.py``), a path makes them under that cgroup directory, False makes none."""
+
+    def __init__(self, slots: int = 2, limits: Limits = Limits(), allow_unsandboxed: bool = False,
+                 memory_cgroup: bool | str = True) -> None:
         self.limits = limits
         self.python = find_python()
         self._expose, self._hide = runtime_view(self.python)
@@ -166,7 +198,18 @@ class Sandbox:
         self._lock = threading.Condition()
         self._pool = ThreadPoolExecutor(max_workers=slots, thread_name_prefix="rlvr-sandbox")
         self.infra_failures = 0
+        self._cgroups = SlotCgroups(slots if memory_cgroup else 0, limits.slot_memory_mb or limits.memory_mb,
+                                    memory_cgroup if isinstance(memory_cgroup, str) else None)
+        self._finalizer = weakref.finalize(self, self._cgroups.close)
+        if self._cgroups.paths and not self._can_join_cgroup():
+            self._cgroups.close()  # made, but this user may not move processes into it
+            self._cgroups.reason = "no memory cgroup (cannot join it); only the address-space limit holds"
         self.mode = self._probe(allow_unsandboxed)
+
+    @property
+    def memory_cgroup(self) -> str:
+        """'cgroup v1' / 'cgroup v2' (a memory cgroup per slot), or why there is none."""
+        return f"cgroup {self._cgroups.version}" if self._cgroups.paths else self._cgroups.reason
 
     # -- isolation -------------------------------------------------------------------------
     def _probe(self, allow_unsandboxed: bool) -> str:
@@ -196,7 +239,7 @@ class Sandbox:
     def _launcher(self, mode: str) -> list[str]:
         if mode == "none":
             return []
-        common = ["--net", "--pid", "--fork", "--mount", "--kill-child"]
+        common = ["--net", "--pid", "--fork", "--mount", "--ipc", "--uts", "--cgroup", "--kill-child"]
         if mode == "root":
             return [self._unshare, *common]
         return [self._unshare, "--user", "--map-root-user", *common]
@@ -210,6 +253,17 @@ class Sandbox:
             nproc += len([p for p in os.listdir("/proc") if p.isdigit()])
         return [self._prlimit, f"--cpu={lim.cpu_s}", f"--as={lim.memory_mb << 20}", f"--fsize={lim.file_mb << 20}",
                 f"--nofile={lim.open_files}", "--core=0", f"--nproc={nproc}", "--"]
+
+    def _join_cgroup(self, slot: int) -> list[str]:
+        """A shell that moves itself into the slot's memory cgroup, then execs the rest (so all of it runs
+        there, and the cgroup namespace's root is that cgroup); nothing without a memory cgroup."""
+        if not self._cgroups.paths:
+            return []
+        script = 'echo $$ > "$1/cgroup.procs" && shift && exec "$@"'
+        return ["/bin/sh", "-c", script, "rlvr-sandbox", self._cgroups.paths[slot]]  # POSIX: /bin/sh exists
+
+    def _can_join_cgroup(self) -> bool:
+        return subprocess.run(self._join_cgroup(0), env={}, capture_output=True, check=False).returncode == 0
 
     # -- execution -------------------------------------------------------------------------
     def execute(self, job: dict) -> Execution:
@@ -248,7 +302,7 @@ class Sandbox:
                         "test_timeout_s": lim.test_timeout_s or lim.timeout_s}
             (workdir / "job.json").write_text(json.dumps(full_job))
             read_fd, write_fd = os.pipe()
-            cmd = self._rlimits(mode) + self._launcher(mode)
+            cmd = self._join_cgroup(slot) + self._rlimits(mode) + self._launcher(mode)
             cmd += [self.python, "-I", "-S", "-B", str(JAIL), str(workdir / "job.json"), str(write_fd)]
             try:
                 proc = subprocess.Popen(cmd, cwd=workdir, env={}, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -328,6 +382,7 @@ class Sandbox:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
+        self._finalizer()  # the slots' cgroups
 
 
 def _terminate(proc: subprocess.Popen) -> None:

@@ -1,6 +1,7 @@
 """The Ray runtime: rollout servers as Ray actors on a local Ray instance (in-process ``ray.init``); an actor
 whose process is SIGKILLed mid-run is restarted by Ray and rejoins the pool at its new URL, and training goes
-on with no group lost or trained twice. Run by ``make test-ray`` (installs the ``ray`` extra)."""
+on with no group lost or trained twice. The actors' servers listen on loopback (async.server_host's default) and
+refuse requests without the run's API key. Run by ``make test-ray`` (installs the ``ray`` extra)."""
 
 import json
 import os
@@ -8,6 +9,7 @@ import signal
 import threading
 import time
 
+import httpx
 import pytest
 
 from rlvr.config import load_config
@@ -38,7 +40,12 @@ def test_ray_actors_serve_restart_and_rejoin(local_ray, tiny_model_dir, tmp_path
     while len(_records(out)) < 4:
         assert learner.is_alive() and time.monotonic() < deadline
         time.sleep(0.1)
-    victim = json.loads((out / "servers.json").read_text())[0]["pid"]
+    listed = json.loads((out / "servers.json").read_text())
+    for server in listed:  # loopback only, and this run's key required (the pool has it; we do not)
+        assert server["url"].startswith("http://127.0.0.1:")
+        assert httpx.get(f"{server['url']}/health").status_code == 200
+        assert httpx.get(f"{server['url']}/v1/models").status_code == 401
+    victim = listed[0]["pid"]
     os.kill(victim, signal.SIGKILL)
     learner.join(timeout=600)
     assert result["summary"]["steps"] == 150

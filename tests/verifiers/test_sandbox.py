@@ -1,8 +1,10 @@
 """The code sandbox against a hostile battery: every attack fails within timeout + 1 s, leaves no
 process behind, reaches no network, no secret and no host file, and leaves the trainer untouched."""
 
+import ctypes
 import json
 import os
+import platform
 import shutil
 import socket
 import tempfile
@@ -206,6 +208,128 @@ def test_environment_secrets_do_not_leak(sandbox, monkeypatch):
     proc_peek = "import os\ndef solve(x):\n    return sorted(p for p in os.listdir('/proc') if p.isdigit())\n"
     run = sandbox.run(proc_peek, "solve", [[1]])
     assert run.outputs[0] == '["1", "2"]'  # a private PID namespace: only the checker and the candidate
+
+
+SYSCALLS = {"x86_64": {"clone": 56, "keyctl": 250}, "aarch64": {"clone": 220, "keyctl": 219}}
+
+
+def _nested_userns_attacks() -> dict[str, str]:
+    """Ways to get a user namespace (every capability inside it), or a keyring: each returns x + 1 if it worked."""
+    numbers = SYSCALLS.get(platform.machine(), SYSCALLS["x86_64"])
+    head = "import ctypes, os, subprocess\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+    fail = "    raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))\n"
+    return {
+        "unshare_syscall": head + "def solve(x):\n    if libc.unshare(0x10000000) == 0:\n        return x + 1\n" + fail,
+        "clone_syscall": head + "def solve(x):\n"
+                         f"    pid = libc.syscall({numbers['clone']}, 0x10000000 | 17, 0, 0, 0, 0)\n"
+                         "    if pid == 0:\n        os._exit(0)\n    if pid > 0:\n        os.waitpid(pid, 0)\n"
+                         "        return x + 1\n" + fail,
+        "unshare_binary": head + "def solve(x):\n    run = subprocess.run(['unshare', '-U', '-r', 'true'],"
+                          " capture_output=True, text=True)\n    if run.returncode == 0:\n        return x + 1\n"
+                          "    raise OSError(run.stderr)\n",
+        "keyctl": head + f"def solve(x):\n    if libc.syscall({numbers['keyctl']}, 0, -2, 1) >= 0:\n"
+                  "        return x + 1\n" + fail,  # KEYCTL_GET_KEYRING_ID of the process keyring
+    }
+
+
+@pytest.mark.skipif(platform.machine() not in SYSCALLS, reason="no seccomp filter on this architecture")
+@pytest.mark.parametrize("name", sorted(_nested_userns_attacks()))
+def test_no_nested_user_namespace_nor_kernel_extras(sandbox, name):
+    run, score, _ = _hostile(sandbox, _nested_userns_attacks()[name])
+    assert score == 0.0 and "Operation not permitted" in run.errors[0], run
+
+
+def test_threads_and_subprocesses_still_work_under_the_filter(sandbox):
+    # glibc starts threads with clone3 first; the filter answers ENOSYS and it must fall back to clone
+    code = ("import subprocess, sys\nfrom concurrent.futures import ThreadPoolExecutor\ndef solve(x):\n"
+            "    with ThreadPoolExecutor(4) as pool:\n        doubled = sum(pool.map(lambda v: 2 * v, range(10)))\n"
+            "    out = subprocess.run([sys.executable, '-c', 'print(7)'], capture_output=True, text=True).stdout\n"
+            "    return [doubled, out.strip()]\n")
+    assert sandbox.run(code, "solve", [[1]]).outputs == {0: '[90, "7"]'}
+
+
+def test_user_namespace_mode_also_limits_nested_namespaces_to_none(monkeypatch):
+    host_limit = Path("/proc/sys/user/max_user_namespaces").read_text()
+    monkeypatch.setattr(sandbox_module.os, "geteuid", lambda: 1000)  # as a non-root trainer would
+    try:
+        box = Sandbox(slots=1, limits=Limits(timeout_s=TIMEOUT))
+    except SandboxUnavailable as err:
+        pytest.skip(f"no user namespaces here: {err}")
+    monkeypatch.undo()
+    assert box.mode == "userns"
+    code = "def solve(x):\n    return open('/proc/sys/user/max_user_namespaces').read().strip()\n"
+    assert box.run(code, "solve", [[1]]).outputs[0] == '"0"'
+    run, score, _ = _hostile(box, _nested_userns_attacks()["unshare_binary"])
+    assert score == 0.0 and "unshare failed" in run.errors[0]
+    box.close()
+    assert Path("/proc/sys/user/max_user_namespaces").read_text() == host_limit  # the host's limit is untouched
+
+
+def test_own_ipc_uts_and_cgroup_namespaces(sandbox):
+    kinds = ("ipc", "uts", "cgroup", "net", "pid", "mnt")
+    code = ("import os\ndef solve(x):\n    return {'ns': {k: os.readlink('/proc/self/ns/' + k) for k in x},"
+            " 'cgroup': open('/proc/self/cgroup').read().splitlines()}\n")
+    view = json.loads(sandbox.run(code, "solve", [[list(kinds)]]).outputs[0])
+    host = {k: os.readlink(f"/proc/self/ns/{k}") for k in kinds}
+    assert {k for k in kinds if view["ns"][k] == host[k]} == set()
+    assert all(line.endswith(":/") for line in view["cgroup"]), view["cgroup"]  # no host cgroup path shows
+
+
+def test_hostname_is_the_sandboxs_own(sandbox):
+    before = socket.gethostname()
+    code = ("import ctypes, os, socket\ndef solve(x):\n    libc = ctypes.CDLL(None, use_errno=True)\n"
+            "    ok = libc.sethostname(b'pwned', 5) == 0\n    return [socket.gethostname(), ok]\n")
+    assert sandbox.run(code, "solve", [[1]]).outputs[0] == '["sandbox", false]'
+    assert socket.gethostname() == before
+
+
+def test_sysv_shared_memory_is_not_the_hosts(sandbox):
+    libc = ctypes.CDLL(None, use_errno=True)
+    host_key, inside_key = 0x52C00000 + os.getpid() % 65536, 0x52D00000 + os.getpid() % 65536
+    host_id = libc.shmget(host_key, 4096, 0o1600)  # IPC_CREAT | 0600
+    assert host_id >= 0
+    code = ("import ctypes\ndef solve(host_key, inside_key):\n    libc = ctypes.CDLL(None, use_errno=True)\n"
+            "    return [libc.shmget(host_key, 0, 0), libc.shmget(inside_key, 4096, 0o1666)]\n")
+    try:
+        seen, created = json.loads(sandbox.run(code, "solve", [[host_key, inside_key]]).outputs[0])
+        left = libc.shmget(inside_key, 0, 0)  # still there after the run: the host's namespace was used
+    finally:
+        for shm_id in (host_id, locals().get("left", -1)):
+            if shm_id >= 0:
+                libc.shmctl(shm_id, 0, None)  # IPC_RMID
+    assert seen == -1 and created >= 0 and left == -1
+
+
+def test_memory_cgroup_caps_the_whole_execution():
+    limits = Limits(timeout_s=10, cpu_s=10, disk_mb=64, slot_memory_mb=96)
+    try:
+        box = Sandbox(slots=1, limits=limits)
+    except SandboxUnavailable as err:
+        pytest.skip(str(err))
+    if not box.memory_cgroup.startswith("cgroup"):
+        box.close()
+        pytest.skip(box.memory_cgroup)
+    paths = list(box._cgroups.paths)
+    # 60 MB of files in /tmp (tmpfs: memory) and 60 MB in the process: each within its own limit, together
+    # over the slot's 96 MB
+    code = ("def solve(x):\n    for i in range(4):\n        with open(f'/tmp/{i}', 'wb') as f:\n"
+            "            f.write(b'x' * (15 << 20))\n    block = b'y' * (60 << 20)\n    return len(block) > 0\n")
+    run = box.run(code, "solve", [[1]])
+    assert run.outputs == {} and "stopped answering" in run.errors[0], run  # killed by the OOM killer
+    assert grade(box.run(CORRECT, "solve", [[1]]), [2]) == 1.0  # the slot works afterwards
+    box.close()
+    assert not any(os.path.exists(p) for p in paths)  # the slots' cgroups are removed
+    without = Sandbox(slots=1, limits=limits, memory_cgroup=False)
+    assert without.run(code, "solve", [[1]]).outputs == {0: "true"}  # the same code, no memory cgroup
+    without.close()
+
+
+def test_without_a_memory_cgroup_the_address_space_limit_holds():
+    box = Sandbox(slots=1, limits=Limits(timeout_s=TIMEOUT), memory_cgroup=False)
+    assert "only the address-space limit holds" in box.memory_cgroup
+    run, score, _ = _hostile(box, ATTACKS["allocate_10_gb"])
+    assert score == 0.0 and "MemoryError" in run.load_error
+    box.close()
 
 
 def test_trainer_survives_everything(sandbox):
