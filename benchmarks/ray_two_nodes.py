@@ -39,7 +39,8 @@ def main() -> None:
     out = Path(tempfile.mkdtemp(prefix="bench-ray-")) / "run"
     try:
         cfg = load_config(ROOT / "examples" / "async.yaml", [
-            f"output_dir={out}", f"train.steps={args.steps}", "async.runtime=ray", "async.servers=1",
+            f"output_dir={out}", f"train.steps={args.steps}", "async.runtime=ray", "async.server_host=node",
+            "async.servers=1",
             "async.server_threads=1", "async.learner_threads=1", "eval.every=0", "task.eval_size=16",
             "log.progress=false", "log.plot=false", "log.tensorboard=false", "train.checkpoint_every=0"])
         train(cfg)
