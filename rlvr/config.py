@@ -297,7 +297,8 @@ class TrainConfig:
     (rlvr/memory.py). 256 cuts the lean step's peak RSS by a further ~6 % (no freed heap held between
     its many sub-MiB tensors) at up to ~20 % step time on small batches; 0 leaves glibc's defaults."""
     logprob_chunk: int = 512
-    """Tokens per output-layer chunk when computing log-probs."""
+    """Tokens per output-layer chunk when computing log-probs; fewer for a large vocabulary, so one chunk's logits
+    stay within 32M elements (128 MB in fp32; Gemma 3's 262k vocabulary gets 128)."""
     checkpoint_every: int = 10
     """Write a checkpoint every this many steps (0: only at the end and on Ctrl-C)."""
     keep_last: int = 2

@@ -281,3 +281,12 @@ def test_mask_truncated_leaves_cut_completions_untrained(tokenizer):
     no_reward = torch.tensor([True, False] * 4)
     both = StepBatch.from_groups(groups, torch.ones(8), no_reward, mask_truncated=True)
     assert torch.equal(both.loss_mask.any(dim=1), no_reward & ~cut)
+
+
+def test_chunks_shrink_for_large_vocabularies():
+    from rlvr.train.step import chunk_for_vocab
+
+    assert chunk_for_vocab(512, 49_152) == 512  # SmolLM2: 2**25 // 49152 = 682 > 512
+    assert chunk_for_vocab(512, 262_144) == 128  # Gemma 3: 2**25 // 262144
+    assert chunk_for_vocab(64, 262_144) == 64
+    assert chunk_for_vocab(512, 10**9) == 1

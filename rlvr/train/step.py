@@ -159,6 +159,15 @@ def _uniform(temperature: torch.Tensor) -> float | torch.Tensor:
     return temperature
 
 
+LOGITS_PER_CHUNK = 1 << 25  # elements of one chunk's [c, V] logits: 128 MB in fp32
+
+
+def chunk_for_vocab(chunk_tokens: int, vocab: int) -> int:
+    """Tokens per output-layer chunk: at most ``chunk_tokens``, fewer for a large vocabulary so a chunk's logits
+    stay within LOGITS_PER_CHUNK (SmolLM2's 49k vocabulary keeps 512; Gemma's 262k gets 128)."""
+    return max(1, min(chunk_tokens, LOGITS_PER_CHUNK // vocab))
+
+
 @dataclass
 class FrozenLogprobs:
     """Log-probs [N, T] computed once per step without gradient."""
@@ -298,13 +307,15 @@ def train_step(
     - ``share_prompt``: each prompt runs once per group in the forward pass (see ``completion_hidden``); off,
       every completion runs its own copy of the prompt (a test oracle; same result, more compute).
     - Output layer, log-softmax and loss run chunk by chunk with gradients taken in the forward pass
-      (``rlvr.core.fused``), so [tokens, vocab] logits are never held.
+      (``rlvr.core.fused``), so [tokens, vocab] logits are never held (chunks shrink for large vocabularies:
+      ``chunk_for_vocab``).
     - The ratio and importance weights use ``batch.behaviour_logp`` as ``settings`` asks (rlvr.core.off_policy).
     - An update whose loss or gradient norm is not finite is skipped and counted in ``skipped_updates``.
     - Micro-batches come from ``micro_batches``: cut to their longest row, and without the rows that carry no
       gradient (with beta = 0: those whose advantage is 0). ``entropy`` is the mean over the tokens computed.
     """
     micro_rows = micro_batches(batch, micro_batch_size, skip_zero_advantage=settings.beta == 0.0)
+    chunk_tokens = chunk_for_vocab(chunk_tokens, backbone_and_head(model)[1].weight.shape[0])
     normaliser = loss_normaliser(batch.loss_mask, settings.aggregation, max_new_tokens)
     frozen = frozen_passes(model, batch, micro_rows, settings, reference, num_iterations, chunk_tokens, share_prompt)
     model.train()
