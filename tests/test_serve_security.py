@@ -368,9 +368,11 @@ def test_a_full_queue_answers_503_with_retry_after(bounded):
 
 def test_a_request_whose_client_went_away_is_dropped(bounded):
     before = _wait_for(bounded, lambda s: s["queued_completions"] == 0)
-    long = {"prompt": [[5, 6, 7]] * 16, "max_tokens": 200, "temperature": 1.0}  # 8 batches of 2
+    # 8 batches of 2 rows x 200 tokens after a 300 ms batch wait: >= 1.6 s of decoding even on a fast idle machine
+    # (>= 1 ms per decode step), so the client's 0.5 s read timeout always leaves before most batches ran
+    long = {"prompt": [[5, 6, 7]] * 16, "max_tokens": 200, "temperature": 1.0}
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(f"{bounded.url}/v1/completions", json=long, timeout=httpx.Timeout(30, read=2.0))
+        httpx.post(f"{bounded.url}/v1/completions", json=long, timeout=httpx.Timeout(30, read=0.5))
     after = _wait_for(bounded, lambda s: s["cancelled"] > before["cancelled"])
     assert after["queued_completions"] == 0
     assert after["completions"] - before["completions"] < 16  # its remaining prompts never ran
