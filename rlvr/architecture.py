@@ -36,11 +36,6 @@ def unwrap(model: nn.Module) -> nn.Module:
     return model.get_base_model() if hasattr(model, "get_base_model") and hasattr(model, "peft_config") else model
 
 
-def backbone(model: nn.Module) -> nn.Module:
-    inner = unwrap(model)
-    return getattr(inner, inner.base_model_prefix)
-
-
 def output_layer(model: nn.Module) -> OutputLayer:
     """The model's output layer as a function of its last hidden state (derived once per model, then cached)."""
     inner = unwrap(model)

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from rlvr.architecture import check_layers, lora_targets, output_layer
+from rlvr.architecture import check_layers, lora_targets, output_layer, unwrap
 from rlvr.core.head import OutputLayer
 from rlvr.offline_models import ALIASES, alias_dir
 
@@ -135,7 +135,7 @@ class ReferencePolicy:
 def backbone_and_head(model: nn.Module) -> tuple[nn.Module, OutputLayer]:
     """Split a (possibly peft-wrapped) causal LM into its transformer body and its whole output layer (weight, bias,
     logit scale, soft-cap: rlvr.architecture.output_layer)."""
-    inner = model.get_base_model() if is_lora(model) else model
+    inner = unwrap(model)
     return getattr(inner, inner.base_model_prefix), output_layer(inner)
 
 
