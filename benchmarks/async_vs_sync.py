@@ -51,26 +51,28 @@ def _free_port() -> int:
 
 
 def _summarise(records: list[dict], asynchronous: bool) -> dict:
-    steady = records[1:]
+    steady = [r for r in records[1:] if "update/time_s" in r]
     if asynchronous:
-        step_s = [r["step_wall_s"] for r in steady]
+        step_s = [r["time/step_s"] for r in steady]
     else:
-        step_s = [r["time_generate_s"] + r["time_reward_s"] + r["time_train_s"] + r["time_sync_s"] for r in steady]
-    out = {"steady_step_s": statistics.mean(step_s), "train_s": statistics.mean(r["time_train_s"] for r in steady),
-           "sync_s": statistics.mean(r["time_sync_s"] for r in steady)}
+        step_s = [r["rollout/time_generate_s"] + r["rollout/time_reward_s"] + r["update/time_s"] + r["sampler/time_s"]
+                  for r in steady]
+    out = {"steady_step_s": statistics.mean(step_s), "train_s": statistics.mean(r["update/time_s"] for r in steady),
+           "sync_s": statistics.mean(r["sampler/time_s"] for r in steady)}
     if asynchronous:
-        out["learner_idle_s"] = statistics.mean(r["learner_idle_s"] for r in steady)
-        out["server_busy_frac"] = statistics.mean(r.get("server_busy_frac", float("nan")) for r in steady)
-        out["stale_dropped"] = sum(r["groups_dropped_stale"] for r in records)
+        out["learner_idle_s"] = statistics.mean(r["async/learner_idle_s"] for r in steady)
+        out["server_busy_frac"] = statistics.mean(r.get("async/server_busy_frac", float("nan")) for r in steady)
+        out["stale_dropped"] = sum(r.get("async/groups_dropped_stale", 0) for r in records)
     else:
-        out["generate_s"] = statistics.mean(r["time_generate_s"] for r in steady)
+        out["generate_s"] = statistics.mean(r["rollout/time_generate_s"] for r in steady)
     return out
 
 
 def _generation_seconds_per_step(records: list[dict]) -> float:
     """Seconds of server generation per step (busy fraction x step time), from an async run."""
     steady = records[1:]
-    return statistics.mean(r["server_busy_frac"] * r["step_wall_s"] for r in steady if "server_busy_frac" in r)
+    busy = "async/server_busy_frac"
+    return statistics.mean(r[busy] * r["time/step_s"] for r in steady if busy in r)
 
 
 def main() -> None:

@@ -17,6 +17,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.machine import describe
+from rlvr.metrics import ACCURACY, REWARD
+
+OLD_NAMES = {"eval_accuracy": ACCURACY, "reward_mean": REWARD}
 
 
 def main() -> None:
@@ -42,9 +45,10 @@ def main() -> None:
     for seed, run in runs:
         summary = json.loads((run / "summary.json").read_text())
         records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-        evals = [(r["step"], 100 * r["eval_accuracy"]) for r in records if "eval_accuracy" in r]
+        records = [{OLD_NAMES.get(k, k): v for k, v in r.items()} for r in records]  # runs from before namespacing
+        evals = [(r["step"], 100 * r[ACCURACY]) for r in records if ACCURACY in r]
         ax.plot(*zip(*evals), "o-", label=f"seed {seed}: held-out accuracy")
-        train = [(r["step"], 100 * r["reward_mean"]) for r in records if "reward_mean" in r]
+        train = [(r["step"], 100 * r[REWARD]) for r in records if REWARD in r]
         ax.plot(*zip(*train), alpha=0.3, color=ax.lines[-1].get_color(), label=f"seed {seed}: train reward")
         before, after = 100 * summary["eval_accuracy_before"], 100 * summary["eval_accuracy_after"]
         minutes = summary["wall_time_s"] / 60

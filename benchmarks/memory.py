@@ -184,8 +184,9 @@ def child(name: str, steps: int) -> dict:
 
     torch.set_num_threads(os.cpu_count())
     return_freed_memory(HEAP_THRESHOLD_KB << 10)
-    from rlvr.baselines.ppo import Critic, PPOSettings, ppo_step
+    from rlvr.baselines.ppo import Critic, ppo_step
     from rlvr.core import LossSettings
+    from rlvr.core.ppo import PPOSettings
     from rlvr.models import LoraSpec, ReferencePolicy, load_policy
     from rlvr.train.batch import StepBatch
     from rlvr.train.step import micro_batch_loss, train_step

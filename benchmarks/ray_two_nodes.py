@@ -31,7 +31,7 @@ def main() -> None:
     from benchmarks.machine import describe
     from benchmarks.report import publish
     from rlvr.config import load_config
-    from rlvr.train.sync import train
+    from rlvr.launch import train
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})  # the head: the learner only
     worker = cluster.add_node(num_cpus=1)  # the rollout node: room for one one-core server

@@ -55,8 +55,8 @@ def _step_order(steps: int, seed: int) -> list[dict]:
 
 def child_rlvr(mode: str, steps: int, checkpointing: str = "on", seed: str = str(SEED)) -> dict:
     from rlvr.config import load_config
+    from rlvr.launch import train
     from rlvr.metrics import read_metrics
-    from rlvr.train.sync import train
 
     out = Path(tempfile.mkdtemp(prefix="bench-rlvr-"))
     cfg = load_config(None, [
@@ -70,14 +70,14 @@ def child_rlvr(mode: str, steps: int, checkpointing: str = "on", seed: str = str
         "log.plot=false",
     ])
     train(cfg)
-    records = [r for r in read_metrics(out / "metrics.jsonl") if "reward_mean" in r]
+    records = [r for r in read_metrics(out / "metrics.jsonl") if "rollout/reward_mean" in r]
     return {
-        "step_s": [r["time_generate_s"] + r["time_reward_s"] + r["time_train_s"] for r in records],
-        "generate_s": [r["time_generate_s"] for r in records],
-        "train_s": [r["time_train_s"] for r in records],
-        "generated_tokens": [r["completion_len_mean"] * B * G for r in records],
-        "train_tokens": [r["train_tokens_per_s"] * r["time_train_s"] for r in records],
-        "reward": [r["reward_mean"] for r in records],
+        "step_s": [r["rollout/time_generate_s"] + r["rollout/time_reward_s"] + r["update/time_s"] for r in records],
+        "generate_s": [r["rollout/time_generate_s"] for r in records],
+        "train_s": [r["update/time_s"] for r in records],
+        "generated_tokens": [r["rollout/completion_len_mean"] * B * G for r in records],
+        "train_tokens": [r["update/tokens_per_s"] * r["update/time_s"] for r in records],
+        "reward": [r["rollout/reward_mean"] for r in records],
         "peak_rss_mb": _peak_rss_mb(),
     }
 

@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 
 from rlvr.config import ConfigError, load_config
+from rlvr.launch import NonFiniteError, train
 from rlvr.rewards import RewardError
 from rlvr.rollout.remote import AdapterSyncError, NoServerError, ServerRequestError
-from rlvr.train.sync import NonFiniteError, train
 
 
 def _train(args: argparse.Namespace) -> int:

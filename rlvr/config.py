@@ -15,11 +15,14 @@ from typing import Any
 
 import yaml
 
-from rlvr.core.advantages import SCALES
-from rlvr.core.losses import AGGREGATIONS, KL_ESTIMATORS, LossSettings
-from rlvr.core.off_policy import IS_LEVELS, IS_MODES, RATIO_TO
+from rlvr.core.advantages import SCALES, check_negative_scale
+from rlvr.core.losses import LossSettings
+from rlvr.core.ppo import PPOSettings
+from rlvr.models import ALL_LINEAR
+from rlvr.rewards.base import ON_ERROR
 
 ARITHMETIC_SYSTEM_PROMPT = "Reply with only the number."
+TASKS = ("arithmetic", "word_problems", "jsonl", "math_jsonl", "code_jsonl", "hf")
 
 # Algorithm variants as named settings of the same knobs; the training loop never branches on them.
 # - grpo: DeepSeekMath GRPO: group-std advantages, sequence-mean aggregation, symmetric clip 0.2, k3 KL, beta 0.04.
@@ -52,7 +55,7 @@ class ModelConfig:
     """LoRA scaling numerator (scale = alpha / r)."""
     lora_dropout: float = 0.0
     """Dropout on the LoRA input."""
-    lora_targets: tuple[str, ...] = ("all-linear",)
+    lora_targets: tuple[str, ...] = (ALL_LINEAR,)
     """Names of the linear modules that get adapters (e.g. [q_proj, v_proj]), or all-linear: every linear layer of the
     decoder whatever its naming scheme (fused qkv_proj, query_key_value, ...) and the stacked expert weights of MoE
     layers; never the output layer; MoE routers stay frozen."""
@@ -189,7 +192,9 @@ class RolloutConfig:
 
 
 @dataclass(frozen=True)
-class AlgoConfig:
+class _AlgoHead:
+    """The algo keys listed before the loss knobs (a base class: a dataclass lists its bases' fields first)."""
+
     name: str = "grpo"
     """grpo: group-relative advantages, no value model (its variants are presets); ppo: a critic initialised from
     the policy, GAE advantages (the baseline that shows what GRPO saves; settings in the ppo section)."""
@@ -198,18 +203,12 @@ class AlgoConfig:
     below that is not set explicitly."""
     scale: str = "group"
     """Advantage scaling: group (GRPO), batch, none (Dr. GRPO)."""
-    aggregation: str = "sequence_mean"
-    """Loss aggregation: sequence_mean (GRPO), token_mean (DAPO), token_sum_constant (Dr. GRPO)."""
-    eps_low: float = 0.2
-    """Lower clip: ratio >= 1 - eps_low."""
-    eps_high: float = 0.2
-    """Upper clip: ratio <= 1 + eps_high (DAPO clip-higher raises it)."""
-    dual_clip: float = 0.0
-    """Dual-clip constant c > 1 for negative advantages (0 disables)."""
-    beta: float = 0.04
-    """KL coefficient; 0 skips the reference forward entirely."""
-    kl_estimator: str = "k3"
-    """k1, k2 or k3 (Schulman's estimators of KL(policy || reference))."""
+
+
+@dataclass(frozen=True)
+class AlgoConfig(LossSettings, _AlgoHead):
+    """The objective: the loss knobs of ``rlvr.core.LossSettings`` (documented and checked there) and these."""
+
     num_iterations: int = 1
     """mu: optimizer passes over each batch of groups (1: no proximal-policy forward is needed)."""
     adv_eps: float = 1e-4
@@ -220,56 +219,23 @@ class AlgoConfig:
     negative_scale: float = 1.0
     """Multiplier on negative advantages, in [0, 1]: 1 is GRPO; 0 reinforces only completions better than their
     group's mean. Damping it keeps a weak model on its format when nearly every sample is wrong (measured:
-    README, word problems)."""
-    ratio_to: str = "proximal"
-    """Denominator of the clipped ratio: proximal (the weights as the step began; AReaL's decoupled PPO) or
-    behaviour (the policy that sampled the tokens, as TRL's async trainer and prime-rl do)."""
-    is_level: str = "token"
-    """Importance weight pi_prox / pi_behav on the clipped loss, per token, per sequence, or none (only with
-    ratio_to=proximal). On-policy it is 1 up to numerics; for stale or foreign samples it is the correction."""
-    is_mode: str = "truncate"
-    """Weights above is_cap are truncated to it (TIS, verl's rollout_is) or masked to 0 (AReaL)."""
-    is_cap: float = 2.0
-    """Cap C of the importance weight."""
-    gap_mask: float = 0.0
-    """Drop tokens whose probability moved more than this from the behaviour policy in the direction of their
-    advantage (DPPO's binary-TV trust region, as in prime-rl); 0 disables."""
+    docs/experiments/word_problems.md)."""
     dynamic_sampling: bool = False
     """DAPO: drop groups whose rewards are all equal (no signal) and sample more prompts until the step has
     train.prompts_per_step informative groups, or max_resample_rounds extra rounds were spent."""
     max_resample_rounds: int = 3
     """Extra sampling rounds per step that dynamic sampling may spend (each samples prompts_per_step prompts)."""
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_negative_scale(self.negative_scale)
+
     def loss_settings(self) -> LossSettings:
-        return LossSettings(
-            eps_low=self.eps_low,
-            eps_high=self.eps_high,
-            dual_clip=self.dual_clip or None,
-            beta=self.beta,
-            kl_estimator=self.kl_estimator,  # type: ignore[arg-type]
-            aggregation=self.aggregation,  # type: ignore[arg-type]
-            ratio_to=self.ratio_to,  # type: ignore[arg-type]
-            is_level=self.is_level,  # type: ignore[arg-type]
-            is_mode=self.is_mode,  # type: ignore[arg-type]
-            is_cap=self.is_cap,
-            gap_mask=self.gap_mask,
-        )
+        """The loss knobs alone, as a plain ``LossSettings``."""
+        return LossSettings(**{f.name: getattr(self, f.name) for f in dataclasses.fields(LossSettings)})
 
 
-@dataclass(frozen=True)
-class PPOConfig:
-    gamma: float = 1.0
-    """Discount over the tokens of a completion."""
-    lam: float = 0.95
-    """GAE lambda."""
-    kl_coef: float = 0.05
-    """KL penalty to the reference policy in the per-token reward (k1 estimate; 0: none, no reference pass)."""
-    value_clip: float = 0.2
-    """Clip of the value update around the old values (0: unclipped)."""
-    vf_coef: float = 0.5
-    """Weight of the value loss in the combined loss."""
-    whiten: bool = True
-    """Whiten the advantages over the tokens of the batch."""
+PPOConfig = PPOSettings  # the ppo section: its fields are documented and checked in rlvr.core.ppo
 
 
 @dataclass(frozen=True)
@@ -404,9 +370,9 @@ class RunConfig:
     """Reward functions and weights; the total is their weighted sum."""
     rollout: RolloutConfig = RolloutConfig()
     """Group size and sampling."""
-    algo: AlgoConfig = AlgoConfig()
+    algo: AlgoConfig = AlgoConfig(**PRESETS["grpo"])
     """The objective: preset and knobs."""
-    ppo: PPOConfig = PPOConfig()
+    ppo: PPOConfig = field(default_factory=PPOConfig)
     """The critic's settings, used with algo.name=ppo."""
     train: TrainConfig = TrainConfig()
     """Steps, batch shape, optimizer, seed."""
@@ -423,31 +389,25 @@ class ConfigError(ValueError):
 
 
 CHOICES: dict[str, tuple[str, ...]] = {
-    "task.name": ("arithmetic", "word_problems", "jsonl", "math_jsonl", "code_jsonl", "hf"),
+    "task.name": TASKS,
     "task.answer_format": ("raw", "gsm8k", "math"),
     "model.autocast": ("none", "bf16"),
     "algo.name": ALGORITHMS,
     "algo.preset": tuple(PRESETS),
     "algo.scale": SCALES,
-    "algo.aggregation": AGGREGATIONS,
-    "algo.kl_estimator": KL_ESTIMATORS,
-    "algo.ratio_to": RATIO_TO,
-    "algo.is_level": IS_LEVELS,
-    "algo.is_mode": IS_MODES,
     "rollout.backend": ("local", "server"),
     "async.runtime": ("embedded", "ray"),
 }
-ON_ERROR = ("raise", "none")
 POSITIVE = ("rollout.group_size", "rollout.max_new_tokens", "train.prompts_per_step", "train.micro_batch_size",
             "algo.num_iterations", "eval.batch_size", "train.logprob_chunk", "train.keep_last",
-            "train.max_consecutive_skips", "algo.is_cap", "rollout.keep_versions", "async.server_threads")
+            "train.max_consecutive_skips", "rollout.keep_versions", "async.server_threads")
 
 
 def _convert(value: Any, tp: Any, key: str) -> Any:
     origin = typing.get_origin(tp)
     if dataclasses.is_dataclass(tp):
         return _build(tp, value, key)
-    if origin in (types.UnionType, typing.Union):
+    if origin in (types.UnionType, typing.Union, typing.Literal):  # a Literal's values: checked by the class
         return value
     if origin is tuple:
         (item_tp, _) = typing.get_args(tp)
@@ -488,7 +448,12 @@ def _build(cls: type, data: Any, prefix: str) -> Any:
         raise ConfigError(f"unknown config key {key!r}; allowed keys{section}: {', '.join(names)}")
     shown = {"asynchronous": "async"}  # field names that differ from the config key users write
     values = {k: _convert(v, hints[k], f"{prefix}.{k}" if prefix else shown.get(k, k)) for k, v in data.items()}
-    return cls(**values)
+    try:
+        return cls(**values)
+    except ConfigError:
+        raise
+    except ValueError as err:  # a section's own check; its message starts with the field's name
+        raise ConfigError(f"{prefix}.{err}" if prefix else str(err)) from None
 
 
 def _validate(cfg: RunConfig) -> None:
@@ -502,15 +467,6 @@ def _validate(cfg: RunConfig) -> None:
         section, name = key.split(".")
         if flat[section][name] < 1:
             raise ConfigError(f"{key} must be >= 1; got {flat[section][name]}")
-    if cfg.algo.dual_clip and cfg.algo.dual_clip <= 1:
-        raise ConfigError(f"algo.dual_clip must be 0 (off) or > 1; got {cfg.algo.dual_clip}")
-    try:
-        cfg.algo.loss_settings()
-    except ValueError as err:
-        raise ConfigError(f"algo: {err}") from None
-    if not 0 <= cfg.algo.negative_scale <= 1:
-        raise ConfigError(f"algo.negative_scale must be in [0, 1] (1: GRPO, 0: only better-than-average "
-                          f"completions are reinforced); got {cfg.algo.negative_scale}")
     if cfg.algo.max_resample_rounds < 0:
         raise ConfigError(f"algo.max_resample_rounds must be >= 0; got {cfg.algo.max_resample_rounds}")
     if cfg.rollout.temperature < 0 or not 0 < cfg.rollout.top_p <= 1:

@@ -10,6 +10,22 @@ from pathlib import Path
 
 from rlvr.trackers import TrackedRun, open_trackers
 
+REWARD = "rollout/reward_mean"  # the names a run's plot and progress bar read
+ACCURACY = "eval/accuracy"
+
+
+def namespaced(sections: dict[str, dict[str, float]]) -> dict[str, float]:
+    """One metrics row from what each part of a step reports: ``{"update": {"loss": x}}`` -> ``{"update/loss": x}``.
+    Every key carries its section, so no part can overwrite another's value (a repeated key is an error)."""
+    row: dict[str, float] = {}
+    for section, values in sections.items():
+        for key, value in values.items():
+            name = f"{section}/{key}"
+            if name in row:
+                raise KeyError(f"metric {name} reported twice")
+            row[name] = value
+    return row
+
 
 def _records(path: Path, warn: bool = False) -> list[tuple[str, dict]]:
     """(line, record) for each record of a JSONL log. A last line without its newline that does not parse was cut
@@ -113,9 +129,9 @@ def plot_run(metrics_path: Path, png_path: Path, title: str = "") -> None:
 
     records = read_metrics(metrics_path)
     fig, ax = plt.subplots(figsize=(7, 4))
-    steps = [r["step"] for r in records if "reward_mean" in r]
-    ax.plot(steps, [r["reward_mean"] for r in records if "reward_mean" in r], label="train reward (mean)", alpha=0.6)
-    evals = [(r["step"], r["eval_accuracy"]) for r in records if "eval_accuracy" in r]
+    steps = [r["step"] for r in records if REWARD in r]
+    ax.plot(steps, [r[REWARD] for r in records if REWARD in r], label="train reward (mean)", alpha=0.6)
+    evals = [(r["step"], r[ACCURACY]) for r in records if ACCURACY in r]
     if evals:
         ax.plot(*zip(*evals), "o-", label="held-out accuracy (greedy)", color="C3")
     ax.set_xlabel("step")

@@ -50,6 +50,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from rlvr.models import ALL_LINEAR
+
 GB = 1e9
 
 
@@ -88,9 +90,13 @@ class Arch:
         return {"q_proj": (h, h), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (h, h),
                 "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
 
+    def adapted(self, targets: tuple[str, ...]) -> tuple[str, ...]:
+        """The linear layers that LoRA ``targets`` name (``all-linear``: every one)."""
+        return tuple(self.linear_shapes()) if tuple(targets) == (ALL_LINEAR,) else tuple(targets)
+
     def lora_params(self, rank: int, targets: tuple[str, ...]) -> int:
         shapes = self.linear_shapes()
-        return self.layers * sum(rank * (shapes[t][0] + shapes[t][1]) for t in targets)
+        return self.layers * sum(rank * (shapes[t][0] + shapes[t][1]) for t in self.adapted(targets))
 
     def activation_values(self, keys: int, masked: bool, lora_rank: int = 0, lora_linears: int = 0) -> int:
         """Values saved for backward per token and layer (see the module docstring)."""
@@ -110,7 +116,6 @@ ARCHS = {
     "8b": Arch("Llama-3.1-8B", 32, 4096, 14336, 32, 8, 128256),
     "70b": Arch("Llama-3.1-70B", 80, 8192, 28672, 64, 8, 128256),
 }
-ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 OPTIMIZER_BYTES = {"adamw": 8, "adamw_8bit": 2, "sgd": 0}
 
 
@@ -122,7 +127,7 @@ class Run:
     precision: str = "fp32"  # fp32, or bf16 (bf16 weights, gradients, activations; fp32 optimizer + master)
     optimizer: str = "adamw"  # adamw, adamw_8bit, sgd
     lora_rank: int = 0  # 0: full fine-tuning
-    lora_targets: tuple[str, ...] = ALL_LINEAR
+    lora_targets: tuple[str, ...] = (ALL_LINEAR,)  # or names of Arch.linear_shapes
     beta: float = 0.0  # GRPO's KL coefficient (PPO: the reward's kl_coef)
     prompts: int = 8  # B
     group: int = 8  # G
@@ -179,7 +184,7 @@ def plan(arch: Arch, run: Run) -> dict[str, float]:
     e = _bytes(run.precision)
     mb = min(run.micro_batch, run.prompts * run.group)
     P_len, T_len = run.prompt_len, run.completion_len
-    r, n_lora = (run.lora_rank, len(run.lora_targets)) if lora else (0, 0)
+    r, n_lora = (run.lora_rank, len(arch.adapted(run.lora_targets))) if lora else (0, 0)
 
     def values(keys: int, masked: bool) -> int:
         return arch.activation_values(keys, masked, r, n_lora)

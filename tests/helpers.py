@@ -15,3 +15,16 @@ def hanging_reward(prompts, completions, **columns):
 
     time.sleep(30)
     return [0.0] * len(completions)
+
+
+def unaccounted_s(record: dict, parts: tuple[str, ...]) -> float:
+    """A step's wall time (time/step_s) minus the named parts of it (eval/time_s added when the step evaluated)."""
+    return record["time/step_s"] - sum(record[k] for k in parts) - record.get("eval/time_s", 0.0)
+
+
+def assert_parts_add_up(records: list[dict], parts: tuple[str, ...]) -> None:
+    """The parts never exceed the step, and what they leave unaccounted (building the batch, logging) is under
+    0.5 s or 20 % of the step, whichever is larger: a part missing or counted twice fails it."""
+    for r in records:
+        gap = unaccounted_s(r, parts)
+        assert -1e-3 <= gap <= max(0.5, 0.2 * r["time/step_s"]), (r["step"], gap, {k: r[k] for k in parts})

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from rlvr.config import load_config
+from rlvr.launch import train
 from rlvr.rollout.remote import NoServerError
-from rlvr.train.sync import train
+from tests.helpers import assert_parts_add_up
 from tests.test_e2e import _overrides
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,10 +56,15 @@ def test_async_run_trains_logs_and_leaves_nothing_running(tiny_model_dir, tmp_pa
     summary = train(load_config(None, _overrides(tiny_model_dir, out) + ASYNC + ["train.steps=4"]))
     assert summary["steps"] == 4
     records = _records(out)[1:]
-    for key in ("groups_sampled", "groups_trained", "groups_dropped_stale", "groups_redispatched", "learner_idle_s",
-                "staleness_mean", "is_weight_mean", "logp_gap", "time_sync_s", "adapter_bytes", "server_busy_frac"):
+    for key in ("async/groups_sampled", "async/groups_trained", "async/groups_dropped_stale",
+                "async/groups_redispatched", "async/learner_idle_s", "rollout/staleness_mean",
+                "update/is_weight_mean", "update/logp_gap", "sampler/time_s", "sampler/adapter_bytes",
+                "async/server_busy_frac"):
         assert all(key in r for r in records), key
-    assert all(r["groups_trained"] == 2 and r["staleness_max"] <= 1 for r in records)
+    assert all(r["async/groups_trained"] == 2 and r["rollout/staleness_max"] <= 1 for r in records)
+    # the learner's step is waiting + updating + syncing (+ evaluating); generation ran on the servers meanwhile
+    assert_parts_add_up(records, ("async/learner_idle_s", "update/time_s", "sampler/time_s"))
+    assert all(r["rollout/time_generate_s"] > 0 for r in records)
     uids = _trained_uids(out)
     assert len(uids) == 8 and len(set(uids)) == 8  # every trained group a different prompt position
     assert not any(_alive(pid) for pid in _server_pids(out))
@@ -85,7 +91,7 @@ def test_killed_servers_are_restarted_and_no_group_is_lost_or_trained_twice(tiny
     output, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, output[-3000:]
     last = _records(out)[-1]
-    assert last["servers_restarted"] >= 2 and last["servers_revived"] >= 2
+    assert last["async/servers_restarted"] >= 2 and last["sampler/servers_revived"] >= 2
     uids = _trained_uids(out)
     assert len(uids) == 14 * 2 and len(set(uids)) == len(uids)  # no group trained twice
     assert not any(_alive(pid) for pid in _server_pids(out))
@@ -109,7 +115,7 @@ def test_a_killed_learner_resumes_after_republishing_its_adapter(tiny_model_dir,
     records = _records(out)
     assert [r["step"] for r in records] == list(range(7))
     # the first step after the resume trained on rollouts of the restored weights: same version, tiny log-prob gap
-    assert records[5]["staleness_max"] == 0 and records[5]["logp_gap"] < 1e-3
+    assert records[5]["rollout/staleness_max"] == 0 and records[5]["update/logp_gap"] < 1e-3
     uids = _trained_uids(out)
     assert len(uids) == 12 and len(set(uids)) == 12
 

@@ -6,9 +6,9 @@ import pytest
 
 from rlvr.cli import main
 from rlvr.config import load_config
+from rlvr.launch import train
 from rlvr.metrics import read_metrics
 from rlvr.rewards import RewardError
-from rlvr.train.sync import train
 from tests.test_e2e import _overrides
 
 
@@ -65,10 +65,10 @@ def test_reward_errors_and_hangs_are_contained_when_asked(tiny_model_dir, tmp_pa
                " {name: 'tests.helpers:hanging_reward', on_error: none, timeout_s: 0.5}]")
     summary = train(_cfg(tiny_model_dir, tmp_path, rewards))
     step = read_metrics(tmp_path / "run" / "metrics.jsonl")[1]
-    assert step["reward/tests.helpers:failing_reward_errors"] == 1
-    assert step["reward/tests.helpers:hanging_reward_errors"] == 1
-    assert step["reward/tests.helpers:hanging_reward_missing"] == 8  # 2 prompts x G=4, all None
-    assert step["reward_missing_frac"] == 0.0  # length_reward still scored every completion
+    assert step["rollout/reward/tests.helpers:failing_reward_errors"] == 1
+    assert step["rollout/reward/tests.helpers:hanging_reward_errors"] == 1
+    assert step["rollout/reward/tests.helpers:hanging_reward_missing"] == 8  # 2 prompts x G=4, all None
+    assert step["rollout/reward_missing_frac"] == 0.0  # length_reward still scored every completion
     assert summary["steps"] == 1
 
 

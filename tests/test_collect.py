@@ -5,7 +5,8 @@ import torch
 
 from rlvr.rewards import WeightedReward
 from rlvr.rollout import Groups, SamplingParams
-from rlvr.train.collect import ROUND_SEED_STRIDE, collect, collect_metrics
+from rlvr.seeds import round_seed
+from rlvr.train.collect import collect, collect_metrics, group_advantage_fn
 
 G = 4
 INFORMATIVE, ALL_RIGHT, ALL_WRONG = [1.0, 0.0, 0.0, 0.0], [1.0] * G, [0.0] * G
@@ -50,7 +51,8 @@ def _run(patterns, B=3, dynamic=True, extra=3):
 
     sampler = ScriptedSampler()
     rewards = [WeightedReward("table", table_reward)]
-    c = collect(sampler, next_row_ids, rows, G, SamplingParams(), rewards, seed=11, dynamic_sampling=dynamic,
+    c = collect(sampler, next_row_ids, rows, G, SamplingParams(), rewards,
+                group_advantage_fn(G, "group", 1e-4, 1.0), seed=11, dynamic_sampling=dynamic,
                 max_extra_rounds=extra)
     return c, sampler, cursor["at"]
 
@@ -68,7 +70,7 @@ def test_dynamic_sampling_resamples_until_b_informative_groups():
     patterns = [INFORMATIVE, ALL_RIGHT, ALL_WRONG, ALL_WRONG, INFORMATIVE, INFORMATIVE, INFORMATIVE]
     c, sampler, consumed = _run(patterns)
     assert c.row_ids == [0, 4, 5] and consumed == 6
-    assert sampler.seeds == [11, 11 + ROUND_SEED_STRIDE]
+    assert sampler.seeds == [11, round_seed(11, 1)] == [11, 11 + 1_000_000_007]
     assert c.groups.texts[:G] == [f"p0#{j}" for j in range(G)]
     assert c.groups.texts[G : 2 * G] == [f"p4#{j}" for j in range(G)]
     assert c.scores.total.tolist() == INFORMATIVE * 3

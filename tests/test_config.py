@@ -55,7 +55,11 @@ def test_resolved_config_round_trips(tmp_path):
         ("task.name=gsm8k", "task.name must be one of arithmetic, word_problems, jsonl"),
         ("train.steps=many", "train.steps must be int, got 'many'"),
         ("rollout.group_size=0", "rollout.group_size must be >= 1"),
-        ("algo.dual_clip=0.5", "algo.dual_clip must be 0 (off) or > 1"),
+        ("algo.dual_clip=0.5", "algo.dual_clip must be > 1 (or 0 to disable); got 0.5"),
+        ("algo.negative_scale=1.5", "algo.negative_scale must be in [0, 1]"),
+        ("algo.is_cap=0.5", "algo.is_cap must be >= 1; got 0.5"),
+        ("algo.is_mode=clip", "algo.is_mode must be one of truncate, mask; got 'clip'"),
+        ("ppo.value_clip=-1", "ppo.value_clip must be >= 0; got -1.0"),
         ("train", "override 'train' must look like key.sub=value"),
     ],
 )
@@ -75,20 +79,52 @@ def test_to_dict_is_plain():
     assert d["rewards"][0]["name"] == "arithmetic_correct" and isinstance(d["model"]["lora_targets"], list)
 
 
+def _sections(cls, seen):
+    import dataclasses
+    import typing
+
+    if cls not in seen:
+        seen.append(cls)
+        for tp in typing.get_type_hints(cls).values():
+            for t in (tp, *typing.get_args(tp)):
+                if dataclasses.is_dataclass(t):
+                    _sections(t, seen)
+    return seen
+
+
 def test_every_config_field_has_a_docstring():
+    """Each field of every section is documented by a string right under it, in the class that defines it
+    (inherited knobs: rlvr.core's LossSettings and PPOSettings)."""
     import ast
+    import dataclasses
+    import inspect
+    import textwrap
+
+    missing = []
+    for section in _sections(RunConfig, []):
+        for f in dataclasses.fields(section):
+            owner = next(c for c in section.__mro__ if f.name in inspect.get_annotations(c))
+            body = ast.parse(textwrap.dedent(inspect.getsource(owner))).body[0].body
+            at = next(i for i, n in enumerate(body) if isinstance(n, ast.AnnAssign) and n.target.id == f.name)
+            nxt = body[at + 1] if at + 1 < len(body) else None
+            doc = nxt.value.value if isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) else None
+            if not isinstance(doc, str):
+                missing.append(f"{owner.__name__}.{f.name}")
+    assert not missing, missing
+
+
+def test_loss_and_ppo_knobs_are_defined_once():
+    """algo inherits the loss knobs (presets fill them like any other); ppo is rlvr.core's PPOSettings."""
+    import dataclasses
     import inspect
 
-    import rlvr.config as config_module
+    from rlvr.config import AlgoConfig
+    from rlvr.core import LossSettings, PPOSettings
 
-    tree = ast.parse(inspect.getsource(config_module))
-    missing = []
-    for cls in (n for n in tree.body if isinstance(n, ast.ClassDef) and n.name.endswith("Config")):
-        body = cls.body
-        for i, node in enumerate(body):
-            if isinstance(node, ast.AnnAssign):
-                nxt = body[i + 1] if i + 1 < len(body) else None
-                documented = isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
-                if not (documented and isinstance(nxt.value.value, str)):
-                    missing.append(f"{cls.name}.{node.target.id}")
-    assert not missing, missing
+    own = set(inspect.get_annotations(AlgoConfig))
+    assert not own & {f.name for f in dataclasses.fields(LossSettings)}
+    cfg = load_config(None, ["algo.preset=dapo", "algo.dual_clip=3", "ppo.value_clip=0"])
+    assert cfg.algo.loss_settings() == LossSettings(eps_high=0.28, aggregation="token_mean", dual_clip=3.0)
+    assert type(cfg.algo.loss_settings()) is LossSettings
+    assert isinstance(cfg.ppo, PPOSettings) and cfg.ppo.value_clip == 0.0
+    assert load_config(None).algo == RunConfig().algo and RunConfig().algo.beta == 0.04

@@ -1,6 +1,9 @@
-"""The README's library example runs (on the tiny model, 2 steps) and every example config is valid."""
+"""The README's library example runs (on the tiny model, 2 steps), every example config is valid, the generated
+config reference is current and every config field has a docstring, and relative links in the docs resolve."""
 
+import importlib.util
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -29,3 +32,53 @@ def test_example_configs_load(path, monkeypatch):
 
         train, held_out, _ = load_task(cfg.task)
         assert train and held_out and len(held_out) <= cfg.task.eval_size
+
+
+def _config_reference():
+    spec = importlib.util.spec_from_file_location("config_reference", ROOT / "scripts" / "config_reference.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_config_reference_is_current():
+    path = ROOT / "docs" / "reference" / "config.md"
+    expected = _config_reference().render()
+    if not path.is_file() or path.read_text() != expected:
+        pytest.fail("docs/reference/config.md is stale (the config's fields or their docstrings changed): "
+                    "run python scripts/config_reference.py", pytrace=False)
+
+
+def test_every_config_field_has_a_docstring():
+    missing = [f"{row.key} ({row.owner.__module__}.{row.owner.__qualname__})"
+               for row in _config_reference().all_fields() if not row.doc.strip()]
+    assert not missing, ("config fields without a docstring (a string literal right after the field in its class): "
+                         + ", ".join(missing))
+
+
+def _markdown_files():
+    return [ROOT / "README.md", ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def _anchors(path: Path) -> set[str]:
+    """GitHub's heading anchors of a markdown file: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"```.*?```", "", path.read_text(), flags=re.DOTALL)
+    headings = re.findall(r"^#+ (.+)$", text, re.MULTILINE)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+
+@pytest.mark.parametrize("path", _markdown_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_relative_links_resolve(path):
+    """Every relative link and image in the README, BENCHMARKS.md and docs/ points at a file that exists, and at a
+    heading of a markdown file when it names one (web addresses are not checked)."""
+    text = re.sub(r"```.*?```", "", path.read_text(), flags=re.DOTALL)  # code blocks hold no links
+    broken = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+:", target):
+            continue
+        file, _, anchor = target.partition("#")
+        resolved = (path.parent / file) if file else path
+        if not resolved.exists() or (anchor and resolved.suffix == ".md" and anchor not in _anchors(resolved)):
+            broken.append(target)
+    assert not broken, f"{path.relative_to(ROOT)}: links to missing files or headings: {broken}"

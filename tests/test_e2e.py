@@ -9,14 +9,16 @@ from safetensors.torch import load_file
 
 from rlvr.cli import main
 from rlvr.config import load_config
+from rlvr.launch import train
 from rlvr.metrics import read_metrics
-from rlvr.train.sync import train
+from tests.helpers import assert_parts_add_up
 
-STEP_KEYS = {
-    "step", "reward_mean", "reward_std", "reward/tests.helpers:length_reward_mean", "zero_variance_frac", "kl",
-    "clip_low", "clip_high", "entropy", "completion_len_mean", "completion_len_max", "truncated_frac",
-    "time_generate_s", "time_reward_s", "time_train_s", "gen_tokens_per_s", "train_tokens_per_s", "loss", "grad_norm",
-}
+STEP_KEYS = {"step", "time/step_s"} | {f"rollout/{k}" for k in (
+    "reward_mean", "reward_std", "reward/tests.helpers:length_reward_mean", "zero_variance_frac", "completion_len_mean",
+    "completion_len_max", "truncated_frac", "time_generate_s", "time_reward_s", "gen_tokens_per_s")} | {
+    f"update/{k}" for k in ("kl", "clip_low", "clip_high", "entropy", "time_s", "tokens_per_s", "loss", "grad_norm")
+} | {"sampler/time_s"}
+SYNC_PARTS = ("rollout/time_generate_s", "rollout/time_reward_s", "update/time_s", "sampler/time_s")
 
 
 def _overrides(model_dir, out, lora=True):
@@ -43,10 +45,12 @@ def test_train_writes_everything(tiny_model_dir, tmp_path, lora):
     assert summary["steps"] == 3
     records = read_metrics(out / "metrics.jsonl")
     assert [r["step"] for r in records] == [0, 1, 2, 3]
-    assert "eval_accuracy" in records[0] and "eval_accuracy" in records[2] and "eval_accuracy" in records[3]
+    assert "eval/accuracy" in records[0] and "eval/accuracy" in records[2] and "eval/accuracy" in records[3]
+    assert_parts_add_up(records[1:], SYNC_PARTS)
     for r in records[1:]:
         assert STEP_KEYS <= set(r), STEP_KEYS - set(r)
-        assert all(torch.isfinite(torch.tensor(float(r[k]))) for k in ("loss", "kl", "grad_norm", "reward_mean"))
+        assert all(torch.isfinite(torch.tensor(float(r[k])))
+                   for k in ("update/loss", "update/kl", "update/grad_norm", "rollout/reward_mean"))
     assert (out / "config.yaml").is_file() and (out / "plot.png").stat().st_size > 1000
     assert any((out / "tensorboard").iterdir())
     assert load_config(out / "config.yaml") == cfg  # the resolved config reproduces the run
@@ -83,7 +87,7 @@ def test_cli_rejects_unknown_key(tmp_path, capsys):
 
 
 def test_rerun_moves_the_earlier_run_aside(tmp_path):
-    from rlvr.train.sync import fresh_run_dir
+    from rlvr.launch import fresh_run_dir
 
     run = tmp_path / "run"
     assert fresh_run_dir(run) == run and run.is_dir()
@@ -105,4 +109,4 @@ def test_bf16_autocast_trains(tiny_model_dir, tmp_path):
     cfg = load_config(None, _overrides(tiny_model_dir, tmp_path / "bf16") + ["model.autocast=bf16", "train.steps=1"])
     summary = train(cfg)
     step = read_metrics(tmp_path / "bf16" / "metrics.jsonl")[1]
-    assert summary["steps"] == 1 and math.isfinite(step["loss"]) and math.isfinite(step["kl"])
+    assert summary["steps"] == 1 and math.isfinite(step["update/loss"]) and math.isfinite(step["update/kl"])

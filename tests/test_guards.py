@@ -9,8 +9,8 @@ import torch
 from rlvr.cli import main
 from rlvr.config import load_config
 from rlvr.core import LossSettings, group_advantages
+from rlvr.launch import NonFiniteError, train
 from rlvr.train.step import train_step
-from rlvr.train.sync import NonFiniteError, train
 from tests.conftest import make_model
 from tests.test_e2e import _overrides
 from tests.test_step import _batch

@@ -253,5 +253,5 @@ def test_cli_trains_one_step_on_hf_data(tiny_model_dir, tmp_path):
     ]
     assert main(["train", str(cfg_path), *overrides]) == 0  # held-out accuracy through math_correct
     records = read_metrics(out / "metrics.jsonl")
-    assert [r["step"] for r in records][-1] == 1 and records[-1]["completion_len_max"] <= 4
+    assert [r["step"] for r in records][-1] == 1 and records[-1]["rollout/completion_len_max"] <= 4
     assert load_config(out / "config.yaml").task.source == str(source)

@@ -235,9 +235,9 @@ def test_on_policy_batch_has_unit_weights(tokenizer):
     assert metrics["is_capped_frac"] == 0 and metrics["gap_masked_frac"] == 0
 
 
-def test_versions_and_temperatures_travel_with_the_batch(stale_batch):
+def test_temperatures_travel_with_the_batch(stale_batch):
     _, _, batch = stale_batch
     m = batch.completion_mask.bool()
-    assert (batch.version == 3).all() and (batch.temperature[m] == pytest.approx(0.9))
+    assert batch.temperature[m] == pytest.approx(0.9)
     with pytest.raises(ValueError, match="loss_mask marks tokens that completion_mask leaves out"):
         StepBatch(**{**batch.__dict__, "loss_mask": torch.ones_like(batch.loss_mask)})

@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 
 from rlvr.cli import main
 from rlvr.config import ConfigError, load_config
-from rlvr.train.sync import train
+from rlvr.launch import train
 from tests.test_e2e import _overrides
 from tests.test_resume import _records
 
@@ -22,7 +22,8 @@ def test_ppo_trains_policy_and_critic(tiny_model_dir, tmp_path, lora):
     out = tmp_path / "run"
     train(load_config(None, _overrides(tiny_model_dir, out, lora) + PPO + ["algo.beta=0"]))
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][1:]
-    assert all(k in records[0] for k in ("value_loss", "explained_variance", "value_mean", "return_mean", "kl"))
+    assert all(f"update/{k}" in records[0]
+               for k in ("value_loss", "explained_variance", "value_mean", "return_mean", "kl"))
     ckpt = {"step-00000001": None, "step-00000003": None}
     for name in ckpt:
         ckpt[name] = load_file(out / "checkpoints" / name / "weights.safetensors")

@@ -190,7 +190,7 @@ def test_all_servers_dead_is_a_clear_error_in_bounded_time(tiny_model_dir, token
 
 
 def test_sync_loop_trains_with_generation_on_servers(servers, tiny_model_dir, tmp_path):
-    from rlvr.train.sync import train
+    from rlvr.launch import train
     from tests.test_e2e import _overrides
 
     out = tmp_path / "run"
@@ -199,8 +199,8 @@ def test_sync_loop_trains_with_generation_on_servers(servers, tiny_model_dir, tm
     summary = train(cfg)
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert summary["steps"] == 3 and len(records) == 4
-    assert all(r["adapter_bytes"] > 0 and r["servers_live"] == 2 for r in records[1:])
-    assert records[-1]["requests"] >= 3 * 2  # two prompts a step, one request each (plus evaluation)
+    assert all(r["sampler/adapter_bytes"] > 0 and r["sampler/servers_live"] == 2 for r in records[1:])
+    assert records[-1]["sampler/requests"] >= 3 * 2  # two prompts a step, one request each (plus evaluation)
     assert sorted(p.name for p in (out / "adapters").iterdir()) == ["v00000002", "v00000003"]
     for server in servers:
         assert sorted(_stats(server)["adapters"]) == ["policy-v2", "policy-v3"]

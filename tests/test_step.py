@@ -225,8 +225,8 @@ def _hand_batch(lengths: list[int], adv: list[float], group_size: int, trained: 
     return StepBatch(prompt_ids=torch.ones(n // group_size, 2, dtype=torch.long),
                      prompt_mask=torch.ones(n // group_size, 2, dtype=torch.long),
                      completion_ids=torch.ones(n, t, dtype=torch.long), completion_mask=mask, loss_mask=loss_mask,
-                     behaviour_logp=torch.zeros(n, t), temperature=torch.ones(n, t),
-                     version=torch.zeros(n, t, dtype=torch.long), adv=torch.tensor(adv), group_size=group_size)
+                     behaviour_logp=torch.zeros(n, t), temperature=torch.ones(n, t), adv=torch.tensor(adv),
+                     group_size=group_size)
 
 
 def test_micro_batches_by_hand():

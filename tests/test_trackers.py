@@ -13,8 +13,8 @@ import pytest
 
 from rlvr.cli import main
 from rlvr.config import ConfigError, load_config, to_dict
+from rlvr.launch import train
 from rlvr.metrics import MetricsWriter, read_metrics
-from rlvr.train.sync import train
 
 ROOT = Path(__file__).resolve().parent.parent
 _connections: list | None = None  # network use seen by the audit hook while watched
@@ -122,7 +122,7 @@ def test_a_run_logs_the_same_metrics_and_config_to_wandb_and_trackio(tiny_model_
     assert _wandb_services() == []  # the service process ended with the run
 
     expected = jsonl_scalars(out)
-    assert sorted(expected) == [0, 1, 2] and "loss" in expected[1] and "eval_accuracy" in expected[2]
+    assert sorted(expected) == [0, 1, 2] and "update/loss" in expected[1] and "eval/accuracy" in expected[2]
     [records] = wandb_records(out)
     assert wandb_history(records) == expected
     assert trackio_history("rlvr-test", "first") == expected

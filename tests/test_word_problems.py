@@ -115,4 +115,4 @@ def test_reasoning_example_runs_two_steps(tiny_model_dir, tmp_path):
     assert main(["train", "examples/reasoning.yaml", *args]) == 0
     records = read_metrics(out / "metrics.jsonl")
     assert [r["step"] for r in records] == [0, 1, 2]
-    assert records[1]["reward/math_correct_missing"] == 0 and "eval_accuracy" in records[-1]
+    assert records[1]["rollout/reward/math_correct_missing"] == 0 and "eval/accuracy" in records[-1]

@@ -8,7 +8,9 @@ Per step: the critic values every completion token (no gradient), per-token rewa
 at the last token minus ``kl_coef`` times the k1 KL estimate to the reference on every token, GAE gives
 advantages [N, T] and returns, the policy takes the same clipped loss as GRPO (advantages per token) and the
 critic the clipped value loss; one optimizer step updates both. The policy loss runs through rlvr's fused
-output layer like GRPO's, so the two differ only by what the critic costs.
+output layer over the same length-ordered micro-batches as GRPO's (``micro_batches``), so the two differ only
+by what the critic costs. ``PPOUpdate`` is the update the loop calls (rlvr/train/loop.py); the batch source
+computes no advantages for it: they come from the critic here.
 """
 
 from __future__ import annotations
@@ -17,35 +19,31 @@ import contextlib
 import copy
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 from torch import nn
 
+from rlvr.config import RunConfig
 from rlvr.core import LossSettings, loss_normaliser, merge_stat_sums
-from rlvr.core.ppo import gae, token_rewards, value_loss, whiten
-from rlvr.models import ReferencePolicy, is_lora
+from rlvr.core.ppo import PPOSettings, gae, token_rewards, value_loss, whiten
+from rlvr.models import ReferencePolicy, autocast, backbone_and_head, is_lora
 from rlvr.train.batch import StepBatch
+from rlvr.train.collect import Collected
+from rlvr.train.run import Run
 from rlvr.train.step import (
     FrozenLogprobs,
     apply_update,
+    chunk_for_vocab,
     completion_hidden,
     frozen_logprobs,
     micro_batch_loss,
+    micro_batches,
     step_statistics,
 )
+from rlvr.train.update import step_batch, step_options
 
 CRITIC_ADAPTER = "critic"
-
-
-@dataclass(frozen=True)
-class PPOSettings:
-    gamma: float = 1.0  # discount over tokens
-    lam: float = 0.95  # GAE lambda
-    kl_coef: float = 0.05  # KL penalty to the reference in the per-token reward (0: none, no reference pass)
-    value_clip: float | None = 0.2  # clip of the value update around the old values (None: unclipped)
-    vf_coef: float = 0.5  # weight of the value loss
-    whiten: bool = True  # advantages to mean 0, std 1 over the batch's tokens
 
 
 class Critic(nn.Module):
@@ -132,9 +130,12 @@ def ppo_step(
     ``rewards`` [N] are the completions' verifiable rewards (NaN: not trained, like GRPO's excluded rows).
     """
     mask = batch.loss_mask
-    micro_rows = list(torch.arange(batch.num_completions).split(micro_batch_size))
+    micro_rows = micro_batches(batch, micro_batch_size, skip_zero_advantage=False)  # rows with a trained token
+    chunk_tokens = chunk_for_vocab(chunk_tokens, backbone_and_head(policy)[1].weight.shape[0])
     with torch.no_grad():
-        old_values = torch.cat([critic.values(batch, rows, share_prompt) for rows in micro_rows]).float()  # [N, T]
+        old_values = torch.zeros(mask.shape)  # [N, T]; rows no micro-batch covers have no trained token
+        for rows in micro_rows:
+            old_values[rows] = critic.values(batch, rows, share_prompt).float()
         kl = None
         if ppo.kl_coef:
             if reference is None:
@@ -152,6 +153,9 @@ def ppo_step(
     tokens = max(float(mask.sum()), 1.0)
     params = critic.trainable_parameters(policy)
     optimizer.zero_grad(set_to_none=True)
+    if not micro_rows:  # nothing is trained on: a zero gradient, so the optimizer steps as it would on one
+        for p in params:
+            p.grad = torch.zeros_like(p)
     policy.train()
     sums: dict[str, float] = {}
     loss_sum = value_sum = entropy_sum = 0.0
@@ -179,6 +183,29 @@ def ppo_step(
     if kl is not None:
         metrics["kl"] = float(kl.sum() / tokens)
     return metrics
+
+
+class PPOUpdate:
+    """PPO's update for the loop: the critic's GAE advantages, the clipped policy loss and the value loss."""
+
+    def __init__(self, cfg: RunConfig):
+        self.settings, self.ppo = cfg.algo.loss_settings(), cfg.ppo
+        self.needs_reference = self.ppo.kl_coef != 0.0
+        self.critic: Critic | None = None
+
+    def attach(self, model: nn.Module) -> tuple[nn.Module, list[nn.Parameter]]:
+        """The critic, on the policy; checkpoints hold both (the critic's LoRA adapter lives in the policy)."""
+        self.critic = Critic(model)
+        held = nn.ModuleDict({"policy": model, "critic": self.critic.trainable_module()})
+        return held, self.critic.trainable_parameters(model)
+
+    def __call__(self, run: Run, batch: Collected) -> dict[str, float]:
+        cfg = run.cfg
+        placeholder = torch.zeros(batch.groups.completion_ids.shape[0])  # [N]: replaced by GAE inside ppo_step
+        with autocast(run.model, cfg.model.autocast):
+            return ppo_step(run.model, self.critic, run.optimizer, run.scheduler,
+                            step_batch(batch, placeholder, cfg.algo.mask_truncated), batch.scores.total,
+                            self.settings, self.ppo, reference=run.reference, **step_options(cfg))
 
 
 def _explained_variance(values: torch.Tensor, returns: torch.Tensor) -> float:

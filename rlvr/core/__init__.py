@@ -17,9 +17,11 @@ from rlvr.core.losses import (
     token_weights,
 )
 from rlvr.core.off_policy import gap_mask, importance_weight, sequence_log_ratio
+from rlvr.core.ppo import PPOSettings
 
 __all__ = [
     "LossSettings",
+    "PPOSettings",
     "TokenInputs",
     "aggregate",
     "clipped_surrogate",

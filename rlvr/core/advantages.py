@@ -19,6 +19,13 @@ Scale = Literal["group", "batch", "none"]
 SCALES = ("group", "batch", "none")
 
 
+def check_negative_scale(value: float) -> None:
+    """The one check of ``negative_scale`` (``group_advantages``; the run config's algo.negative_scale)."""
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"negative_scale must be in [0, 1] (1: GRPO, 0: only better-than-average completions are "
+                         f"reinforced); got {value}")
+
+
 def group_advantages(
     rewards: torch.Tensor, group_size: int, scale: Scale = "group", eps: float = 1e-4, negative_scale: float = 1.0
 ) -> torch.Tensor:
@@ -41,8 +48,7 @@ def group_advantages(
         raise ValueError(f"rewards must be 1-D with a multiple of group_size={group_size} entries")
     if scale not in SCALES:
         raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
-    if not 0.0 <= negative_scale <= 1.0:
-        raise ValueError(f"negative_scale must be in [0, 1], got {negative_scale}")
+    check_negative_scale(negative_scale)
     r = rewards.double().view(-1, group_size)  # [B, G]
     valid = ~torch.isnan(r)
     n = valid.sum(dim=1, keepdim=True)  # [B, 1]

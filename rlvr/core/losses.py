@@ -43,19 +43,34 @@ KL_ESTIMATORS = ("k1", "k2", "k3")
 @dataclass(frozen=True)
 class LossSettings:
     """The knobs of the per-token objective; presets are named values of these (see rlvr.core.off_policy for
-    the off-policy ones)."""
+    the off-policy ones). The run config's ``algo`` section inherits these fields, docstrings and checks; a check's
+    message starts with the field's name, so the config can prefix it with ``algo.``."""
 
-    eps_low: float = 0.2  # ratio floor is 1 - eps_low
-    eps_high: float = 0.2  # ratio ceiling is 1 + eps_high (DAPO "clip-higher" raises it)
-    dual_clip: float | None = None  # c > 1: for A < 0 the loss is capped at c * |A| (dual-clip PPO)
-    beta: float = 0.0  # KL coefficient; 0 means no reference pass at all
+    eps_low: float = 0.2
+    """Lower clip: ratio >= 1 - eps_low."""
+    eps_high: float = 0.2
+    """Upper clip: ratio <= 1 + eps_high (DAPO clip-higher raises it)."""
+    dual_clip: float = 0.0
+    """Dual-clip constant c > 1: for negative advantages the loss is capped at c * |A| (0 disables)."""
+    beta: float = 0.0
+    """KL coefficient; 0 skips the reference forward entirely (the grpo preset sets 0.04)."""
     kl_estimator: KLEstimator = "k3"
+    """k1, k2 or k3 (Schulman's estimators of KL(policy || reference))."""
     aggregation: Aggregation = "sequence_mean"
-    ratio_to: RatioTo = "proximal"  # denominator of the clipped ratio: pi_prox or pi_behav
-    is_level: ISLevel = "token"  # importance weight pi_prox / pi_behav per token, per sequence, or none
-    is_mode: ISMode = "truncate"  # weights above is_cap are truncated to it, or masked to 0
+    """Loss aggregation: sequence_mean (GRPO), token_mean (DAPO), token_sum_constant (Dr. GRPO)."""
+    ratio_to: RatioTo = "proximal"
+    """Denominator of the clipped ratio: proximal (the weights as the step began; AReaL's decoupled PPO) or
+    behaviour (the policy that sampled the tokens, as TRL's async trainer and prime-rl do)."""
+    is_level: ISLevel = "token"
+    """Importance weight pi_prox / pi_behav on the clipped loss, per token, per sequence, or none (only with
+    ratio_to=proximal). On-policy it is 1 up to numerics; for stale or foreign samples it is the correction."""
+    is_mode: ISMode = "truncate"
+    """Weights above is_cap are truncated to it (TIS, verl's rollout_is) or masked to 0 (AReaL)."""
     is_cap: float = 2.0
-    gap_mask: float = 0.0  # delta of the probability-gap trust region (0 disables)
+    """Cap C >= 1 of the importance weight."""
+    gap_mask: float = 0.0
+    """Drop tokens whose probability moved more than this from the behaviour policy in the direction of their
+    advantage (DPPO's binary-TV trust region, as in prime-rl); 0 disables."""
 
     def __post_init__(self) -> None:
         for name, value, allowed in (("aggregation", self.aggregation, AGGREGATIONS),
@@ -63,16 +78,23 @@ class LossSettings:
                                      ("ratio_to", self.ratio_to, RATIO_TO), ("is_level", self.is_level, IS_LEVELS),
                                      ("is_mode", self.is_mode, IS_MODES)):
             if value not in allowed:
-                raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+                raise ValueError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
         if self.ratio_to == "behaviour" and self.is_level != "none":
             raise ValueError(
                 "ratio_to='behaviour' already divides by the behaviour policy; an importance weight on top would "
                 "correct twice: set is_level='none', or ratio_to='proximal' for the decoupled objective"
             )
-        if self.is_cap <= 0:
-            raise ValueError(f"is_cap must be > 0, got {self.is_cap}")
+        check_dual_clip(self.dual_clip)
+        if self.is_cap < 1:
+            raise ValueError(f"is_cap must be >= 1; got {self.is_cap}")
         if not 0 <= self.gap_mask < 1:
-            raise ValueError(f"gap_mask is a probability gap in [0, 1), got {self.gap_mask}")
+            raise ValueError(f"gap_mask is a probability gap in [0, 1); got {self.gap_mask}")
+
+
+def check_dual_clip(c: float) -> None:
+    """The one check of the dual-clip constant: c > 1, or 0 (disabled)."""
+    if c and c <= 1.0:
+        raise ValueError(f"dual_clip must be > 1 (or 0 to disable); got {c}")
 
 
 @dataclass
@@ -109,7 +131,7 @@ def clipped_surrogate(
     adv: torch.Tensor,
     eps_low: float,
     eps_high: float,
-    dual_clip: float | None = None,
+    dual_clip: float = 0.0,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO-style clipped per-token loss (to minimise), elementwise.
 
@@ -117,6 +139,7 @@ def clipped_surrogate(
         logp: [N, T] (or any shape) current log-probs (carry gradient).
         old_logp: same shape, log-probs of the ratio's denominator policy.
         adv: advantages broadcastable to logp: [N, 1] for one per completion, or one per token.
+        dual_clip: c > 1 caps the loss of negative advantages at c * |A|; 0 disables it.
     Returns:
         loss and boolean masks, shaped like logp: ``clip_low`` (ratio < 1-eps_low with A < 0),
         ``clip_high`` (ratio > 1+eps_high with A > 0), ``clip_dual`` (dual clip active).
@@ -130,9 +153,8 @@ def clipped_surrogate(
         "clip_low": (ratio < 1.0 - eps_low) & (a < 0),
         "clip_high": (ratio > 1.0 + eps_high) & (a > 0),
     }
-    if dual_clip is not None:
-        if dual_clip <= 1.0:
-            raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
+    check_dual_clip(dual_clip)
+    if dual_clip:
         cap = -a * dual_clip  # positive where a < 0
         flags["clip_dual"] = (a < 0) & (loss > cap)
         loss = torch.where(a < 0, torch.minimum(loss, cap), loss)

@@ -14,7 +14,35 @@ InstructGPT / TRL's PPOTrainer); advantage whitening is optional and over the re
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+
+
+@dataclass(frozen=True)
+class PPOSettings:
+    """PPO's critic-side knobs (the run config's ``ppo`` section is this class)."""
+
+    gamma: float = 1.0
+    """Discount over the tokens of a completion."""
+    lam: float = 0.95
+    """GAE lambda."""
+    kl_coef: float = 0.05
+    """KL penalty to the reference policy in the per-token reward (k1 estimate; 0: none, no reference pass)."""
+    value_clip: float = 0.2
+    """Clip of the value update around the old values (0: unclipped)."""
+    vf_coef: float = 0.5
+    """Weight of the value loss in the combined loss."""
+    whiten: bool = True
+    """Whiten the advantages over the tokens of the batch."""
+
+    def __post_init__(self) -> None:
+        for name in ("gamma", "lam"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"{name} must be in [0, 1]; got {getattr(self, name)}")
+        for name in ("kl_coef", "value_clip", "vf_coef"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0; got {getattr(self, name)}")
 
 
 def token_rewards(
@@ -57,12 +85,12 @@ def whiten(adv: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Te
 
 
 def value_loss(
-    values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, clip: float | None = 0.2
+    values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, clip: float = 0.2
 ) -> torch.Tensor:
     """Per-token clipped value loss 0.5 * max((V - R)^2, (V_old + clip(V - V_old, -c, c) - R)^2), elementwise
-    (no clipping when ``clip`` is None)."""
+    (no clipping when ``clip`` is 0)."""
     unclipped = (values - returns) ** 2
-    if clip is None:
+    if not clip:
         return 0.5 * unclipped
     clipped_values = old_values + (values - old_values).clamp(-clip, clip)
     return 0.5 * torch.maximum(unclipped, (clipped_values - returns) ** 2)

@@ -56,6 +56,17 @@ class Scores(NamedTuple):
     per_function: dict[str, torch.Tensor]  # name -> [N] float32, NaN = None
     errors: dict[str, str]  # name -> what went wrong, for functions contained under on_error="none"
 
+    def select(self, rows: torch.Tensor) -> Scores:
+        """The scores of completions ``rows`` (an index tensor)."""
+        return Scores(self.total[rows], {k: v[rows] for k, v in self.per_function.items()}, self.errors)
+
+    @staticmethod
+    def concat(parts: list[Scores]) -> Scores:
+        """Scores of several batches of completions, in order (the same reward functions in each)."""
+        per_function = {k: torch.cat([p.per_function[k] for p in parts]) for k in parts[0].per_function}
+        errors = {k: v for p in parts for k, v in p.errors.items()}
+        return Scores(torch.cat([p.total for p in parts]), per_function, errors)
+
 
 def completion_text(completion: Any) -> str:
     """The text of a completion in either TRL format (string, or list of chat messages)."""

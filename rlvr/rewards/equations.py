@@ -54,7 +54,7 @@ def steps_correct(chain_column: str = "chain", all_steps: bool = False) -> Rewar
     the completion's first k calculations are right and give v1..vk. A two-step problem solved half-way
     scores 0.5, solved 1.0. Only the leading calculations count: a completion cannot collect credit by
     writing many calculations and hoping some land on the chain (measured: with any calculation allowed in
-    between, the 135M model learned to write until the token limit - README).
+    between, the 135M model learned to write until the token limit - docs/experiments/word_problems.md).
 
     Pair it with the answer's reward at a lower weight: a group whose answers are all wrong then still ranks
     the samples that got the first step right above those that did not - the signal sparse multi-step
@@ -62,7 +62,7 @@ def steps_correct(chain_column: str = "chain", all_steps: bool = False) -> Rewar
 
     ``all_steps``: credit only a completion that writes exactly n calculations (one per step); one that stops
     early or runs on scores 0. Without it, doing the first step and stopping is a cheap way to collect credit
-    on a two-step problem (measured: the 135M model learned exactly that - README).
+    on a two-step problem (measured: the 135M model learned exactly that - docs/experiments/word_problems.md).
     """
 
     def steps_reward(prompts, completions, **columns) -> list[float | None]:

@@ -47,6 +47,7 @@ from rlvr.prompts import Prompt, left_pad, prompt_token_ids
 from rlvr.rollout.engine import SamplingParams
 from rlvr.rollout.groups import Groups
 from rlvr.rollout.sampler import StaleVersion
+from rlvr.seeds import request_seed
 
 log = logging.getLogger("rlvr.pool")
 
@@ -588,11 +589,6 @@ def _parse_choice(c: dict, i: int, max_tokens: int | None, vocab_size: int) -> C
     if reason not in FINISH_REASONS:
         raise MalformedAnswer(f"choice {i}: finish_reason {_show(reason)} is not one of {', '.join(FINISH_REASONS)}")
     return Completion(list(ids), clean, reason == "length")
-
-
-def request_seed(seed: int, prompt: int) -> int:
-    """A request's seed from the step's seed and the prompt's position (distinct for nearby steps)."""
-    return (seed * 1_000_033 + prompt * 7_919) % (2**31 - 1)
 
 
 def vocab_size(model, tokenizer) -> int:

@@ -1,1 +1,2 @@
-"""Asynchronous GRPO: the orchestrator, the learner, and where rollout servers run (embedded, Ray)."""
+"""Asynchronous GRPO: the batch source (source.py) over the orchestrator, and where rollout servers run
+(embedded, Ray)."""

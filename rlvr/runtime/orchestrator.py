@@ -41,6 +41,9 @@ class ScoredGroup:
     groups: Groups  # one group of G completions
     scores: Scores
     version: int  # policy version that sampled it
+    informative: torch.Tensor  # [1] bool: its rewards differ (rlvr.core.informative_groups)
+    time_generate_s: float = 0.0  # how long its request took (on a server, overlapped with training)
+    time_reward_s: float = 0.0  # how long scoring it took
 
 
 @dataclass
@@ -135,9 +138,13 @@ class Orchestrator:
             with self._lock:
                 self.stats.dispatched += 1
             try:
+                t0 = time.perf_counter()
                 groups = self.sampler.sample([row["prompt"]], self.G, self.params, self.sample_seed(uid))
+                t1 = time.perf_counter()
                 with self._score_lock:
+                    t2 = time.perf_counter()
                     scores = score_groups(self.rewards, groups, [row])
+                    t3 = time.perf_counter()
             except StaleVersion:  # its version was retired meanwhile: sample the prompt again, at the current one
                 with self._lock:
                     self._redo.append(uid)
@@ -150,7 +157,8 @@ class Orchestrator:
                 return
             with self._lock:
                 self.stats.sampled += 1
-            self._ready.put(ScoredGroup(uid, row_id, groups, scores, int(groups.version[0])))
+            self._ready.put(ScoredGroup(uid, row_id, groups, scores, int(groups.version[0]),
+                                        informative_groups(scores.total, self.G), t1 - t0, t3 - t2))
 
     def take(self, n: int, version: int, dynamic_sampling: bool = False, timeout_s: float | None = None) -> Taken:
         """``n`` scored groups to train at ``version`` (blocks until they are there). Groups staler than
@@ -174,7 +182,7 @@ class Orchestrator:
                     taken.dropped_stale += 1
                     self.stats.dropped_stale += 1
                     self.stats.redispatched += 1
-                elif dynamic_sampling and not bool(informative_groups(item.scores.total, self.G)[0]):
+                elif dynamic_sampling and not bool(item.informative[0]):
                     self._pending.discard(item.uid)
                     taken.dropped_zero_variance += 1
                     self.stats.dropped_zero_variance += 1
@@ -186,12 +194,3 @@ class Orchestrator:
             self._slots.release()
         return taken
 
-
-def stack(items: list[ScoredGroup]) -> tuple[Groups, Scores, list[int]]:
-    """The taken groups as one Groups, their scores, and their dataset rows."""
-    groups = Groups.concat([i.groups for i in items])
-    names = items[0].scores.per_function
-    scores = Scores(torch.cat([i.scores.total for i in items]),
-                    {k: torch.cat([i.scores.per_function[k] for i in items]) for k in names},
-                    {k: v for i in items for k, v in i.scores.errors.items()})
-    return groups, scores, [i.row_id for i in items]

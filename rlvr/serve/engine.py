@@ -48,6 +48,7 @@ from rlvr.models import backbone_and_head, load_causal_lm, load_tokenizer, model
 from rlvr.prompts import left_pad
 from rlvr.rollout.engine import SamplingParams, generate_groups
 from rlvr.rollout.groups import eos_token_ids, stop_string_checker
+from rlvr.seeds import completion_seed
 from rlvr.serve.security import NOT_ALLOWED, AdapterPathError, AdapterPolicy
 
 DEFAULT_BATCH_TOKENS = 1 << 17  # 131,072 KV positions: ~6 GB of fp32 cache for SmolLM2-135M
@@ -118,10 +119,6 @@ class AdapterJob:
     path: str = ""
     inplace: bool = False
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
-
-
-def _row_seed(seed: int, prompt: int, choice: int) -> int:
-    return ((seed * 1_000_003 + prompt) * 1_009 + choice) % (1 << 63)
 
 
 def _settle(future: concurrent.futures.Future, result=None, error: BaseException | None = None) -> None:
@@ -405,7 +402,7 @@ class Engine:
             for job, a, b in pieces:
                 if job.seed is None:  # one seed per request, however many batches it runs in
                     job.seed = secrets.randbits(62)
-                generators += [torch.Generator().manual_seed(_row_seed(job.seed, i, c))
+                generators += [torch.Generator().manual_seed(completion_seed(job.seed, i, c))
                                for i in range(a, b) for c in range(job.n)]
 
             def abandoned(*_):

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from rlvr.config import ARITHMETIC_SYSTEM_PROMPT
+from rlvr.config import ARITHMETIC_SYSTEM_PROMPT, TASKS
 from rlvr.prompts import prompt_token_ids
+from rlvr.seeds import epoch_seed
 from rlvr.tasks.arithmetic import arithmetic_rows
 from rlvr.tasks.hf import HF_SYSTEM_PROMPT, hf_rows
 from rlvr.tasks.jsonl import load_jsonl
@@ -45,8 +46,7 @@ def load_task(cfg) -> tuple[list[dict], list[dict], str]:
         system = HF_SYSTEM_PROMPT if cfg.system_prompt == ARITHMETIC_SYSTEM_PROMPT else cfg.system_prompt
         train, held_out = hf_rows(cfg, system)
         return train, held_out, cfg.eval_reward or "math_correct"
-    names = ", ".join(["arithmetic", "word_problems", *JSONL_TASKS, "hf"])
-    raise ValueError(f"task.name must be one of {names}, got {cfg.name!r}")
+    raise ValueError(f"task.name must be one of {', '.join(TASKS)}, got {cfg.name!r}")
 
 
 def validate_code_rows(path: str, rows: list[dict]) -> None:
@@ -100,7 +100,7 @@ def data_order(num_rows: int, seed: int, start: int, count: int) -> list[int]:
     for pos in range(start, start + count):
         epoch, offset = divmod(pos, num_rows)
         if epoch not in perms:
-            perms[epoch] = torch.randperm(num_rows, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
+            perms[epoch] = torch.randperm(num_rows, generator=torch.Generator().manual_seed(epoch_seed(seed, epoch)))
         out.append(int(perms[epoch][offset]))
     return out
 

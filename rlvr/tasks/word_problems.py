@@ -19,7 +19,7 @@ REASONING_SYSTEM_PROMPT = "Solve the problem. Write one calculation per sentence
 
 # Worked examples, shown before each question as earlier chat turns (``few_shot``): each line restates one
 # sentence and does its calculation, which a 135M model copies far more reliably than an instruction
-# (measured: README). Their stories (pens, cakes) are in neither split.
+# (measured: docs/experiments/word_problems.md). Their stories (pens, cakes) are in neither split.
 WORKED_EXAMPLES = (
     ("Tom has 3 pens. He buys 4 more. He gives away 2. How many pens does Tom have?",
      "Tom has 3 pens.\nHe buys 4 more: 3 + 4 = 7\nHe gives away 2: 7 - 2 = 5\nThe answer is 5."),

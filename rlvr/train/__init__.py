@@ -1,1 +1,2 @@
-"""Training: one update (step.py), the synchronous loop (sync.py), held-out evaluation."""
+"""Training: the batch (batch.py), one update (step.py, update.py), the synchronous batch source (collect.py),
+the one loop (loop.py) and the run it drives (run.py), held-out evaluation."""

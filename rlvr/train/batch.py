@@ -15,8 +15,9 @@ class StepBatch:
 
     Per completion token ([N, T]) it carries the token, whether it is attended to (``completion_mask``),
     whether it is trained on (``loss_mask``: tool or observation tokens are attended to but not trained;
-    excluded completions are all zero), the behaviour log-prob recorded when it was sampled, the temperature
-    it was sampled at (the trainer scores it at the same one) and the policy version that sampled it.
+    excluded completions are all zero), the behaviour log-prob recorded when it was sampled and the temperature
+    it was sampled at (the trainer scores it at the same one). Which policy version sampled a completion stays on
+    ``Groups.version`` (the staleness metrics read it); the update never needs it.
     """
 
     prompt_ids: torch.Tensor  # [B, P] left-padded
@@ -26,7 +27,6 @@ class StepBatch:
     loss_mask: torch.Tensor  # [N, T] 1 where the token is trained on (a subset of completion_mask)
     behaviour_logp: torch.Tensor  # [N, T] float
     temperature: torch.Tensor  # [N, T] float > 0
-    version: torch.Tensor  # [N, T] long
     adv: torch.Tensor  # [N] one per completion, or [N, T] one per token
     group_size: int
 
@@ -34,7 +34,7 @@ class StepBatch:
         n, t = self.completion_ids.shape
         if self.prompt_ids.shape[0] * self.group_size != n:
             raise ValueError(f"{self.prompt_ids.shape[0]} prompts x group_size {self.group_size} != {n} completions")
-        for name in ("completion_mask", "loss_mask", "behaviour_logp", "temperature", "version"):
+        for name in ("completion_mask", "loss_mask", "behaviour_logp", "temperature"):
             if tuple(getattr(self, name).shape) != (n, t):
                 raise ValueError(f"StepBatch.{name} must be [N, T] = {[n, t]}, got {list(getattr(self, name).shape)}")
         if self.adv.shape not in ((n,), (n, t)):
@@ -72,7 +72,6 @@ class StepBatch:
             loss_mask=loss_mask,
             behaviour_logp=groups.behaviour_logp.float(),
             temperature=temperature.float()[:, None].expand(-1, width),
-            version=groups.version[:, None].expand(-1, width),
             adv=adv,
             group_size=groups.group_size,
         )

@@ -11,8 +11,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from rlvr.baselines.ppo import PPOSettings
-from rlvr.config import ModelConfig, PPOConfig, RewardConfig, RolloutConfig, RunConfig, TrainConfig
+from rlvr.config import ModelConfig, RewardConfig, RolloutConfig, RunConfig, TrainConfig
 from rlvr.models import LoraSpec, load_tokenizer, load_trainable, model_context, resolve_model_dir, trainable_parameters
 from rlvr.prompts import plain_text
 from rlvr.rewards import RewardFn, WeightedReward, build_reward
@@ -67,11 +66,6 @@ def build_optimizer(model: nn.Module, train: TrainConfig, params: list | None = 
     return torch.optim.AdamW(params, lr=train.lr, weight_decay=train.weight_decay)
 
 
-def ppo_settings(ppo: PPOConfig) -> PPOSettings:
-    return PPOSettings(gamma=ppo.gamma, lam=ppo.lam, kl_coef=ppo.kl_coef, value_clip=ppo.value_clip or None,
-                       vf_coef=ppo.vf_coef, whiten=ppo.whiten)
-
-
 def build_scheduler(optimizer: torch.optim.Optimizer, train: TrainConfig) -> torch.optim.lr_scheduler.LambdaLR:
     """Linear warmup over train.warmup_steps optimizer steps, then constant."""
     warmup = train.warmup_steps
@@ -107,16 +101,28 @@ def build_local_sampler(cfg: RunConfig, model: nn.Module, tokenizer) -> Sampler:
 
 
 def build_sampler(cfg: RunConfig, model: nn.Module, tokenizer, run_dir: Path) -> Sampler:
-    """Where a run's completions come from (``rollout.backend``): the training model in this process, or
-    rollout servers that load the trainer's adapter from the bucket (waits until they answer)."""
+    """Where a synchronous run's completions come from (``rollout.backend``): the training model in this process,
+    or the rollout servers rollout.servers."""
     r = cfg.rollout
     if r.backend == "local":
         return build_local_sampler(cfg, model, tokenizer)
-    from rlvr.bucket import AdapterBucket
-    from rlvr.rollout.remote import RemoteSampler, ServerPool, api_key_from_env
+    from rlvr.rollout.remote import api_key_from_env
 
-    pool = ServerPool(r.servers, api_key=api_key_from_env(r.api_key_env), request_timeout_s=r.request_timeout_s,
-                      no_server_wait_s=r.server_wait_s)
-    pool.wait_ready(r.server_wait_s)
+    return build_remote_sampler(cfg, model, tokenizer, run_dir, r.servers, api_key_from_env(r.api_key_env))
+
+
+def build_remote_sampler(cfg: RunConfig, model: nn.Module, tokenizer, run_dir: Path, urls, api_key: str | None, *,
+                         resolve=None, startup_s: float = 0.0, keep_versions: int = 0, max_attempts: int = 4,
+                         probe_interval_s: float = 5.0) -> Sampler:
+    """A sampler over rollout servers at ``urls`` that load the trainer's adapter from the bucket (rollout.bucket,
+    default the run's adapters/ folder); waits until they answer (at least ``startup_s`` for servers this run
+    started). ``resolve``: how to find a restarted server again (Ray)."""
+    from rlvr.bucket import AdapterBucket
+    from rlvr.rollout.remote import RemoteSampler, ServerPool
+
+    r = cfg.rollout
+    pool = ServerPool(urls, api_key=api_key, request_timeout_s=r.request_timeout_s, resolve=resolve,
+                      no_server_wait_s=r.server_wait_s, probe_interval_s=probe_interval_s, max_attempts=max_attempts)
+    pool.wait_ready(max(r.server_wait_s, startup_s))
     bucket = AdapterBucket(r.bucket or run_dir / "adapters")
-    return RemoteSampler(pool, tokenizer, model, bucket, keep_versions=r.keep_versions)
+    return RemoteSampler(pool, tokenizer, model, bucket, keep_versions=keep_versions or r.keep_versions)

@@ -1,23 +1,34 @@
-"""collect(): prompts -> groups -> rewards -> advantages, with DAPO's dynamic sampling; and its metrics.
+"""The synchronous batch source: prompts -> groups -> rewards -> advantages, with DAPO's dynamic sampling; and
+what a step's collection reports.
 
-Any runtime can call it: it only needs a Sampler, the reward functions, and a source of dataset rows.
+``scored_batch`` is the one place a batch's advantages are computed, for every source (the asynchronous one in
+rlvr/runtime/source.py builds its batches with it too). ``collect`` only needs a Sampler, the reward functions
+and a source of dataset rows, so any runtime can call it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
+from rlvr.config import RunConfig
 from rlvr.core import group_advantages, informative_groups
 from rlvr.rewards import Scores, WeightedReward, as_completions, score_completions
 from rlvr.rollout import Groups, Sampler, SamplingParams
-from rlvr.tasks import reward_columns
+from rlvr.seeds import round_seed, step_seed
+from rlvr.tasks import data_order, reward_columns
+from rlvr.train.build import build_sampler, sampling_params
 
-ROUND_SEED_STRIDE = 1_000_000_007  # sampling seed of extra round k: seed + k * stride
+if TYPE_CHECKING:
+    from rlvr.train.run import Run
+
+Advantages = Callable[[torch.Tensor], torch.Tensor]  # rewards [N] (NaN: unscored) -> advantages [N]
 
 
 @dataclass
@@ -39,8 +50,8 @@ class Collected:
     row_ids: list[int]  # dataset row of each trained group
     groups: Groups
     scores: Scores  # per trained completion
-    adv: torch.Tensor  # [N]
-    time_generate_s: float
+    adv: torch.Tensor | None  # [N]; None when the update computes its own (PPO: GAE from the critic)
+    time_generate_s: float  # sampling time of the trained groups (asynchronous: on the servers, overlapped)
     time_reward_s: float
 
     @property
@@ -57,14 +68,28 @@ def score_groups(rewards: list[WeightedReward], groups: Groups, rows: list[dict]
     return score_completions(rewards, prompts, as_completions(prompts, groups.texts), columns)
 
 
-def _select_scores(scores: Scores, rows: torch.Tensor) -> Scores:
-    return Scores(scores.total[rows], {k: v[rows] for k, v in scores.per_function.items()}, scores.errors)
+def group_advantage_fn(group_size: int, scale: str, eps: float, negative_scale: float) -> Advantages:
+    """GRPO's advantages (rlvr.core.group_advantages) with the run's settings."""
+    return lambda rewards: group_advantages(rewards, group_size, scale, eps, negative_scale)  # type: ignore[arg-type]
 
 
-def _concat_scores(parts: list[Scores]) -> Scores:
-    names = parts[0].per_function
-    per_function = {k: torch.cat([p.per_function[k] for p in parts]) for k in names}
-    return Scores(torch.cat([p.total for p in parts]), per_function, {k: v for p in parts for k, v in p.errors.items()})
+def scored_batch(rounds: list[Round], kept: list[tuple[Round, torch.Tensor]], advantages: Advantages | None,
+                 time_generate_s: float, time_reward_s: float) -> Collected:
+    """The batch of the ``kept`` groups (a round and the indices of its groups to train, each) with advantages
+    computed over them - the only place a batch's advantages are computed."""
+    G = kept[0][0].groups.group_size
+    groups = Groups.concat([r.groups.select(idx.tolist()) for r, idx in kept])
+    completion_rows = [(idx[:, None] * G + torch.arange(G)).reshape(-1) for _, idx in kept]  # [n_k * G] each
+    scores = Scores.concat([r.scores.select(c) for (r, _), c in zip(kept, completion_rows)])
+    return Collected(
+        rounds=rounds,
+        row_ids=[r.row_ids[i] for r, idx in kept for i in idx.tolist()],
+        groups=groups,
+        scores=scores,
+        adv=None if advantages is None else advantages(scores.total),  # [N]
+        time_generate_s=time_generate_s,
+        time_reward_s=time_reward_s,
+    )
 
 
 def collect(
@@ -74,11 +99,9 @@ def collect(
     group_size: int,
     params: SamplingParams,
     rewards: list[WeightedReward],
+    advantages: Advantages | None,
     *,
     seed: int,
-    scale: str = "group",
-    adv_eps: float = 1e-4,
-    negative_scale: float = 1.0,
     dynamic_sampling: bool = False,
     max_extra_rounds: int = 0,
 ) -> Collected:
@@ -98,7 +121,7 @@ def collect(
     for k in range(1 + (max_extra_rounds if dynamic_sampling else 0)):
         row_ids = next_row_ids()
         t0 = time.perf_counter()
-        groups = sampler.sample([rows[i]["prompt"] for i in row_ids], group_size, params, seed + k * ROUND_SEED_STRIDE)
+        groups = sampler.sample([rows[i]["prompt"] for i in row_ids], group_size, params, round_seed(seed, k))
         t1 = time.perf_counter()
         scores = score_groups(rewards, groups, [rows[i] for i in row_ids])
         t_generate, t_reward = t_generate + t1 - t0, t_reward + time.perf_counter() - t1
@@ -115,19 +138,7 @@ def collect(
             break
     if not kept:
         kept.append((rounds[0], torch.arange(len(rounds[0].row_ids))))
-    G = group_size
-    groups = Groups.concat([r.groups.select(idx.tolist()) for r, idx in kept])
-    completion_rows = [(idx[:, None] * G + torch.arange(G)).reshape(-1) for _, idx in kept]
-    scores = _concat_scores([_select_scores(r.scores, c) for (r, _), c in zip(kept, completion_rows)])
-    return Collected(
-        rounds=rounds,
-        row_ids=[r.row_ids[i] for r, idx in kept for i in idx.tolist()],
-        groups=groups,
-        scores=scores,
-        adv=group_advantages(scores.total, G, scale, adv_eps, negative_scale),  # [N]
-        time_generate_s=t_generate,
-        time_reward_s=t_reward,
-    )
+    return scored_batch(rounds, kept, advantages, t_generate, t_reward)
 
 
 def _masked_stats(values: torch.Tensor) -> tuple[float, float]:
@@ -140,7 +151,7 @@ def _masked_stats(values: torch.Tensor) -> tuple[float, float]:
 def collect_metrics(c: Collected, version: int) -> dict[str, float]:
     """Rewards of everything sampled this step (the policy's, not only the trained subset), signal, lengths,
     staleness of the trained groups against the learner's ``version``, and timing."""
-    sampled = _concat_scores([r.scores for r in c.rounds])
+    sampled = Scores.concat([r.scores for r in c.rounds])
     informative = torch.cat([r.informative for r in c.rounds])
     lengths = torch.cat([r.groups.completion_mask.sum(-1) for r in c.rounds]).float()
     truncated = torch.cat([r.groups.truncated for r in c.rounds]).float()
@@ -167,3 +178,36 @@ def collect_metrics(c: Collected, version: int) -> dict[str, float]:
         "time_reward_s": c.time_reward_s,
         "gen_tokens_per_s": float(lengths.sum()) / max(c.time_generate_s, 1e-9),
     }
+
+
+class SyncSource:
+    """The synchronous batch source: each step samples B prompts' groups with the run's sampler (the training
+    model in this process, or rollout servers: rollout.backend), scores them and computes their advantages."""
+
+    name = ""
+
+    def __init__(self, cfg: RunConfig, advantages: Advantages | None):
+        self.cfg, self.advantages = cfg, advantages
+
+    def open(self, run: Run, stack: contextlib.ExitStack) -> Sampler:
+        sampler = build_sampler(self.cfg, run.model, run.data.tokenizer, run.run_dir)
+        stack.callback(sampler.close)
+        return sampler
+
+    def next(self, run: Run, step: int) -> Collected:
+        cfg, B = self.cfg, self.cfg.train.prompts_per_step
+
+        def next_row_ids() -> list[int]:
+            ids = data_order(len(run.data.train_rows), cfg.train.seed, run.state["cursor"], B)
+            run.state["cursor"] += B
+            return ids
+
+        return collect(run.sampler, next_row_ids, run.data.train_rows, cfg.rollout.group_size,
+                       sampling_params(cfg.rollout), run.rewards, self.advantages, seed=step_seed(cfg.train.seed, step),
+                       dynamic_sampling=cfg.algo.dynamic_sampling, max_extra_rounds=cfg.algo.max_resample_rounds)
+
+    def report(self) -> dict[str, float]:
+        return {}
+
+    def state(self) -> dict:
+        return {}  # the cursor lives in run.state already

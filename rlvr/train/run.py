@@ -1,6 +1,6 @@
-"""A training run's parts, shared by the synchronous loop (sync.py) and the asynchronous learner
-(rlvr/runtime/learner.py): setting up or resuming (``open_run``), one update on collected groups
-(``Run.update``), the bookkeeping after a step (``Run.after_step``), and the end (``Run.finish``)."""
+"""A training run's state and bookkeeping, for the one loop (loop.py): setting up or resuming (``open_run``),
+evaluation, the bookkeeping after a step (``Run.after_step``: evaluate, log, guard, checkpoint), and the end
+(``Run.finish``)."""
 
 from __future__ import annotations
 
@@ -12,21 +12,18 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from rlvr.baselines.ppo import Critic, ppo_step
 from rlvr.checkpoint import latest_valid, load_training_state, read_text, save_training_state
 from rlvr.config import RunConfig, config_changes, save_config, to_dict, to_yaml
-from rlvr.core import LossSettings
-from rlvr.faults import fault_point
 from rlvr.memory import return_freed_memory
-from rlvr.metrics import MetricsWriter, plot_run
-from rlvr.models import ReferencePolicy, autocast, save_policy
+from rlvr.metrics import ACCURACY, MetricsWriter, plot_run
+from rlvr.models import ReferencePolicy, save_policy
 from rlvr.rollout import Sampler
 from rlvr.trackers import require_trackers
-from rlvr.train.batch import StepBatch
 from rlvr.train.build import (
     TaskData,
     build_optimizer,
@@ -34,12 +31,13 @@ from rlvr.train.build import (
     build_rewards,
     build_scheduler,
     load_data,
-    ppo_settings,
     retune_optimizer,
 )
-from rlvr.train.collect import Collected, collect_metrics
+from rlvr.train.collect import Collected
+
+if TYPE_CHECKING:
+    from rlvr.train.loop import Update
 from rlvr.train.evaluate import evaluate
-from rlvr.train.step import train_step
 
 
 class NonFiniteError(RuntimeError):
@@ -123,30 +121,24 @@ def check_skips(state: dict, skipped: int, num_iterations: int, step: int, limit
         )
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Run:
-    """What a training run holds once it is set up (the sampler is attached by the loop that owns it)."""
+    """What a training run holds once it is set up (the sampler is attached by the loop, from the batch source)."""
 
     cfg: RunConfig
-    model: torch.nn.Module
+    model: torch.nn.Module  # the policy
+    trainable: torch.nn.Module  # what checkpoints hold: the policy, and (PPO) the critic
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     reference: ReferencePolicy | None
-    settings: LossSettings
     data: TaskData
     rewards: list
     state: dict  # loop state saved in checkpoints: data cursor, evaluations, skip counters, elapsed time
     run_dir: Path
     start: int  # steps already taken (0, or the checkpoint's step)
-    resumed: bool
     writer: MetricsWriter
     started: float = field(default_factory=time.perf_counter)
     sampler: Sampler | None = None
-    critic: Critic | None = None  # algo.name=ppo
-
-    @property
-    def trainable(self) -> torch.nn.Module:
-        return checkpointed(self.model, self.critic)
 
     def evaluate(self) -> float:
         cfg = self.cfg
@@ -162,44 +154,23 @@ class Run:
         """Held-out accuracy of the starting weights (a fresh run only)."""
         if self.start == 0:
             self.state["eval_accuracy_before"] = self.state["eval_accuracy"] = self.evaluate()
-            self.writer.log(0, {"eval_accuracy": self.state["eval_accuracy"],
-                                "dropped_prompts": self.state["dropped_prompts"]})
+            self.writer.log(0, {ACCURACY: self.state["eval_accuracy"],
+                                "eval/dropped_prompts": self.state["dropped_prompts"]})
 
-    def update(self, c: Collected, step: int) -> dict:
-        """Train on collected groups, hand the new weights to the sampler (as version ``step``); metrics."""
-        cfg, algo = self.cfg, self.cfg.algo
-        batch = StepBatch.from_groups(c.groups, c.adv, c.included, mask_truncated=algo.mask_truncated)
-        t0 = time.perf_counter()
-        common = {"reference": self.reference, "micro_batch_size": cfg.train.micro_batch_size,
-                  "max_new_tokens": cfg.rollout.max_new_tokens, "max_grad_norm": cfg.train.max_grad_norm,
-                  "chunk_tokens": cfg.train.logprob_chunk}
-        with autocast(self.model, cfg.model.autocast):
-            if self.critic is None:
-                stats = train_step(self.model, self.optimizer, self.scheduler, batch, self.settings,
-                                   num_iterations=algo.num_iterations, **common)
-            else:
-                stats = ppo_step(self.model, self.critic, self.optimizer, self.scheduler, batch, c.scores.total,
-                                 self.settings, ppo_settings(cfg.ppo), **common)
-        t1 = time.perf_counter()
-        self.sampler.sync(step)
-        fault_point("after_update", step)
-        tokens = float(batch.completion_mask.sum() + batch.prompt_mask.sum()) * algo.num_iterations
-        return {**collect_metrics(c, step - 1), **stats, "time_train_s": t1 - t0,
-                "train_tokens_per_s": tokens / max(t1 - t0, 1e-9), "time_sync_s": time.perf_counter() - t1,
-                **self.sampler.stats()}
-
-    def after_step(self, step: int, metrics: dict, c: Collected, extra_state: dict | None = None) -> None:
-        """Evaluate when due, log, guard against non-finite updates, checkpoint when due."""
+    def after_step(self, step: int, metrics: dict, c: Collected, source_state: dict, started: float) -> None:
+        """Evaluate when due, log (with the step's wall time since ``started``), guard against non-finite updates,
+        checkpoint when due (with ``source_state``: the batch source's cursor)."""
         cfg = self.cfg
         if step == cfg.train.steps or (cfg.eval.every and step % cfg.eval.every == 0):
             t0 = time.perf_counter()
-            self.state["eval_accuracy"] = metrics["eval_accuracy"] = self.evaluate()
-            metrics["time_eval_s"] = time.perf_counter() - t0
+            self.state["eval_accuracy"] = metrics[ACCURACY] = self.evaluate()
+            metrics["eval/time_s"] = time.perf_counter() - t0
+        metrics["time/step_s"] = time.perf_counter() - started
         self.writer.log(step, metrics)
         self.writer.log_samples(step, sample_records(c, cfg.log.sample_token_ids))
-        check_skips(self.state, metrics["skipped_updates"], cfg.algo.num_iterations, step,
+        check_skips(self.state, metrics["update/skipped_updates"], cfg.algo.num_iterations, step,
                     cfg.train.max_consecutive_skips)
-        self.state.update(extra_state or {})
+        self.state.update(source_state)
         if step == cfg.train.steps or (cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0):
             self.checkpoint(step)
 
@@ -230,16 +201,9 @@ class Run:
         return summary
 
 
-def checkpointed(model: torch.nn.Module, critic: Critic | None) -> torch.nn.Module:
-    """What checkpoints hold: the policy, and the critic with PPO."""
-    if critic is None:
-        return model
-    return torch.nn.ModuleDict({"policy": model, "critic": critic.trainable_module()})
-
-
-def open_run(cfg: RunConfig) -> Run:
-    """Load data, rewards, model, optimizer; resume from a checkpoint if asked (applying the configuration given
-    now and printing what changed); prepare the run directory and metric sinks."""
+def open_run(cfg: RunConfig, update: Update) -> Run:
+    """Load data, rewards, model, optimizer (over what ``update`` trains); resume from a checkpoint if asked
+    (applying the configuration given now and printing what changed); prepare the run directory and metric sinks."""
     started = time.perf_counter()
     require_trackers(cfg.log.trackers)  # a missing wandb / trackio package fails here, before the model loads
     torch.set_num_threads(cfg.train.threads or torch.get_num_threads())
@@ -249,15 +213,10 @@ def open_run(cfg: RunConfig) -> Run:
     data = load_data(cfg)  # rows, rewards and prompt lengths are checked before the model loads
     rewards = build_rewards(cfg.rewards)
     model = build_policy(data.model_dir, cfg.model)
-    settings = cfg.algo.loss_settings()
-    ppo = cfg.algo.name == "ppo"
-    needs_reference = (cfg.ppo.kl_coef != 0.0) if ppo else settings.beta != 0.0
-    reference = ReferencePolicy(model) if needs_reference else None  # before any weights are restored
-    critic = Critic(model) if ppo else None
-    params = critic.trainable_parameters(model) if critic else None
+    reference = ReferencePolicy(model) if update.needs_reference else None  # before any weights are restored
+    trainable, params = update.attach(model)
     optimizer = build_optimizer(model, cfg.train, params)
     scheduler = build_scheduler(optimizer, cfg.train)
-    trainable = checkpointed(model, critic)
 
     checkpoint = resume_checkpoint(cfg)
     run_dir = Path(cfg.output_dir) if checkpoint else fresh_run_dir(Path(cfg.output_dir))
@@ -275,5 +234,6 @@ def open_run(cfg: RunConfig) -> Run:
     save_config(cfg, run_dir / "config.yaml")
     writer = MetricsWriter(run_dir, cfg.log.trackers, cfg.log.samples, resume_step=start if checkpoint else None,
                            project=cfg.log.project, run_name=cfg.log.run_name, config=to_dict(cfg))
-    return Run(cfg, model, optimizer, scheduler, reference, settings, data, rewards, state, run_dir, start,
-               checkpoint is not None, writer, started, critic=critic)
+    return Run(cfg=cfg, model=model, trainable=trainable, optimizer=optimizer, scheduler=scheduler,
+               reference=reference, data=data, rewards=rewards, state=state, run_dir=run_dir, start=start,
+               writer=writer, started=started)

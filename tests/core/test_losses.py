@@ -55,6 +55,9 @@ def test_dual_clip_bounds_negative_advantage_loss():
     assert flags["clip_dual"].tolist() == [[True, False]]
     with pytest.raises(ValueError, match="dual_clip must be > 1"):
         clipped_surrogate(logp, old, torch.tensor([-1.0]), 0.2, 0.2, dual_clip=0.5)
+    assert "clip_dual" not in clipped_surrogate(logp, old, torch.tensor([-1.0]), 0.2, 0.2, dual_clip=0.0)[1]
+    with pytest.raises(ValueError, match=r"dual_clip must be > 1 \(or 0 to disable\); got 0.5"):
+        LossSettings(dual_clip=0.5)
 
 
 def test_surrogate_gradient_is_zero_when_clipped():

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from rlvr.core.ppo import gae, token_rewards, value_loss, whiten
+from rlvr.core.ppo import PPOSettings, gae, token_rewards, value_loss, whiten
 
 
 def _t(rows):
@@ -44,10 +44,17 @@ def test_clipped_value_loss_by_hand():
     loss = value_loss(_t([1.5, 0.9]), _t([1.0, 1.0]), _t([2.0, 0.5]), clip=0.2)
     # first: unclipped (1.5-2)^2 = 0.25, clipped V 1.2 -> 0.64: max -> 0.32; second: 0.9 inside the clip -> 0.08
     assert torch.allclose(loss, _t([0.32, 0.08]))
-    assert torch.allclose(value_loss(_t([1.5]), _t([1.0]), _t([2.0]), clip=None), _t([0.125]))
+    assert torch.allclose(value_loss(_t([1.5]), _t([1.0]), _t([2.0]), clip=0.0), _t([0.125]))
 
 
 def test_whiten_over_real_tokens():
     mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
     w = whiten(_t([[1, 2, 100], [3, 100, 100]]), mask)
     assert w[mask.bool()].tolist() == pytest.approx([-1.0, 0.0, 1.0]) and (w[~mask.bool()] == 0).all()
+
+
+def test_ppo_settings_checks_name_the_field():
+    assert PPOSettings().value_clip == 0.2
+    for bad, message in ({"lam": 1.5}, "lam must be in"), ({"value_clip": -0.1}, "value_clip must be >= 0"):
+        with pytest.raises(ValueError, match=message):
+            PPOSettings(**bad)

@@ -27,7 +27,7 @@ def local_ray():
 
 
 def test_ray_actors_serve_restart_and_rejoin(local_ray, tiny_model_dir, tmp_path):
-    from rlvr.train.sync import train
+    from rlvr.launch import train
 
     out = tmp_path / "run"
     cfg = load_config(None, _overrides(tiny_model_dir, out) + [
@@ -50,6 +50,7 @@ def test_ray_actors_serve_restart_and_rejoin(local_ray, tiny_model_dir, tmp_path
     learner.join(timeout=600)
     assert result["summary"]["steps"] == 150
     last = _records(out)[-1]
-    assert last["servers_lost"] >= 1 and last["servers_revived"] >= 1 and last["servers_live"] == 2
+    assert last["sampler/servers_lost"] >= 1 and last["sampler/servers_revived"] >= 1
+    assert last["sampler/servers_live"] == 2
     uids = _trained_uids(out)
     assert len(uids) == 300 and len(set(uids)) == 300

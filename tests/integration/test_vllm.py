@@ -95,7 +95,7 @@ def rlvr_server(model_dir):
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """An adapter trained by rlvr (two GRPO steps at a high learning rate, so that it changes answers)."""
-    from rlvr.train.sync import train
+    from rlvr.launch import train
 
     out = tmp_path_factory.mktemp("trained") / "run"
     cfg = load_config(Path(__file__).resolve().parents[2] / "examples" / "demo.yaml", [

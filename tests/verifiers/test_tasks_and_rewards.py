@@ -73,8 +73,8 @@ def test_code_task_from_the_cli(tiny_model_dir, tmp_path):
                        "task.train_path=examples/data/code_train.jsonl",
                        "task.eval_path=examples/data/code_eval.jsonl", "task.eval_size=2",
                        "rewards=[{name: code_tests, kwargs: {timeout_s: 3}}]")
-    assert records[1]["reward/code_tests_missing"] == 0  # every completion was executed and graded
-    assert records[-1]["eval_accuracy"] == 0.0  # a random model writes no working code
+    assert records[1]["rollout/reward/code_tests_missing"] == 0  # every completion was executed and graded
+    assert records[-1]["eval/accuracy"] == 0.0  # a random model writes no working code
 
 
 @pytest.mark.parametrize("config", ["examples/code_humaneval.yaml", "examples/code_mbpp.yaml"])
@@ -85,7 +85,7 @@ def test_humaneval_and_mbpp_examples_from_the_cli(tiny_model_dir, tmp_path, conf
             "task.eval_size=2", "log.progress=false"]
     assert main(["train", config, *args]) == 0
     records = read_metrics(out / "metrics.jsonl")
-    assert records[1]["reward/code_tests_missing"] == 0 and records[-1]["eval_accuracy"] == 0.0
+    assert records[1]["rollout/reward/code_tests_missing"] == 0 and records[-1]["eval/accuracy"] == 0.0
 
 
 def test_math_task_from_the_cli(tiny_model_dir, tmp_path):
@@ -93,4 +93,4 @@ def test_math_task_from_the_cli(tiny_model_dir, tmp_path):
                        "task.train_path=examples/data/word_problems_train.jsonl",
                        "task.eval_path=examples/data/word_problems_eval.jsonl", "task.eval_size=4",
                        "rewards=[{name: math_correct, kwargs: {timeout_s: 3}}, {name: format, weight: 0.1}]")
-    assert records[1]["reward/math_correct_missing"] == 0 and "reward/format_mean" in records[1]
+    assert records[1]["rollout/reward/math_correct_missing"] == 0 and "rollout/reward/format_mean" in records[1]

@@ -1,0 +1,93 @@
+"""The one loop against the two it replaced: same config, same seeds, old and new code run alternately.
+
+    python benchmarks/loop_ab.py --base 6293449 --rounds 3 --steps 4
+
+The old code is checked out with ``git worktree`` at ``--base`` and imported instead of this tree (PYTHONPATH).
+Both train examples/demo.yaml (SmolLM2-135M-Instruct + LoRA) for ``--steps`` steps. Reported: whether every
+per-step value (reward, loss, KL, gradient norm, entropy) is identical - the refactor must not change a single
+number - and the median update time and step time of each side, as a ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.machine import describe
+from benchmarks.report import publish
+
+# old name -> new name of the values compared
+SAME = {"reward_mean": "rollout/reward_mean", "loss": "update/loss", "kl": "update/kl",
+        "grad_norm": "update/grad_norm", "entropy": "update/entropy"}
+OLD_TIME = ("time_generate_s", "time_reward_s", "time_train_s", "time_sync_s")
+NEW_TIME = ("rollout/time_generate_s", "rollout/time_reward_s", "update/time_s", "sampler/time_s")
+
+
+def _train(code: Path, out: Path, steps: int) -> list[dict]:
+    overrides = [f"train.steps={steps}", "task.eval_size=8", "eval.every=0", "log.progress=false", "log.plot=false",
+                 "log.trackers=[]", "log.samples=false", "train.threads=2", f"output_dir={out}"]
+    env = {**os.environ, "PYTHONPATH": str(code)}
+    probe = subprocess.run([sys.executable, "-c", "import rlvr; print(rlvr.__file__)"], env=env, cwd=code,
+                           capture_output=True, text=True, check=True).stdout.strip()
+    assert probe.startswith(str(code)), f"imported {probe}, not the code under {code}"
+    subprocess.run([sys.executable, "-m", "rlvr", "train", "examples/demo.yaml", *overrides], env=env, cwd=code,
+                   check=True, capture_output=True)
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][1:]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--base", default="6293449", help="the commit before the one-loop refactor")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=4)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        old_code = Path(tmp) / "old"
+        subprocess.run(["git", "worktree", "add", "--detach", str(old_code), args.base], cwd=ROOT, check=True,
+                       capture_output=True)
+        try:
+            runs: dict[str, list[list[dict]]] = {"old": [], "new": []}
+            for k in range(args.rounds):
+                for side, code in (("old", old_code), ("new", ROOT)):
+                    runs[side].append(_train(code, Path(tmp) / f"{side}-{k}", args.steps))
+                    print(f"round {k + 1}/{args.rounds}: {side} done", flush=True)
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(old_code)], cwd=ROOT, check=False)
+    old, new = runs["old"][0], runs["new"][0]
+    identical = all(o.get(a) == n.get(b) for o, n in zip(old, new) for a, b in SAME.items()) and len(old) == len(new)
+    update = {side: statistics.median(r["time_train_s" if side == "old" else "update/time_s"]
+                                      for run in runs[side] for r in run[1:]) for side in runs}  # step 1 warms up
+    step = {side: statistics.median(sum(r[k] for k in (OLD_TIME if side == "old" else NEW_TIME))
+                                    for run in runs[side] for r in run[1:]) for side in runs}
+    results = {"base": args.base, "rounds": args.rounds, "steps": args.steps, "identical_values": identical,
+               "update_s": update, "step_s": step, "update_ratio": update["new"] / update["old"],
+               "step_ratio": step["new"] / step["old"], "machine": describe()}
+    markdown = f"""## The one loop against the two it replaced (old vs new code, same run)
+
+`examples/demo.yaml` (SmolLM2-135M-Instruct + LoRA), {args.steps} steps, old ({args.base}) and new code run
+alternately {args.rounds} times; medians over steps 2..{args.steps} of every run.
+
+| | old loop | one loop | new / old |
+|---|---|---|---|
+| update (train step) | {update['old']:.2f} s | {update['new']:.2f} s | {results['update_ratio']:.3f} |
+| step (generate + score + update + sync) | {step['old']:.2f} s | {step['new']:.2f} s | {results['step_ratio']:.3f} |
+
+Every per-step value (reward, loss, KL, gradient norm, entropy) identical: **{'yes' if identical else 'NO'}**.
+
+Command: `python benchmarks/loop_ab.py --base {args.base} --rounds {args.rounds} --steps {args.steps}`;
+machine: {results['machine']}."""
+    publish("loop_ab", results, markdown)
+    print(markdown)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,30 @@
+"""``rlvr train`` as a function: pick the batch source and the update a configuration asks for, open the run
+(or resume it) and run the one loop (rlvr/train/loop.py).
+
+    source = synchronous (rlvr/train/collect.py) | asynchronous (rlvr/runtime/source.py, async.enabled)
+    update = GRPO (rlvr/train/update.py)         | PPO with a critic (rlvr/baselines/ppo.py, algo.name=ppo)
+"""
+
+from __future__ import annotations
+
+from rlvr.baselines.ppo import PPOUpdate
+from rlvr.config import RunConfig
+from rlvr.runtime.source import AsyncSource
+from rlvr.train.collect import SyncSource, group_advantage_fn
+from rlvr.train.loop import run_loop
+from rlvr.train.run import NonFiniteError, fresh_run_dir, open_run
+from rlvr.train.update import GRPOUpdate
+
+__all__ = ["NonFiniteError", "fresh_run_dir", "train"]
+
+
+def train(cfg: RunConfig) -> dict:
+    """Train as configured; returns the summary also written to ``summary.json``."""
+    algo = cfg.algo
+    if algo.name == "ppo":  # advantages come from the critic, inside the update
+        update, advantages = PPOUpdate(cfg), None
+    else:
+        update = GRPOUpdate(cfg)
+        advantages = group_advantage_fn(cfg.rollout.group_size, algo.scale, algo.adv_eps, algo.negative_scale)
+    source = AsyncSource(cfg, advantages) if cfg.asynchronous.enabled else SyncSource(cfg, advantages)
+    return run_loop(open_run(cfg, update), source, update)

@@ -1,0 +1,104 @@
+"""The one training loop, for every runtime:
+
+    batch = source.next(step)     sampled, scored, advantages computed (synchronous: collect.py; asynchronous:
+                                  rlvr/runtime/source.py)
+    update(run, batch)            GRPO's train step (update.py), or PPO's critic + policy step (rlvr/baselines)
+    sampler.sync(step)            the sampler now samples from the new weights (version = optimizer steps taken)
+    log, evaluate, checkpoint     (run.py)
+
+The entry point (rlvr/launch.py) picks the source and the update; this loop never branches on either. Every
+source of randomness in a synchronous step is a pure function of (seed, step) and the data cursor, or is
+restored from the checkpoint, so a resumed run repeats the uninterrupted one bit for bit (CPU, fp32).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Protocol
+
+from torch import nn
+from tqdm.auto import tqdm
+
+from rlvr.faults import fault_point
+from rlvr.metrics import REWARD, namespaced
+from rlvr.rollout import Sampler
+from rlvr.train.collect import Collected, collect_metrics
+from rlvr.train.run import Run, stop_on_interrupt
+
+
+class BatchSource(Protocol):
+    """Where a step's batch comes from."""
+
+    name: str  # shown on the progress bar
+
+    def open(self, run: Run, stack: contextlib.ExitStack) -> Sampler:
+        """Start what the source needs (servers, threads; their teardown goes on ``stack``); the run's sampler."""
+        ...
+
+    def next(self, run: Run, step: int) -> Collected:
+        """The scored batch for ``step``, advantages included (None when the update computes its own)."""
+        ...
+
+    def report(self) -> dict[str, float]:
+        """The source's own metrics for the step just taken (logged under ``async/``); may be empty."""
+        ...
+
+    def state(self) -> dict:
+        """What a checkpoint must hold to resume the source (data cursor, prompts in flight)."""
+        ...
+
+
+class Update(Protocol):
+    """What trains on a batch."""
+
+    needs_reference: bool  # the update reads a frozen reference policy (KL)
+
+    def attach(self, model: nn.Module) -> tuple[nn.Module, list[nn.Parameter]]:
+        """Set up on the loaded policy: (what checkpoints hold, the parameters the optimizer trains)."""
+        ...
+
+    def __call__(self, run: Run, batch: Collected) -> dict[str, float]:
+        """One update on ``batch``; its metrics (logged under ``update/``)."""
+        ...
+
+
+def run_loop(run: Run, source: BatchSource, update: Update) -> dict:
+    """Train from ``run.start`` to train.steps; returns the summary also written to ``summary.json``."""
+    cfg = run.cfg
+    with contextlib.ExitStack() as stack, stop_on_interrupt() as stop, run.writer:
+        run.sampler = source.open(run, stack)
+        run.sampler.sync(run.start)  # version = optimizer steps taken; a remote sampler gets the restored weights
+        run.evaluate_before()
+        bar = tqdm(range(run.start + 1, cfg.train.steps + 1), disable=not cfg.log.progress,
+                   desc=f"{source.name}{cfg.algo.preset}", unit="step", initial=run.start, total=cfg.train.steps)
+        for step in bar:
+            t0 = time.perf_counter()
+            batch = source.next(run, step)
+            fault_point("after_generate", step)
+            t1 = time.perf_counter()
+            stats = update(run, batch)
+            t2 = time.perf_counter()
+            run.sampler.sync(step)
+            fault_point("after_update", step)
+            t3 = time.perf_counter()
+            g = batch.groups
+            tokens = float(g.completion_mask.sum() + g.prompt_mask.sum()) * cfg.algo.num_iterations  # trained on
+            sections = {
+                "rollout": collect_metrics(batch, step - 1),
+                "update": {**stats, "time_s": t2 - t1, "tokens_per_s": tokens / max(t2 - t1, 1e-9)},
+                "sampler": {"time_s": t3 - t2, **run.sampler.stats()},
+            }
+            report = source.report()
+            if report:
+                sections["async"] = report
+            metrics = namespaced(sections)
+            run.after_step(step, metrics, batch, source.state(), started=t0)
+            bar.set_postfix(reward=f"{metrics[REWARD]:.3f}", acc=f"{run.state['eval_accuracy']:.3f}")
+            if stop.requested:
+                bar.close()
+                run.interrupted(step)
+    return run.finish()
+
+
+__all__ = ["BatchSource", "Update", "run_loop"]
