@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from rlvr.baselines.ppo import PPOUpdate
 from rlvr.config import RunConfig
+from rlvr.rewards import WeightedReward
 from rlvr.runtime.source import AsyncSource
 from rlvr.train.collect import SyncSource, group_advantage_fn
 from rlvr.train.loop import run_loop
@@ -18,8 +19,9 @@ from rlvr.train.update import GRPOUpdate
 __all__ = ["NonFiniteError", "fresh_run_dir", "train"]
 
 
-def train(cfg: RunConfig) -> dict:
-    """Train as configured; returns the summary also written to ``summary.json``."""
+def train(cfg: RunConfig, rewards: list[WeightedReward] | None = None) -> dict:
+    """Train as configured; returns the summary also written to ``summary.json``. ``rewards``: reward functions
+    built already (Python callables: rlvr.api), used instead of cfg.rewards."""
     algo = cfg.algo
     if algo.name == "ppo":  # advantages come from the critic, inside the update
         update, advantages = PPOUpdate(cfg), None
@@ -27,4 +29,4 @@ def train(cfg: RunConfig) -> dict:
         update = GRPOUpdate(cfg)
         advantages = group_advantage_fn(cfg.rollout.group_size, algo.scale, algo.adv_eps, algo.negative_scale)
     source = AsyncSource(cfg, advantages) if cfg.asynchronous.enabled else SyncSource(cfg, advantages)
-    return run_loop(open_run(cfg, update), source, update)
+    return run_loop(open_run(cfg, update, rewards), source, update)

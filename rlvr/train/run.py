@@ -22,6 +22,7 @@ from rlvr.config import RunConfig, config_changes, save_config, to_dict, to_yaml
 from rlvr.memory import return_freed_memory
 from rlvr.metrics import ACCURACY, MetricsWriter, plot_run
 from rlvr.models import ReferencePolicy, save_policy
+from rlvr.rewards import WeightedReward
 from rlvr.rollout import Sampler
 from rlvr.trackers import require_trackers
 from rlvr.train.build import (
@@ -201,9 +202,10 @@ class Run:
         return summary
 
 
-def open_run(cfg: RunConfig, update: Update) -> Run:
-    """Load data, rewards, model, optimizer (over what ``update`` trains); resume from a checkpoint if asked
-    (applying the configuration given now and printing what changed); prepare the run directory and metric sinks."""
+def open_run(cfg: RunConfig, update: Update, rewards: list[WeightedReward] | None = None) -> Run:
+    """Load data, rewards (``rewards``: built already, e.g. Python callables; default: from cfg.rewards), model,
+    optimizer (over what ``update`` trains); resume from a checkpoint if asked (applying the configuration given
+    now and printing what changed); prepare the run directory and metric sinks."""
     started = time.perf_counter()
     require_trackers(cfg.log.trackers)  # a missing wandb / trackio package fails here, before the model loads
     torch.set_num_threads(cfg.train.threads or torch.get_num_threads())
@@ -211,7 +213,7 @@ def open_run(cfg: RunConfig, update: Update) -> Run:
         return_freed_memory(cfg.train.heap_threshold_kb << 10)
     seed_everything(cfg.train.seed)
     data = load_data(cfg)  # rows, rewards and prompt lengths are checked before the model loads
-    rewards = build_rewards(cfg.rewards)
+    rewards = build_rewards(cfg.rewards) if rewards is None else rewards
     model = build_policy(data.model_dir, cfg.model)
     reference = ReferencePolicy(model) if update.needs_reference else None  # before any weights are restored
     trainable, params = update.attach(model)
