@@ -6,3 +6,18 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 __version__ = "0.1.0"
+__all__ = ["GRPOConfig", "GRPOTrainer", "__version__"]
+
+_API = ("GRPOConfig", "GRPOTrainer", "TrainOutput")  # the TRL-shaped Python API (rlvr/api.py), imported on first use
+
+
+def __getattr__(name: str):
+    if name in _API:  # so `import rlvr` (and the CLI) stays light: torch and the trainer load only when asked for
+        from rlvr.api import GRPOConfig, GRPOTrainer, TrainOutput
+
+        return {"GRPOConfig": GRPOConfig, "GRPOTrainer": GRPOTrainer, "TrainOutput": TrainOutput}[name]
+    raise AttributeError(f"module 'rlvr' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_API])

@@ -1,5 +1,5 @@
-"""Command line: ``rlvr train CONFIG.yaml [key.sub=value ...]``, ``rlvr eval CONFIG_OR_RUN_DIR [...]`` and
-``rlvr serve MODEL [--port ...]``."""
+"""Command line: ``rlvr train CONFIG.yaml [key.sub=value ...]``, ``rlvr eval CONFIG_OR_RUN_DIR [...]``,
+``rlvr serve MODEL [--port ...]``, ``rlvr plan MODEL [...]`` and ``rlvr config [SECTION | SECTION.KEY]``."""
 
 from __future__ import annotations
 
@@ -11,11 +11,12 @@ from pathlib import Path
 
 from rlvr.config import ConfigError, load_config
 from rlvr.launch import NonFiniteError, train
-from rlvr.rewards import RewardError
+from rlvr.rewards import RewardError, reward_search_path
 from rlvr.rollout.remote import AdapterSyncError, NoServerError, ServerRequestError
 
 
 def _train(args: argparse.Namespace) -> int:
+    reward_search_path([Path(args.config).parent])  # module:function rewards: the working directory, then here
     cfg = load_config(args.config, args.overrides)
     summary = train(cfg)
     before, after = summary["eval_accuracy_before"], summary["eval_accuracy_after"]
@@ -35,6 +36,7 @@ def _eval(args: argparse.Namespace) -> int:
 
     target = Path(args.config)
     run_dir = target if target.is_dir() else None
+    reward_search_path([run_dir or target.parent])
     cfg = load_config(run_dir / "config.yaml" if run_dir else target, args.overrides)
     torch.set_num_threads(cfg.train.threads or torch.get_num_threads())
     data = load_data(cfg)
@@ -78,6 +80,28 @@ def _plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _config(args: argparse.Namespace) -> int:
+    from rlvr.config_doc import describe
+
+    print(describe(args.key), end="")
+    return 0
+
+
+TRAIN_EPILOG = """\
+config keys:
+  rlvr config                 every section and key: type, default, description
+  rlvr config algo            one section;  rlvr config algo.beta  one key
+  (the same, as a page: docs/reference/config.md)
+
+tasks, rewards and data:
+  docs/concepts/rewards_data.md   built-in tasks and rewards, rewards of your own
+                                  (rewards: [{name: my_rewards:my_reward, kwargs: {...}}], imported from the
+                                  working directory, then the config's folder, then PYTHONPATH), JSONL and
+                                  Hugging Face data formats
+  examples/*.yaml                 configs to start from
+"""
+
+
 def _quiet_libraries() -> None:
     """Keep the terminal for rlvr's own progress bar: no per-file loading bars or upstream deprecations.
 
@@ -93,8 +117,9 @@ def _quiet_libraries() -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rlvr", description="GRPO on verifiable rewards for Hugging Face causal LMs.")
     sub = parser.add_subparsers(dest="command", required=True)
-    p_train = sub.add_parser("train", help="train a model with GRPO / DAPO / Dr. GRPO")
-    p_train.add_argument("config", help="YAML config (see examples/)")
+    p_train = sub.add_parser("train", help="train a model with GRPO / DAPO / Dr. GRPO", epilog=TRAIN_EPILOG,
+                             formatter_class=argparse.RawDescriptionHelpFormatter)
+    p_train.add_argument("config", help="YAML config (see examples/), or a run's config.yaml to run it again")
     p_train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.steps=10 algo.preset=dapo")
     p_train.set_defaults(run=_train)
     p_eval = sub.add_parser("eval", help="greedy held-out accuracy of a base model (config) or a trained run (run dir)")
@@ -153,6 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     p_plan.add_argument("--devices", type=int, default=1)
     p_plan.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3), help="ZeRO stage (3 = FSDP)")
     p_plan.set_defaults(run=_plan)
+    p_config = sub.add_parser("config", help="every config key with its type, default and description")
+    p_config.add_argument("key", nargs="?", default="", help="a section (algo) or one key (algo.beta); default: all")
+    p_config.set_defaults(run=_config)
     args = parser.parse_args(argv)
     _quiet_libraries()
     try:

@@ -7,6 +7,7 @@ fills every algorithm knob the user did not set explicitly (``PRESETS`` below).
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -70,25 +71,32 @@ class ModelConfig:
 class TaskConfig:
     name: str = "arithmetic"
     """arithmetic or word_problems (generated from the seed); jsonl, math_jsonl (needs an answer column) or
-    code_jsonl (needs test columns), read from train_path / eval_path; hf: any Hugging Face datasets source
-    (task.source; docs/data.md)."""
+    code_jsonl (needs test columns), read from train_path / eval_path (or train_path split by eval_fraction); hf: any
+    Hugging Face datasets source (task.source). Both kinds read rows through the column map (docs/data.md)."""
     digits: int = 1
     """arithmetic: digits per operand (1 means 0-9)."""
-    operators: tuple[str, ...] = ("+",)
-    """arithmetic: operators drawn from + - *."""
+    operators: tuple[str, ...] = ("+", "*")
+    """arithmetic: operators drawn from + - * (the default + and * with 1 digit: 200 questions, 100 held out)."""
     eval_size: int = 100
     """Held-out questions (arithmetic: carved out of the question space; jsonl: first rows of eval_path; hf: first
-    rows of eval_split, or rows held out of train_split when eval_split is '')."""
+    rows of eval_split, or rows held out of train_split when eval_split is ''; with eval_fraction: the first of the
+    rows it holds out)."""
+    eval_fraction: float = 0.0
+    """jsonl tasks and hf: hold out this share (0-1) of the rows of train_path / train_split instead of reading an
+    eval file or split: round(share x rows) rows chosen by task.seed, never trained on (0: off). Leave eval_path
+    empty, and eval_split unset (it becomes ''); each side needs at least one row."""
     train_size: int = 0
     """arithmetic: training questions to keep (0: all that are not held out); word_problems: rows (0: 2,000); hf:
     the first rows of train_split to read (0: all; needed with streaming)."""
     seed: int = 1234
     """arithmetic, word_problems: seed of the questions (separate from train.seed, so every run shares one
-    held-out set); hf: seed of the rows held out when eval_split is ''."""
+    held-out set); hf and jsonl tasks: seed of the rows held out of the training rows (eval_fraction, or hf with
+    eval_split '')."""
     system_prompt: str = ARITHMETIC_SYSTEM_PROMPT
-    """arithmetic, word_problems, hf: system message of every prompt (empty for none; word_problems and hf
-    replace the arithmetic default with their own step-by-step instruction; hf adds it only to plain-string
-    prompts)."""
+    """arithmetic, word_problems: system message of every prompt (empty for none); hf and jsonl tasks: the system
+    message put before a question string (a prompt_column other than prompt, or prompt_template). word_problems,
+    hf, jsonl and math_jsonl replace the arithmetic default with their own step-by-step instruction, code_jsonl
+    with none."""
     train_steps: tuple[int, ...] = (1, 2)
     """word_problems: operations per training problem, drawn from this list (1-3)."""
     eval_steps: tuple[int, ...] = (2,)
@@ -98,13 +106,16 @@ class TaskConfig:
     chat_template: bool = True
     """Render chat-message prompts with the tokenizer's chat template; false renders them as a plain transcript
     (system paragraph, 'Q: ...' / 'A: ...' turns, ending in 'A:') for base models trained without one (e.g.
-    gemma3-270m; pair it with rollout.stop so the model stops after its answer). String prompts are unchanged."""
+    gemma3-270m; pair it with rollout.stop so the model stops after its answer). String prompts are sent as they
+    are either way; true with a model that has a chat template warns about them (a chat model given bare text tends
+    to ramble)."""
     max_number: int = 40
     """word_problems: largest starting amount (added amounts up to 3/4 of it; multipliers 2-5)."""
     train_path: str = ""
-    """jsonl: training rows, one JSON object per line with prompt or messages plus answer columns."""
+    """jsonl tasks: training rows, one JSON object per line (prompt or messages, or the columns the column map
+    names: prompt_column, answer_column; docs/data.md)."""
     eval_path: str = ""
-    """jsonl: held-out rows in the same format."""
+    """jsonl tasks: held-out rows in the same format ('' with eval_fraction)."""
     drop_long_prompts: bool = False
     """Skip (and count) prompts that leave no room for rollout.max_new_tokens in the model's context,
     instead of stopping with an error naming the row."""
@@ -122,17 +133,20 @@ class TaskConfig:
     eval_split: str = "test"
     """hf: split the held-out rows come from ('' = hold out eval_size rows of train_split, chosen by task.seed)."""
     prompt_column: str = "prompt"
-    """hf: column holding the prompt, a string (sent as the user message after task.system_prompt) or chat
-    messages [{role, content}, ...] (sent as they are)."""
+    """hf and jsonl tasks: column holding the prompt. The column prompt (or messages) is read as TRL reads it: a
+    string is sent as it is, chat messages [{role, content}, ...] as they are. Any other column (GSM8K: question)
+    holds a question: a string is sent as the user message after task.system_prompt, chat messages as they are."""
     prompt_template: str = ""
-    """hf: the prompt as a template over columns instead of prompt_column, e.g. 'Question: {question}' (literal
-    braces doubled: {{ }}); the result is a string prompt."""
+    """hf and jsonl tasks: the prompt as a template over columns instead of prompt_column, e.g. 'Question:
+    {question}' (literal braces doubled: {{ }}); the result is a question string (user message after
+    task.system_prompt)."""
     answer_column: str = "answer"
-    """hf: column holding the gold answer, copied to the answer column reward functions read after answer_format
-    ('' = none: rewards read the source columns themselves)."""
+    """hf and jsonl tasks: column holding the gold answer, copied to the answer column reward functions read after
+    answer_format ('' = none: rewards read the source columns themselves). Required on every row for hf and
+    math_jsonl, or when named or given an answer_format; otherwise an answer column is passed on as it is."""
     answer_format: str = "raw"
-    """hf: raw (the column as is), gsm8k (the text after ####, thousands separators removed) or math (the last
-    \\boxed{...} or \\fbox{...}, nested braces kept)."""
+    """hf and jsonl tasks: raw (the column as is), gsm8k (the text after ####, thousands separators removed) or math
+    (the last \\boxed{...} or \\fbox{...}, nested braces kept)."""
     streaming: bool = False
     """hf: read rows as a stream (datasets streaming=True), only the first train_size (+ eval_size) of them,
     instead of loading or converting the whole source first."""
@@ -398,9 +412,17 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "rollout.backend": ("local", "server"),
     "async.runtime": ("embedded", "ray"),
 }
-POSITIVE = ("rollout.group_size", "rollout.max_new_tokens", "train.prompts_per_step", "train.micro_batch_size",
-            "algo.num_iterations", "eval.batch_size", "train.logprob_chunk", "train.keep_last",
-            "train.max_consecutive_skips", "rollout.keep_versions", "async.server_threads")
+POSITIVE = ("train.steps", "rollout.group_size", "rollout.max_new_tokens", "train.prompts_per_step",
+            "train.micro_batch_size", "algo.num_iterations", "eval.batch_size", "train.logprob_chunk",
+            "train.keep_last", "train.max_consecutive_skips", "rollout.keep_versions", "async.server_threads",
+            "model.lora_r", "task.digits")
+NON_NEGATIVE = ("task.eval_size", "task.train_size", "task.few_shot", "rollout.top_k", "rollout.server_wait_s",
+                "train.warmup_steps", "train.weight_decay", "train.max_grad_norm",
+                "train.threads", "train.heap_threshold_kb", "train.checkpoint_every", "eval.every",
+                "eval.max_new_tokens", "algo.adv_eps", "async.learner_threads")
+_INT = re.compile(r"[+-]?[0-9]+")
+_FLOAT = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
+_BOOL = {"true": True, "false": False}
 
 
 def _convert(value: Any, tp: Any, key: str) -> Any:
@@ -420,11 +442,14 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
         return dict(value)
     if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
-    if tp is float and isinstance(value, str):  # YAML 1.1 reads "1e-3" as a string
-        try:
-            return float(value)
-        except ValueError:
-            pass
+    # A quoted number or boolean ("1", '1e-3', "true"; YAML 1.1 also reads 1e-3 as a string) is taken for what it
+    # spells when the whole string is exactly one; anything else stays an error naming the key.
+    if tp is float and isinstance(value, str) and _FLOAT.fullmatch(value):
+        return float(value)
+    if tp is int and isinstance(value, str) and _INT.fullmatch(value):
+        return int(value)
+    if tp is bool and isinstance(value, str) and value.lower() in _BOOL:
+        return _BOOL[value.lower()]
     if tp is int and isinstance(value, int) and not isinstance(value, bool):
         return value
     if tp in (str, bool) and isinstance(value, tp):
@@ -467,6 +492,21 @@ def _validate(cfg: RunConfig) -> None:
         section, name = key.split(".")
         if flat[section][name] < 1:
             raise ConfigError(f"{key} must be >= 1; got {flat[section][name]}")
+    for key in NON_NEGATIVE:
+        section, name = key.split(".")
+        if flat[section][name] < 0:
+            raise ConfigError(f"{key} must be >= 0; got {flat[section][name]}")
+    if cfg.rollout.group_size < 2 and cfg.algo.name == "grpo":  # PPO's critic is its baseline: any group size
+        raise ConfigError(f"rollout.group_size must be >= 2; got {cfg.rollout.group_size}: GRPO scores each completion "
+                          "against the others of its group, so a group of one has no signal (8 is usual)")
+    if not cfg.train.lr > 0:
+        raise ConfigError(f"train.lr must be > 0; got {cfg.train.lr} (a learning rate of 0 trains nothing)")
+    if not 0 <= cfg.model.lora_dropout < 1:
+        raise ConfigError(f"model.lora_dropout must be in [0, 1); got {cfg.model.lora_dropout}")
+    if not cfg.model.lora_alpha > 0:
+        raise ConfigError(f"model.lora_alpha must be > 0; got {cfg.model.lora_alpha}")
+    if cfg.rollout.request_timeout_s <= 0:
+        raise ConfigError(f"rollout.request_timeout_s must be > 0; got {cfg.rollout.request_timeout_s}")
     if cfg.algo.max_resample_rounds < 0:
         raise ConfigError(f"algo.max_resample_rounds must be >= 0; got {cfg.algo.max_resample_rounds}")
     if cfg.rollout.temperature < 0 or not 0 < cfg.rollout.top_p <= 1:
@@ -476,6 +516,8 @@ def _validate(cfg: RunConfig) -> None:
     for i, reward in enumerate(cfg.rewards):
         if reward.on_error not in ON_ERROR:
             raise ConfigError(f"rewards[{i}].on_error must be one of {', '.join(ON_ERROR)}; got {reward.on_error!r}")
+        if reward.timeout_s < 0:
+            raise ConfigError(f"rewards[{i}].timeout_s must be >= 0 (0: no limit); got {reward.timeout_s}")
     if cfg.algo.name == "ppo":
         if cfg.algo.beta != 0:
             raise ConfigError(f"algo.name=ppo puts the KL penalty in the reward (ppo.kl_coef), but algo.beta is "
@@ -498,10 +540,34 @@ def _validate(cfg: RunConfig) -> None:
         if not cfg.model.lora:
             raise ConfigError("rollout.backend=server ships LoRA adapters to the servers after each update; set "
                               "model.lora=true (full weights cannot be hot-loaded over HTTP)")
-    if cfg.task.name.endswith("jsonl") and not (cfg.task.train_path and cfg.task.eval_path):
-        raise ConfigError(f"task.name={cfg.task.name} needs task.train_path and task.eval_path")
-    if cfg.task.name == "hf":
+    t = cfg.task
+    if not 0 <= t.eval_fraction < 1:
+        raise ConfigError(f"task.eval_fraction must be in [0, 1) (the share of the training rows held out; 0: off); "
+                          f"got {t.eval_fraction}")
+    if t.eval_fraction and t.name not in ("jsonl", "math_jsonl", "code_jsonl", "hf"):
+        raise ConfigError(f"task.eval_fraction splits the rows of a file or split (jsonl tasks, hf); task.name="
+                          f"{t.name} makes its own held-out set (task.eval_size)")
+    if t.name.endswith("jsonl"):
+        _validate_jsonl(t)
+    if t.name in ("jsonl", "math_jsonl", "code_jsonl", "hf"):
+        if t.prompt_template and t.prompt_column != "prompt":
+            raise ConfigError("set task.prompt_column or task.prompt_template, not both")
+        if t.answer_format != "raw" and not t.answer_column:
+            raise ConfigError(f"task.answer_format={t.answer_format} reads task.answer_column; name the column")
+    if t.name == "hf":
         _validate_hf(cfg)
+
+
+def _validate_jsonl(t: TaskConfig) -> None:
+    if t.eval_fraction:
+        if not t.train_path or t.eval_path:
+            raise ConfigError(f"task.eval_fraction={t.eval_fraction} holds out rows of task.train_path, so it needs "
+                              "task.train_path and no task.eval_path (set one of eval_path and eval_fraction)")
+    elif not (t.train_path and t.eval_path):
+        raise ConfigError(f"task.name={t.name} needs task.train_path and task.eval_path (or task.eval_fraction to "
+                          "hold out a share of the train_path rows)")
+    if t.name == "math_jsonl" and not t.answer_column:
+        raise ConfigError("task.name=math_jsonl needs the gold answer: set task.answer_column (or use task.name=jsonl)")
 
 
 def _validate_hf(cfg: RunConfig) -> None:
@@ -509,13 +575,15 @@ def _validate_hf(cfg: RunConfig) -> None:
     if not t.source:
         raise ConfigError("task.name=hf needs task.source: a local parquet / arrow / json / jsonl / csv file or "
                           "directory, a save_to_disk directory, or a Hub dataset id")
+    if t.eval_fraction and t.eval_split:
+        raise ConfigError(f"task.eval_fraction={t.eval_fraction} holds out rows of task.train_split, and "
+                          f"task.eval_split={t.eval_split!r} names a held-out split too: set one of them")
     if t.eval_split and t.eval_split == t.train_split:
         raise ConfigError(f"task.eval_split and task.train_split are both {t.eval_split!r}: held-out rows would be "
                           "trained on; name another split, or set task.eval_split='' to hold out task.eval_size rows")
-    if t.prompt_template and t.prompt_column != "prompt":
-        raise ConfigError("set task.prompt_column or task.prompt_template, not both")
-    if t.answer_format != "raw" and not t.answer_column:
-        raise ConfigError(f"task.answer_format={t.answer_format} reads task.answer_column; name the column")
+    if t.eval_fraction and t.streaming:
+        raise ConfigError("task.eval_fraction needs the length of the split, which task.streaming=true does not "
+                          "know; set task.eval_split='' and task.eval_size instead")
     if t.streaming and t.train_size < 1:
         needed = cfg.train.steps * cfg.train.prompts_per_step
         raise ConfigError(f"task.streaming=true reads only the rows a run needs: set task.train_size (this run "
@@ -563,8 +631,22 @@ def build_config(data: dict) -> RunConfig:
         algo.setdefault("is_level", "none")
     data["algo"] = {**PRESETS[preset], **algo}
     cfg = _build(RunConfig, data, "")
+    task = data.get("task") if isinstance(data.get("task"), dict) else {}
+    if cfg.task.name == "hf" and cfg.task.eval_fraction and "eval_split" not in task:  # from train_split, not test
+        cfg = dataclasses.replace(cfg, task=dataclasses.replace(cfg.task, eval_split=""))
     _validate(cfg)
+    _check_explicit(cfg, data)
     return cfg
+
+
+def _check_explicit(cfg: RunConfig, data: dict) -> None:
+    """Checks that depend on what the config states rather than on the defaults it fell back to."""
+    if "rewards" not in data and cfg.task.name != "arithmetic":
+        fit = ("[{name: code_tests}] (the completion's code run against the row's tests)" if cfg.task.name ==
+               "code_jsonl" else "[{name: math_correct}] (the final answer against the answer column, via math-verify)")
+        raise ConfigError(f"task.name={cfg.task.name} lists no rewards, and the default, arithmetic_correct, fits only "
+                          f"task.name=arithmetic: list the reward that scores your answers, e.g. rewards: {fit}, or "
+                          "your own function: rewards: [{name: 'my_module:my_reward'}]")
 
 
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> RunConfig:

@@ -120,25 +120,28 @@ def read_metrics(path: Path) -> list[dict]:
     return [record for _, record in _records(path)]
 
 
-def plot_run(metrics_path: Path, png_path: Path, title: str = "") -> None:
-    """Reward (per step) and held-out accuracy (where evaluated) against step."""
+def plot_run(metrics_path: Path, png_path: Path, title: str = ""):
+    """Reward (per step) and held-out accuracy (where evaluated) against step. The legend sits below the axes, so
+    it never covers a point. Returns the figure (closed; for inspection)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     records = read_metrics(metrics_path)
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = plt.subplots(figsize=(7, 4.4), layout="constrained")
     steps = [r["step"] for r in records if REWARD in r]
     ax.plot(steps, [r[REWARD] for r in records if REWARD in r], label="train reward (mean)", alpha=0.6)
     evals = [(r["step"], r[ACCURACY]) for r in records if ACCURACY in r]
     if evals:
         ax.plot(*zip(*evals), "o-", label="held-out accuracy (greedy)", color="C3")
     ax.set_xlabel("step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
     ax.set_title(title)
-    fig.tight_layout()
+    fig.legend(loc="outside lower center", ncols=2, frameon=False)
     fig.savefig(png_path, dpi=110)
     plt.close(fig)
+    return fig

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +36,7 @@ class LoraSpec:
 
 
 def resolve_model_dir(name: str) -> Path:
-    """Map an alias or a local path to a directory holding a transformers model."""
+    """Map an alias or a local path to a directory holding a transformers causal LM (checked: ``check_model_dir``)."""
     if name in ALIASES:
         return alias_dir(name)
     path = Path(name).expanduser()
@@ -46,13 +47,57 @@ def resolve_model_dir(name: str) -> Path:
         )
     if not (path / "config.json").is_file():
         raise ValueError(f"model directory {path} has no config.json; it must be saved with save_pretrained().")
+    check_model_dir(path)
     return path
+
+
+def _not_a_causal_lm(model_dir: Path, why: str) -> ValueError:
+    return ValueError(f"{model_dir} is not a causal language model directory: {why}; pass a directory saved with "
+                      f"save_pretrained() of a causal LM, or a built-in alias ({', '.join(ALIASES)})")
+
+
+def check_model_dir(model_dir: Path) -> None:
+    """One-line errors, before transformers' own (tokenizer converters, tracebacks), for a directory whose
+    config.json is not a causal LM's: unreadable, without model_type, or naming only other architectures."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as CAUSAL
+
+    try:
+        config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise _not_a_causal_lm(model_dir, f"config.json cannot be read ({err})") from None
+    if not isinstance(config, dict) or not config.get("model_type"):
+        raise _not_a_causal_lm(model_dir, "config.json has no model_type")
+    architectures = config.get("architectures") or []
+    if isinstance(architectures, str):
+        architectures = [architectures]
+    causal = set(CAUSAL.values())
+    if architectures:
+        if not any(a in causal or a.endswith(("ForCausalLM", "LMHeadModel")) for a in architectures):
+            raise _not_a_causal_lm(model_dir, f"its architectures ({', '.join(architectures)}) are not a causal LM")
+    elif config["model_type"] not in CAUSAL:
+        raise _not_a_causal_lm(model_dir, f"model_type {config['model_type']!r} has no causal LM in transformers")
+
+
+def _one_line(err: BaseException, limit: int = 300) -> str:
+    text = " ".join(str(err).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
+                   "spiece.model")
 
 
 def load_tokenizer(model_dir: Path):
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    if Path(model_dir).is_dir() and not any((Path(model_dir) / f).is_file() for f in TOKENIZER_FILES):
+        raise ValueError(f"{model_dir} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); save the model's "
+                         "tokenizer into it with tokenizer.save_pretrained()")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    except (OSError, ValueError, TypeError) as err:
+        raise ValueError(f"{model_dir} has no tokenizer transformers can load ({_one_line(err)}); save the model's "
+                         "tokenizer into it with tokenizer.save_pretrained()") from err
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"  # prompts are left-padded so completions start at one column
@@ -72,10 +117,12 @@ def load_causal_lm(model_dir: Path, dtype: torch.dtype = torch.float32) -> nn.Mo
     path reproduces (rlvr.architecture); anything else is refused here, before a run starts."""
     from transformers import AutoModelForCausalLM
 
+    check_model_dir(model_dir)
     try:
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
-    except ValueError as err:
-        raise ValueError(f"{model_dir} is not a causal language model that transformers can load: {err}") from err
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{model_dir} is not a causal language model that transformers can load: "
+                         f"{_one_line(err)}") from err
     model.config.use_cache = False
     check_layers(model.config)
     output_layer(model)
@@ -167,9 +214,21 @@ def load_policy(
     return load_trainable(model_dir, lora, gradient_checkpointing), load_tokenizer(model_dir)
 
 
-def save_policy(model: nn.Module, tokenizer, directory: Path) -> Path:
-    """Save the adapter (LoRA) or the full model as safetensors, with the tokenizer; returns the path."""
+def save_policy(model: nn.Module, tokenizer, directory: Path, base_model: str = "", card: str = "") -> Path:
+    """Save the adapter (LoRA) or the full model as safetensors, with the tokenizer; returns the path.
+
+    ``base_model``: the name an adapter records as its base (adapter_config.json's ``base_model_name_or_path``;
+    '' keeps peft's, the directory the weights were loaded from, e.g. the alias cache). It is written into the
+    saved config afterwards: given to peft while saving, a Hub id would make peft look the model up on the Hub.
+    ``card``: the README.md written beside the weights (replacing the blank template peft writes)."""
     directory.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(directory, safe_serialization=True)
     tokenizer.save_pretrained(directory)
+    for name in getattr(model, "peft_config", {}) if base_model else ():
+        path = (directory if name == "default" else directory / name) / "adapter_config.json"  # peft's layout
+        config = json.loads(path.read_text())
+        config["base_model_name_or_path"] = base_model
+        path.write_text(json.dumps(config, indent=2, sort_keys=True))
+    if card:
+        (directory / "README.md").write_text(card, encoding="utf-8")
     return directory

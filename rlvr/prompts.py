@@ -13,7 +13,8 @@ PLAIN_ROLES = {"user": "Q: ", "assistant": "A: "}
 
 
 def prompt_text(tokenizer, prompt: Prompt) -> str:
-    """Chat messages go through the tokenizer's chat template; plain strings are used as they are."""
+    """Chat messages go through the tokenizer's chat template; plain strings are used as they are (as TRL does with
+    its standard, non-conversational prompts): a string is never wrapped into a user message here."""
     if isinstance(prompt, str):
         return prompt
     if not getattr(tokenizer, "chat_template", None):
@@ -22,6 +23,26 @@ def prompt_text(tokenizer, prompt: Prompt) -> str:
             "set task.chat_template=false to send them as plain text (Q:/A: turns), or pass string prompts."
         )
     return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+
+
+def bare_string_warning(tokenizer, prompts: list[Prompt]) -> str | None:
+    """A one-line warning when string prompts are about to reach a model that has a chat template (the caller
+    renders chat messages with it): they are sent as they are, without the template, and a chat model given bare
+    text tends to ramble. Strings that already hold one of the tokenizer's special tokens (a prompt rendered with
+    the template beforehand) do not count. None when there is nothing to warn about."""
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    special = [t for t in getattr(tokenizer, "all_special_tokens", []) if t]
+    bare = [p for p in prompts if isinstance(p, str) and not any(t in p for t in special)]
+    if not bare:
+        return None
+    return (
+        f"{len(bare)} of {len(prompts)} prompts are plain strings, sent as they are without the model's chat "
+        "template (only chat messages are rendered with it), and a chat model given bare text tends to ramble: "
+        "give chat messages instead (prompt: [{role: user, content: ...}], TRL's conversational format), or send "
+        "each string as a user message with task.prompt_template='{prompt}'; for a base model that continues text, "
+        "set task.chat_template=false"
+    )
 
 
 def plain_text(prompt: Prompt) -> str:

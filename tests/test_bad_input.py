@@ -54,7 +54,7 @@ def test_reward_that_raises_stops_with_its_name(tiny_model_dir, tmp_path):
     cfg = _cfg(tiny_model_dir, tmp_path, "rewards=[{name: 'tests.helpers:failing_reward'}]")
     with pytest.raises(RewardError) as err:
         train(cfg)
-    assert str(err.value) == (
+    assert str(err.value).startswith(  # followed by when it was found (the check before training)
         "reward function 'tests.helpers:failing_reward' failed (RuntimeError: verifier crashed); fix it, or set "
         "on_error: none for it to score such batches as None"
     )
@@ -93,8 +93,43 @@ def test_cli_reports_bad_input_in_one_line(tmp_path, capsys):
     code = main(["train", "examples/demo.yaml", "task.name=jsonl", f"task.train_path={path}", f"task.eval_path={path}"])
     assert code == 2
     err = capsys.readouterr().err.strip()
-    expected = "needs a non-empty 'prompt' string or 'messages' list of {'role', 'content'} objects"
-    assert err == f"rlvr: error: {path}:1: {expected}"
+    expected = ("has no column 'prompt' or 'messages' (task.prompt_column); columns present: answer; set "
+                "task.prompt_column to the column holding the prompt (a question string or chat messages), or build "
+                "it with task.prompt_template (docs/data.md)")
+    assert err == f"rlvr: error: {path} {expected}"
+
+
+def test_steps_below_one_stop_before_anything_runs(tmp_path, capsys):
+    """train.steps=-1 used to evaluate twice and save an untrained adapter with rc 0."""
+    out = tmp_path / "run"
+    assert main(["train", "examples/demo.yaml", "train.steps=-1", f"output_dir={out}"]) == 2
+    assert capsys.readouterr().err == "rlvr: error: train.steps must be >= 1; got -1\n"
+    assert not out.exists()
+
+
+def test_plain_string_prompts_to_a_chat_model_warn_once(tiny_model_dir, tmp_path, capsys):
+    """rlvr.prompts sends a string as it is (no chat template): a chat model rambles on it, so load_data says so,
+    in one line, unless the prompts are chat messages, already rendered, or task.chat_template=false."""
+    from rlvr.train.build import load_data
+
+    rendered = "<|im_start|>user\n3 + 4 =<|im_end|>\n<|im_start|>assistant\n"
+    rows = [{"prompt": "3 + 4 =", "answer": "7"}, {"prompt": rendered, "answer": "7"},
+            {"messages": [{"role": "user", "content": "2 + 2 ="}], "answer": "4"}]
+    path = _jsonl(tmp_path / "d.jsonl", rows)
+    base = [f"model.name={tiny_model_dir}", "task.name=jsonl", f"task.train_path={path}", f"task.eval_path={path}",
+            "rewards=[{name: math_correct}]"]
+    load_data(load_config(None, base))
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(
+        "rlvr: warning: 2 of 6 prompts are plain strings, sent as they are without the model's chat template")
+    assert "prompt: [{role: user, content: ...}]" in err and "task.prompt_template='{prompt}'" in err
+    assert "task.chat_template=false" in err
+    load_data(load_config(None, [*base, "task.chat_template=false"]))
+    strings = _jsonl(tmp_path / "s.jsonl", rows[:1])
+    load_data(load_config(None, [*base, f"task.train_path={strings}", f"task.eval_path={strings}",
+                                 "task.prompt_template='{prompt}'"]))  # each string becomes a user message
+    load_data(load_config(None, [f"model.name={tiny_model_dir}", "task.eval_size=10"]))  # arithmetic: chat messages
+    assert capsys.readouterr().err == ""
 
 
 def test_reward_on_error_choice_is_validated():

@@ -103,3 +103,16 @@ def test_staleness_is_measured_against_the_learner_version():
     c, _, _ = _run([INFORMATIVE] * 3)
     m = collect_metrics(c, version=9)  # sampled at version 7
     assert m["staleness_mean"] == 2 and m["staleness_max"] == 2
+
+
+def test_a_batch_without_any_reward_is_said_once(capsys):
+    from rlvr.train.collect import warn_unscored
+
+    rows = [{"prompt": f"p{i}"} for i in range(3)]
+    sampler = ScriptedSampler()
+    rewards = [WeightedReward("never", lambda prompts, completions, **_: [None] * len(completions))]
+    c = collect(sampler, lambda: [0, 1, 2], rows, G, SamplingParams(), rewards, None, seed=1)
+    assert torch.isnan(c.scores.total).all() and c.adv is None
+    assert warn_unscored(c, 3, warned=False) and warn_unscored(c, 4, warned=True)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("rlvr: warning: step 3: no completion") and "'never'" in err[0]

@@ -55,6 +55,21 @@ def test_resolved_config_round_trips(tmp_path):
         ("task.name=gsm8k", "task.name must be one of arithmetic, word_problems, jsonl"),
         ("train.steps=many", "train.steps must be int, got 'many'"),
         ("rollout.group_size=0", "rollout.group_size must be >= 1"),
+        ("rollout.group_size=1", ("rollout.group_size must be >= 2; got 1: GRPO scores each completion against the "
+                                 "others of its group, so a group of one has no signal")),
+        ("train.steps=-1", "train.steps must be >= 1; got -1"),
+        ("train.steps=0", "train.steps must be >= 1; got 0"),
+        ("train.steps='1.5'", "train.steps must be int, got '1.5'"),
+        ("train.lr=0", "train.lr must be > 0; got 0.0"),
+        ("train.warmup_steps=-1", "train.warmup_steps must be >= 0; got -1"),
+        ("eval.every=-5", "eval.every must be >= 0; got -5"),
+        ("task.eval_size=-1", "task.eval_size must be >= 0; got -1"),
+        ("model.lora_r=0", "model.lora_r must be >= 1; got 0"),
+        ("model.lora_dropout=1", "model.lora_dropout must be in [0, 1); got 1.0"),
+        ("rewards=[{name: format, timeout_s: -1}]", "rewards[0].timeout_s must be >= 0"),
+        ("task.eval_fraction=0.2", ("task.eval_fraction splits the rows of a file or split (jsonl tasks, hf); "
+                                   "task.name=arithmetic makes its own held-out set")),
+        ("task.eval_fraction=-0.1", "task.eval_fraction must be in [0, 1)"),
         ("algo.dual_clip=0.5", "algo.dual_clip must be > 1 (or 0 to disable); got 0.5"),
         ("algo.negative_scale=1.5", "algo.negative_scale must be in [0, 1]"),
         ("algo.is_cap=0.5", "algo.is_cap must be >= 1; got 0.5"),
@@ -72,6 +87,64 @@ def test_errors_name_the_key(override, message):
 def test_jsonl_needs_paths():
     with pytest.raises(ConfigError, match="task.train_path and task.eval_path"):
         load_config(None, ["task.name=jsonl"])
+    jsonl = ["task.name=jsonl", "task.train_path=t.jsonl", "rewards=[{name: math_correct}]"]
+    assert load_config(None, [*jsonl, "task.eval_fraction=0.1"]).task.eval_fraction == 0.1  # one file, split
+    with pytest.raises(ConfigError, match=r"task.eval_fraction=0.1 holds out rows of task.train_path, so it needs "
+                                          r"task.train_path and no task.eval_path \(set one of eval_path and "):
+        load_config(None, [*jsonl, "task.eval_fraction=0.1", "task.eval_path=e.jsonl"])
+    with pytest.raises(ConfigError, match="task.name=math_jsonl needs the gold answer: set task.answer_column"):
+        load_config(None, [*jsonl, "task.name=math_jsonl", "task.eval_path=e.jsonl", "task.answer_column="])
+
+
+def test_empty_config_is_the_demo_task(tmp_path):
+    """An empty file (or no file) is a valid config: the demo's arithmetic task (1-digit + and *, 100 of the 200
+    questions held out) with its reward; the defaults no longer clash."""
+    from rlvr.tasks import load_task
+
+    (tmp_path / "empty.yaml").write_text("")
+    cfg = load_config(tmp_path / "empty.yaml")
+    assert cfg == load_config(None) == RunConfig()
+    assert cfg.task == load_config("examples/demo.yaml").task
+    assert [r.name for r in cfg.rewards] == ["arithmetic_correct"]
+    train, held_out, check = load_task(cfg.task)
+    assert (len(train), len(held_out), check) == (100, 100, "arithmetic_correct")
+
+
+def test_quoted_numbers_and_booleans_are_read_as_such(tmp_path):
+    (tmp_path / "c.yaml").write_text('train:\n  steps: "1"\n  lr: "1e-3"\n  seed: "-2"\nmodel:\n  lora: "false"\n'
+                                     'rollout:\n  temperature: "0.5"\ntask:\n  eval_steps: ["2", 3]\n')
+    cfg = load_config(tmp_path / "c.yaml")
+    assert (cfg.train.steps, cfg.train.lr, cfg.train.seed, cfg.model.lora) == (1, 1e-3, -2, False)
+    assert cfg.rollout.temperature == 0.5 and cfg.task.eval_steps == (2, 3)
+    for override, message in (("train.steps='1 000'", "train.steps must be int, got '1 000'"),
+                              ("train.lr='fast'", "train.lr must be float, got 'fast'"),
+                              ("model.lora='yes please'", "model.lora must be bool, got 'yes please'")):
+        with pytest.raises(ConfigError, match=message):
+            load_config(None, [override])
+
+
+def test_ppo_has_no_group_size_floor_of_two():
+    """PPO's critic is its baseline, so a group of one is a valid PPO run; GRPO's groups need two."""
+    assert load_config(None, ["algo.name=ppo", "rollout.group_size=1"]).rollout.group_size == 1
+
+
+@pytest.mark.parametrize("task, fit", [
+    (["task.name=jsonl", "task.train_path=t", "task.eval_path=e"],
+     "rewards: [{name: math_correct}] (the final answer against the answer column, via math-verify)"),
+    (["task.name=code_jsonl", "task.train_path=t", "task.eval_path=e"], "rewards: [{name: code_tests}]"),
+    (["task.name=word_problems"], "rewards: [{name: math_correct}]"),
+])
+def test_tasks_other_than_arithmetic_list_their_rewards(tmp_path, task, fit):
+    """No silent fallback to arithmetic_correct: a task with no rewards listed is an error naming the reward to list."""
+    with pytest.raises(ConfigError) as err:
+        load_config(None, task)
+    name = task[0].split("=")[1]
+    assert str(err.value).startswith(f"task.name={name} lists no rewards, and the default, arithmetic_correct, fits "
+                                     "only task.name=arithmetic: list the reward that scores your answers, e.g. ")
+    assert fit in str(err.value) and "'my_module:my_reward'" in str(err.value) and "\n" not in str(err.value)
+    assert load_config(None, [*task, "rewards=[{name: 'tests.helpers:length_reward'}]"]).task.name == name
+    (tmp_path / "c.yaml").write_text("rewards:\n  - name: math_correct\n")
+    assert load_config(tmp_path / "c.yaml", task).rewards[0].name == "math_correct"
 
 
 def test_to_dict_is_plain():

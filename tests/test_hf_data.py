@@ -154,6 +154,37 @@ def test_chat_messages_column_is_used_as_is(tmp_path):
     assert train == [{"messages": messages, "prompt": messages, "answer": "4"}] and held == []
 
 
+def test_eval_fraction_holds_out_a_share_of_the_train_split(tmp_path):
+    rows = [{"q": f"question {i}", "a": str(i)} for i in range(20)]
+    datasets.Dataset.from_list(rows).to_parquet(tmp_path / "all.parquet")
+
+    def split(seed, **kw):
+        train, held, _ = load_task(_task(tmp_path / "all.parquet", prompt_column="q", answer_column="a", seed=seed,
+                                         eval_fraction=0.2, **kw))
+        return [int(r["a"]) for r in train], [int(r["a"]) for r in held]
+
+    train, held = split(seed=1)  # eval_split ('test', the default) is not read
+    assert len(held) == 4 and sorted(train + held) == list(range(20))
+    assert split(seed=1) == (train, held) and split(seed=2)[1] != held
+    assert split(seed=1, train_size=5) == (train[:5], held)
+    # the same rows as eval_split='' with eval_size 4 and the same seed: one way of choosing them
+    carved, carved_held, _ = load_task(_task(tmp_path / "all.parquet", prompt_column="q", answer_column="a", seed=1,
+                                             eval_split="", eval_size=4))
+    assert (train, held) == ([int(r["a"]) for r in carved], [int(r["a"]) for r in carved_held])
+    with pytest.raises(ValueError, match="task.eval_fraction=0.01 of the 20 rows of .* holds out 0 and leaves 20"):
+        load_task(_task(tmp_path / "all.parquet", prompt_column="q", answer_column="a", eval_fraction=0.01))
+
+
+def test_a_prompt_column_string_is_sent_as_it_is(tmp_path):
+    """The column named prompt is read as TRL reads it (a string is the prompt text); other columns are questions."""
+    (tmp_path / "p.jsonl").write_text(json.dumps({"prompt": "2 + 2 =", "answer": "4"}) + "\n")
+    train, _, _ = load_task(_task(tmp_path / "p.jsonl", eval_split="", eval_size=0))
+    assert train == [{"prompt": "2 + 2 =", "answer": "4"}]
+    train, _, _ = load_task(_task(tmp_path / "p.jsonl", prompt_template="{prompt}", eval_split="", eval_size=0))
+    assert train[0]["prompt"] == [{"role": "system", "content": HF_SYSTEM_PROMPT},
+                                  {"role": "user", "content": "2 + 2 ="}]
+
+
 def test_named_columns_that_do_not_exist(tmp_path):
     source = _write(tmp_path / "gsm8k", {"train": GSM8K_TRAIN, "test": GSM8K_TEST}, "parquet")
     cases = [
@@ -220,11 +251,32 @@ def test_config_validation():
         (["task.source=d", "task.answer_column=", "task.answer_format=gsm8k"], "reads task.answer_column"),
         (["task.source=d", "task.streaming=true", "train.steps=10", "train.prompts_per_step=4"],
          "set task.train_size (this run draws train.steps x train.prompts_per_step = 40 prompts)"),
+        (["task.source=d", "task.eval_fraction=0.1", "task.eval_split=validation"],
+         ("task.eval_fraction=0.1 holds out rows of task.train_split, and task.eval_split='validation' names a "
+          "held-out split too: set one of them")),
+        (["task.source=d", "task.eval_fraction=0.1", "task.streaming=true", "task.train_size=10"],
+         "task.eval_fraction needs the length of the split, which task.streaming=true does not know"),
+        (["task.source=d", "task.eval_fraction=1"], "task.eval_fraction must be in [0, 1)"),
+        (["task.source=d"], ("task.name=hf lists no rewards, and the default, arithmetic_correct, fits only "
+                            "task.name=arithmetic: list the reward that scores your answers, e.g. rewards: "
+                            "[{name: math_correct}]")),
     ]
     for overrides, message in cases:
         with pytest.raises(ConfigError) as err:
             load_config(None, ["task.name=hf", *overrides])
         assert message in str(err.value)
+
+
+def test_eval_fraction_config_reads_back(tmp_path):
+    """With task.eval_fraction the default eval_split ('test') is not read: it becomes '', so the run's config.yaml
+    (which writes every key) loads again."""
+    from rlvr.config import save_config
+
+    cfg = load_config(None, ["task.name=hf", "task.source=d", "task.eval_fraction=0.1",
+                             "rewards=[{name: math_correct}]"])
+    assert cfg.task.eval_split == "" and cfg.task.eval_fraction == 0.1
+    save_config(cfg, tmp_path / "config.yaml")
+    assert load_config(tmp_path / "config.yaml") == cfg
 
 
 def test_long_prompts_follow_drop_long_prompts(tiny_model_dir, tmp_path):
@@ -233,11 +285,31 @@ def test_long_prompts_follow_drop_long_prompts(tiny_model_dir, tmp_path):
     rows = [GSM8K_TRAIN[0], {"question": "How many? " * 300, "answer": "#### 1"}, GSM8K_TRAIN[1]]
     _write(tmp_path / "long", {"train": rows, "test": GSM8K_TEST}, "parquet")
     base = [f"model.name={tiny_model_dir}", "task.name=hf", f"task.source={tmp_path / 'long'}",
-            "task.prompt_column=question", "task.answer_format=gsm8k"]
+            "task.prompt_column=question", "task.answer_format=gsm8k", "rewards=[{name: math_correct}]"]
     with pytest.raises(ValueError, match="^train row 1 has a .* set task.drop_long_prompts=true"):
         load_data(load_config(None, base))
     data = load_data(load_config(None, [*base, "task.drop_long_prompts=true"]))
     assert data.dropped_prompts == 1 and [r["answer"] for r in data.train_rows] == ["1236", "5"]
+
+
+def test_cli_trains_one_step_on_gsm8k_jsonl(tiny_model_dir, tmp_path, capsys):
+    """GSM8K-shaped JSONL, one file split by task.eval_fraction, through the column map: it trains, and its question
+    strings go as chat messages (no warning about plain strings)."""
+    path = tmp_path / "gsm8k.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in GSM8K_TRAIN + GSM8K_TEST))
+    out = tmp_path / "run"
+    overrides = [
+        "task.name=jsonl", f"task.train_path={path}", "task.prompt_column=question", "task.answer_format=gsm8k",
+        "task.eval_fraction=0.4", f"model.name={tiny_model_dir}", "model.lora_r=4", "model.lora_targets=[q_proj]",
+        f"output_dir={out}", "rewards=[{name: 'tests.helpers:length_reward'}]", "rollout.group_size=2",
+        "rollout.max_new_tokens=4", "train.prompts_per_step=2", "train.micro_batch_size=4", "train.steps=1",
+        "eval.batch_size=2", "log.progress=false",
+    ]
+    (tmp_path / "empty.yaml").write_text("")  # everything comes from the overrides
+    assert main(["train", str(tmp_path / "empty.yaml"), *overrides]) == 0, capsys.readouterr().err
+    assert "rlvr: warning" not in capsys.readouterr().err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 1 and summary["eval_size"] == 2  # round(0.4 x 5) rows held out
 
 
 def test_cli_trains_one_step_on_hf_data(tiny_model_dir, tmp_path):

@@ -13,11 +13,12 @@ TIERS = (
     ("models",),
     ("rollout", "rewards", "plan"),
     ("config",),
-    ("tasks",),
+    ("tasks", "config_doc"),
     ("train",),
     ("serve", "baselines"),
     ("runtime",),
     ("launch",),
+    ("api",),
     ("cli", "__init__"),
     ("__main__",),
 )

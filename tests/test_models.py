@@ -30,6 +30,42 @@ def test_not_a_causal_lm_is_a_clear_error(tmp_path):
         load_causal_lm(tmp_path)
 
 
+FIX = ("; pass a directory saved with save_pretrained() of a causal LM, or a built-in alias (smollm2-135m-instruct, "
+       "gemma3-270m)")
+
+
+@pytest.mark.parametrize("config, why", [
+    ({}, "config.json has no model_type"),
+    ({"model_type": "bert", "architectures": ["BertModel"]}, "its architectures (BertModel) are not a causal LM"),
+    ({"model_type": "vit"}, "model_type 'vit' has no causal LM in transformers"),
+    ("{not json", "config.json cannot be read (Expecting property name"),
+])
+def test_directories_that_hold_no_causal_lm_get_one_line(tmp_path, capsys, config, why):
+    """config.json {} used to fail in the tokenizer (a sentencepiece/tiktoken message), a BERT directory with an
+    OSError traceback: now one line naming the directory, why, and what to pass."""
+    from rlvr.cli import main
+
+    (tmp_path / "config.json").write_text(config if isinstance(config, str) else json.dumps(config))
+    with pytest.raises(ValueError) as err:
+        resolve_model_dir(str(tmp_path))
+    message = str(err.value)
+    assert message.startswith(f"{tmp_path} is not a causal language model directory: {why}") and message.endswith(FIX)
+    assert "\n" not in message
+    assert main(["train", "examples/demo.yaml", f"model.name={tmp_path}", f"output_dir={tmp_path / 'run'}"]) == 2
+    assert capsys.readouterr().err == f"rlvr: error: {err.value}\n"
+
+
+def test_model_directory_without_a_tokenizer_gets_one_line(tiny_model_dir, tmp_path):
+    from rlvr.models import load_tokenizer
+
+    for name in ("config.json", "model.safetensors"):
+        (tmp_path / name).write_bytes((tiny_model_dir / name).read_bytes())
+    assert resolve_model_dir(str(tmp_path)) == tmp_path  # a causal LM: the check passes
+    with pytest.raises(ValueError, match=r"has no tokenizer \(none of tokenizer.json, .*\); save the model's tokenizer "
+                                         r"into it with tokenizer.save_pretrained\(\)$"):
+        load_tokenizer(tmp_path)
+
+
 def test_lora_target_typo_is_a_clear_error(tokenizer):
     with pytest.raises(ValueError, match=r"LoRA target modules \[.qproj.\] are not linear layers of the decoder"):
         add_lora(make_model(len(tokenizer)), LoraSpec(target_modules=("qproj",)))

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from rlvr.rewards import RewardError, WeightedReward, build_reward, score_completions
+from rlvr.rewards import RewardError, WeightedReward, build_reward, check_rewards, score_completions
 
 
 def trl_style(prompts, completions, **kwargs):
@@ -30,10 +30,40 @@ def test_weighted_sum_and_none():
     assert math.isnan(per_fn["a"][1]) and per_fn["b"][1] == 0.25
 
 
-def test_nan_counts_as_missing():
-    f = WeightedReward("f", lambda prompts, completions, **kw: [float("nan"), 1.0])
-    total, _, _ = score_completions([f], ["p"] * 2, ["c"] * 2, {})
-    assert math.isnan(total[0]) and total[1] == 1.0
+def test_nan_is_refused_like_inf():
+    f = WeightedReward("nan_fn", lambda prompts, completions, **kw: [1.0, float("nan")])
+    with pytest.raises(RewardError) as err:
+        score_completions([f], ["p"] * 2, ["c"] * 2, {})
+    assert str(err.value) == ("reward function 'nan_fn' returned nan at index 1; rewards must be finite or None "
+                              "(return None where the function does not apply to a completion)")
+    as_tensor = WeightedReward("tensor_fn", lambda prompts, completions, **kw: [torch.tensor(float("nan"))])
+    with pytest.raises(RewardError, match="'tensor_fn' returned nan at index 0"):
+        score_completions([as_tensor], ["p"], ["c"], {})
+
+
+def test_real_numbers_of_any_type_are_accepted():
+    import numpy as np
+
+    f = WeightedReward("np", lambda prompts, completions, **kw: [np.float32(0.5), np.int64(2), torch.tensor(0.25)])
+    total, _, _ = score_completions([f], ["p"] * 3, ["c"] * 3, {})
+    assert total.tolist() == [0.5, 2.0, 0.25]
+    flag = WeightedReward("bool_fn", lambda prompts, completions, **kw: [True])
+    with pytest.raises(RewardError, match="'bool_fn' returned bool at index 0; expected a float or None"):
+        score_completions([flag], ["p"], ["c"], {})
+
+
+def test_unscored_batch_is_reported_with_the_function_names():
+    none = WeightedReward("never", lambda prompts, completions, **kw: [None] * len(completions))
+    crash = WeightedReward("crash", lambda prompts, completions, **kw: 1 / 0, on_error="none")
+    scores = score_completions([none, crash], ["p"] * 3, ["c"] * 3, {})
+    assert scores.unscored_warning() == (
+        "no completion of this batch has a reward: the reward functions ('never', 'crash') returned None for all 3 "
+        "completions, so it trains nothing; crash failed (ZeroDivisionError: division by zero) and was scored None "
+        "(on_error: none). Check that they read the right columns and the completions' format (a function returns "
+        "None only where it does not apply)")
+    one = WeightedReward("one", lambda prompts, completions, **kw: [None, None, 0.0])
+    assert score_completions([none, one], ["p"] * 3, ["c"] * 3, {}).unscored_warning() is None
+    assert score_completions([none], [], [], {}).unscored_warning() is None
 
 
 def test_wrong_length_names_the_function():
@@ -84,9 +114,9 @@ def test_format_reward():
 def test_import_path_and_unknown_names():
     f = build_reward("tests.helpers:length_reward")
     assert f([None], ["abc"]) == [3.0]
-    with pytest.raises(ValueError, match="unknown reward 'nope'"):
+    with pytest.raises(RewardError, match="unknown reward 'nope'"):
         build_reward("nope")
-    with pytest.raises(ValueError, match="has no function 'missing'"):
+    with pytest.raises(RewardError, match="has no function 'missing'"):
         build_reward("tests.helpers:missing")
 
 
@@ -137,3 +167,65 @@ def test_overlong_penalty_by_hand():
     assert f(None, [""] * 6, completion_ids=ids) == [0.0, 0.0, -0.25, -0.5, -1.0, -1.0]
     with pytest.raises(ValueError, match="0 < cache_tokens <= max_tokens"):
         build_reward("overlong_penalty", {"max_tokens": 4, "cache_tokens": 5})
+
+
+def _rows():
+    return [{"prompt": [{"role": "user", "content": "1 + 1 ="}], "answer": "2"},
+            {"prompt": [{"role": "user", "content": "2 + 5 ="}], "answer": "7"},
+            {"prompt": [{"role": "user", "content": "never read"}], "answer": "0"}]
+
+
+def test_check_rewards_calls_each_function_as_training_does():
+    seen = {}
+
+    def spy(prompts, completions, **columns):
+        seen.update(prompts=prompts, completions=completions, columns=columns)
+        return [len(ids) for ids in columns["completion_ids"]]
+
+    scores = check_rewards([WeightedReward("spy", spy)], _rows())
+    chat = _rows()[0]["prompt"], _rows()[1]["prompt"]
+    assert seen["prompts"] == [chat[0], chat[0], chat[1], chat[1]]  # 2 rows, 2 placeholder completions each
+    assert seen["completions"] == [[{"role": "assistant", "content": t}] for t in ("", "0", "", "0")]
+    assert seen["columns"] == {"answer": ["2", "2", "7", "7"], "completion_ids": [[0], [0, 0], [0], [0, 0]]}
+    assert scores.total.tolist() == [1.0, 2.0, 1.0, 2.0]  # one fake token per character, plus one
+    plain = check_rewards([WeightedReward("spy", spy)], [{"prompt": "1 + 1 =", "answer": "2"}], n=2)
+    assert seen["completions"] == ["", "0"] and plain.total.tolist() == [1.0, 2.0]  # plain text for plain prompts
+    correct = WeightedReward("correct", build_reward("arithmetic_correct"))
+    assert check_rewards([correct], _rows()).total.tolist() == [0.0] * 4  # "" and "0" are wrong answers
+
+
+def _bad(returns):
+    def fn(prompts, completions, **columns):
+        return returns(completions)
+
+    return fn
+
+
+FINITE = "rewards must be finite or None (return None where the function does not apply to a completion)"
+CONTAIN = "fix it, or set on_error: none for it to score such batches as None"
+BAD_FUNCTIONS = {  # what a function returns for the 4 completions -> the error, as in training
+    "raises": (_bad(lambda c: 1 / 0), f"failed (ZeroDivisionError: division by zero); {CONTAIN}"),
+    "short": (_bad(lambda c: [1.0]), "returned 1 values for 4 completions; it must return a list of 4"),
+    "not_a_list": (_bad(lambda c: 0.5), "returned float values for 4 completions; it must return a list of 4"),
+    "string": (_bad(lambda c: ["1"] * len(c)), "returned str at index 0; expected a float or None"),
+    "inf": (_bad(lambda c: [0.0, float("inf"), 0.0, 0.0]), f"returned inf at index 1; {FINITE}"),
+    "nan": (_bad(lambda c: [float("nan")] * len(c)), f"returned nan at index 0; {FINITE}"),
+    "missing_column": (lambda prompts, completions, solution, **columns: [0.0] * len(completions),
+                       f"failed (TypeError: <lambda>() missing 1 required positional argument: 'solution'); {CONTAIN}"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_FUNCTIONS))
+def test_check_rewards_catches_each_bad_function(case):
+    fn, message = BAD_FUNCTIONS[case]
+    good = WeightedReward("good", lambda prompts, completions, **kw: [1.0] * len(completions))
+    with pytest.raises(RewardError) as err:
+        check_rewards([good, WeightedReward("bad", fn)], _rows())
+    found = "found before training: each function was called once on 2 training rows with the placeholder completions"
+    assert str(err.value) == f"reward function 'bad' {message} ({found} '', '0')"
+
+
+def test_check_rewards_contains_what_training_contains():
+    crash = WeightedReward("crash", lambda prompts, completions, **kw: 1 / 0, on_error="none")
+    scores = check_rewards([crash], _rows())
+    assert scores.errors == {"crash": "ZeroDivisionError: division by zero"}

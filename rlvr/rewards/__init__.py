@@ -1,18 +1,30 @@
-"""Reward functions (TRL signature), built-ins, and their weighted combination."""
+"""Reward functions (TRL signature), built-ins, and their weighted combination.
+
+A reward named in a config is a built-in (``math_correct``) or ``module:function``, imported like Python imports
+a module: see ``build_reward`` and ``reward_search_path``.
+"""
 
 from __future__ import annotations
 
 import functools
 import importlib
+import inspect
+import os
+import sys
+import traceback
+from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from rlvr.rewards.arithmetic import arithmetic_correct
 from rlvr.rewards.base import (
+    PLACEHOLDERS,
     RewardError,
     RewardFn,
     Scores,
     WeightedReward,
     as_completions,
+    check_rewards,
     completion_text,
     score_completions,
 )
@@ -34,30 +46,156 @@ BUILTINS = {
 }
 
 
+class RewardImportError(RewardError, ValueError):
+    """A reward named in the config cannot be built: an unknown built-in, a module that is not found or fails to
+    import, a missing function, or kwargs the function does not take. A ValueError too, as before."""
+
+
+_extra_dirs: list[Path] = []  # set by reward_search_path; the working directory always comes first
+
+
+def reward_search_path(dirs: Iterable[str | os.PathLike[str]] | None = None) -> tuple[Path, ...]:
+    """The folders a ``module:function`` reward is imported from before ``sys.path``, in order; ``dirs`` (when
+    given) replaces the folders set by an earlier call.
+
+    The order is the working directory (always, as ``python -m`` and the interactive interpreter have it), then
+    ``dirs`` - ``rlvr train`` and ``rlvr eval`` pass the config file's folder - then ``sys.path`` as it is
+    (PYTHONPATH, installed packages, the folder of the script that is running). A run directory's
+    ``config.yaml`` is a copy: its folder holds no reward module, so rerun it from the folder that holds the
+    module, or put that folder on PYTHONPATH.
+
+    While a reward module is imported these folders go at the front of ``sys.path`` (a file there wins over an
+    installed package of the same name, as the script's folder does for ``python script.py``); afterwards they
+    stay at the end of ``sys.path``, so the module's own later imports of its neighbours still find them, while
+    no file in the working directory can shadow a library the trainer imports later. Returns the folders in effect.
+    """
+    if dirs is not None:
+        _extra_dirs[:] = [Path(d).resolve() for d in dirs]
+    return tuple(dict.fromkeys([Path.cwd().resolve(), *_extra_dirs]))
+
+
+def _where(dirs: tuple[Path, ...]) -> str:
+    named = {Path.cwd().resolve(): "the working directory"}
+    return ", ".join(f"{d} ({named[d]})" if d in named else str(d) for d in dirs)
+
+
+def _failed_at(err: BaseException) -> str:
+    """' at file:line' where the module's import raised (outside the import machinery and this file), or ''."""
+    if isinstance(err, SyntaxError) and err.filename:
+        return f" at {err.filename}:{err.lineno}"
+    frames = [f for f in traceback.extract_tb(err.__traceback__)
+              if not f.filename.startswith("<frozen") and "importlib" not in Path(f.filename).parts
+              and f.filename != __file__]
+    return f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+
+
+def _import_module(name: str, module_name: str) -> Any:
+    """Import ``module_name`` with the search folders at the front of sys.path (see ``reward_search_path``)."""
+    if module_name in sys.modules:  # __main__, or imported already
+        return sys.modules[module_name]
+    dirs = reward_search_path()
+    added = [str(d) for d in dirs if str(d) not in sys.path]
+    sys.path[:0] = added
+    importlib.invalidate_caches()  # a file written after the interpreter started (tests, notebooks)
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        missing = err.name or ""
+        if missing and (module_name == missing or module_name.startswith(missing + ".")):
+            file = module_name.replace(".", "/") + ".py"
+            raise RewardImportError(
+                f"reward {name!r}: no module named {missing!r} in {_where(dirs)} or on sys.path; put {file} in "
+                "the working directory or the config's folder, install the package that provides it, or add "
+                "its folder to PYTHONPATH"
+            ) from None
+        raise RewardImportError(
+            f"reward {name!r}: importing module {module_name!r} failed{_failed_at(err)}: ModuleNotFoundError: "
+            f"{err} (a module it imports is missing: install it)"
+        ) from err
+    except Exception as err:
+        raise RewardImportError(
+            f"reward {name!r}: importing module {module_name!r} failed{_failed_at(err)}: {type(err).__name__}: {err}"
+        ) from err
+    finally:
+        for d in added:
+            sys.path.remove(d)
+            sys.path.append(d)
+
+
+def _public_callables(module: Any) -> list[str]:
+    """Public functions and classes defined in ``module`` itself (not imported into it)."""
+    return sorted(k for k, v in vars(module).items()
+                  if not k.startswith("_") and callable(v) and getattr(v, "__module__", None) == module.__name__)
+
+
+def _check_kwargs(name: str, fn: Any, kwargs: dict[str, Any], what: str) -> None:
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # some builtins and C callables have none
+        return
+    try:
+        signature.bind_partial(**kwargs)
+    except TypeError as err:
+        named = [p.name for p in signature.parameters.values() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        takes = ", ".join(n for n in named if n not in ("prompts", "completions")) or "none"
+        raise RewardImportError(f"reward {name!r}: kwargs {kwargs} do not fit {what} ({err}); the keyword "
+                                f"arguments it takes: {takes}") from None
+
+
 def build_reward(name: str, kwargs: dict[str, Any] | None = None) -> RewardFn:
-    """A built-in by name, or any importable function given as ``package.module:function``."""
+    """A built-in by name, or any importable function given as ``package.module:function``.
+
+    ``kwargs`` (a config's ``rewards[].kwargs``) go to a built-in's factory, or are bound to the imported function
+    (``functools.partial``). ``module`` is imported from the working directory, the folders set by
+    ``reward_search_path`` (the config's folder under the CLI), then ``sys.path``; ``__main__:function`` names a
+    function of the script that is running, for a script that builds its config and calls ``rlvr.launch.train``.
+    Every failure is one ``RewardImportError`` line: a module not found (naming where it looked and what to do),
+    a module whose own import raised (naming that error), a missing function (listing the module's public
+    callables), kwargs the function does not take.
+    """
     kwargs = dict(kwargs or {})
     if name in BUILTINS:
-        return BUILTINS[name](**kwargs)
-    if ":" not in name:
-        raise ValueError(
+        factory = BUILTINS[name]
+        _check_kwargs(name, factory, kwargs, f"the built-in {name}")
+        return factory(**kwargs)
+    module_name, colon, attr = name.partition(":")
+    if not colon:
+        raise RewardImportError(
             f"unknown reward {name!r}: use a built-in ({', '.join(sorted(BUILTINS))}) or 'package.module:function'"
         )
-    module_name, attr = name.split(":", 1)
-    fn = getattr(importlib.import_module(module_name), attr, None)
+    if not module_name or not attr:
+        raise RewardImportError(f"reward {name!r}: write a function of your own as 'package.module:function'")
+    module = _import_module(name, module_name)
+    fn = getattr(module, attr, None)
     if not callable(fn):
-        raise ValueError(f"reward {name!r}: {module_name} has no function {attr!r}")  # noqa: TRY004 (bad config)
-    return functools.partial(fn, **kwargs) if kwargs else fn
+        where = getattr(module, "__file__", None) or module_name
+        public = _public_callables(module)
+        has = (f"{module_name}.{attr} is a {type(fn).__name__}, not a function" if fn is not None
+               else f"module {module_name!r} ({where}) has no function {attr!r}")
+        listing = f"its public callables: {', '.join(public)}" if public else "it defines no public function"
+        hint = ""
+        if module_name == "__main__":
+            hint = (f"; __main__ is the program that is running ({where}), so __main__:{attr} works only from "
+                    "your own script that defines the function and calls rlvr.launch.train")
+        raise RewardImportError(f"reward {name!r}: {has}; {listing}{hint}")
+    if kwargs:
+        _check_kwargs(name, fn, kwargs, f"{module_name}.{attr}")
+        return functools.partial(fn, **kwargs)
+    return fn
 
 
 __all__ = [
     "BUILTINS",
+    "PLACEHOLDERS",
     "RewardError",
     "RewardFn",
+    "RewardImportError",
     "Scores",
     "WeightedReward",
     "as_completions",
     "build_reward",
+    "check_rewards",
     "completion_text",
+    "reward_search_path",
     "score_completions",
 ]

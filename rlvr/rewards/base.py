@@ -9,17 +9,23 @@ answers - plain strings for string prompts, ``[{"role": "assistant", "content": 
 as TRL passes them - and ``columns`` every other dataset column (one value per completion) plus
 ``completion_ids`` (lists of token ids). A TRL reward function therefore works unchanged.
 
-Combination policy: the total is the weighted sum of the values that are present. ``None`` (or NaN)
-means "this function does not apply to / could not score this completion" and contributes nothing; a
-completion that no function scored has no reward (NaN) and is excluded from the update. Missing values
-are counted per function in the metrics.
+Combination policy: the total is the weighted sum of the values that are present. ``None`` means "this
+function does not apply to / could not score this completion" and contributes nothing; a completion that no
+function scored has no reward (NaN in ``Scores.total``) and is excluded from the update. Missing values are
+counted per function in the metrics. A batch in which no completion has a reward trains nothing:
+``Scores.unscored_warning()`` says so, naming the functions, for the caller to print.
 
 Failure policy, per function (``on_error``):
 - a function that raises or exceeds ``timeout_s``: ``"raise"`` (default) stops with an error naming the
   function; ``"none"`` scores the whole batch None for that function and records the error.
 - a wrong number of values is always an error naming the function (a silent misalignment would train
-  on other completions' rewards); a value that is not a number or None, or is infinite, is an error too.
-- NaN is read as None.
+  on other completions' rewards); a value that is not a real number or None is an error too, and so is a
+  non-finite one: inf and NaN are refused with an error naming the function and the index. A function
+  says "does not apply" with None, never with NaN (a NaN used to be read as None, so a function that
+  returned NaN everywhere trained nothing without a word). Numbers of any real type (int, float, numpy
+  scalars, one-element tensors) are accepted.
+- ``check_rewards`` calls every function once on a few rows with placeholder completions, so these errors
+  come before a run spends minutes on its first evaluation.
 A timed-out function cannot be killed from Python: it is abandoned in a daemon thread, which may keep
 a core busy. Untrusted or hang-prone checks belong in the process-isolated verifiers.
 """
@@ -27,6 +33,7 @@ a core busy. Untrusted or hang-prone checks belong in the process-isolated verif
 from __future__ import annotations
 
 import math
+import numbers
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -67,6 +74,20 @@ class Scores(NamedTuple):
         errors = {k: v for p in parts for k, v in p.errors.items()}
         return Scores(torch.cat([p.total for p in parts]), per_function, errors)
 
+    def unscored_warning(self) -> str | None:
+        """A one-line message when no completion has a reward (every function returned None, or was contained
+        under on_error: none, for every completion, so the batch trains nothing), naming the functions; None
+        when at least one completion has a reward, or there are no completions."""
+        n = self.total.numel()
+        if n == 0 or not bool(torch.isnan(self.total).all()):
+            return None
+        names = ", ".join(repr(k) for k in self.per_function)
+        failed = "; ".join(f"{k} failed ({v}) and was scored None (on_error: none)" for k, v in self.errors.items())
+        return (f"no completion of this batch has a reward: the reward functions ({names}) returned None for all "
+                f"{n} completions, so it trains nothing" + (f"; {failed}" if failed else "")
+                + ". Check that they read the right columns and the completions' format (a function returns None "
+                "only where it does not apply)")
+
 
 def completion_text(completion: Any) -> str:
     """The text of a completion in either TRL format (string, or list of chat messages)."""
@@ -83,15 +104,19 @@ def as_completions(prompts: list, texts: list[str]) -> list:
 def _as_float(value: Any, name: str, index: int) -> float:
     if value is None:
         return math.nan
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        if isinstance(value, torch.Tensor) and value.numel() == 1:
-            return float(value)
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_complex():
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise RewardError(
             f"reward function {name!r} returned {type(value).__name__} at index {index}; expected a float or None"
         )
-    if math.isinf(value):
-        raise RewardError(f"reward function {name!r} returned {value} at index {index}; rewards must be finite or None")
-    return float(value)
+    value = float(value)
+    if not math.isfinite(value):
+        raise RewardError(
+            f"reward function {name!r} returned {value} at index {index}; rewards must be finite or None "
+            "(return None where the function does not apply to a completion)"
+        )
+    return value
 
 
 def _call_with_timeout(fn: Callable[[], Any], timeout_s: float) -> Any:
@@ -153,3 +178,38 @@ def score_completions(
         scored |= present
     total = torch.where(scored, total, torch.full_like(total, math.nan))
     return Scores(total.float(), per_fn, errors)
+
+
+PLACEHOLDERS = ("", "0")  # the completions check_rewards scores: an empty answer and a bare number
+
+
+def check_rewards(
+    rewards: Sequence[WeightedReward], rows: Sequence[dict], n: int = 2, placeholders: Sequence[str] = PLACEHOLDERS
+) -> Scores:
+    """Call every reward function once, the way training does, on the first ``n`` rows with placeholder
+    completions, so a function that raises (a missing column, a bad kwarg), returns the wrong number of values, a
+    string, inf or NaN fails in seconds with the same ``RewardError`` as in training, before any evaluation.
+
+    Each row gets one completion per placeholder, in the row's prompt format (plain text for a string prompt,
+    chat messages for a chat prompt: ``as_completions``), with the row's other columns (one value per completion,
+    as ``rlvr.tasks.reward_columns`` passes them) and fake ``completion_ids`` (one token per character, plus one).
+    The values themselves are not judged: a correctness reward scores a placeholder 0 or None. Functions under
+    on_error: none are contained as in training (their errors are in the returned ``Scores.errors``). Returns
+    the scores of the ``n * len(placeholders)`` completions."""
+    rows = list(rows[:n])
+    prompts = [row["prompt"] for row in rows for _ in placeholders]
+    texts = [t for _ in rows for t in placeholders]
+    names = sorted({k for row in rows for k in row if k != "prompt"})
+    columns: dict[str, list] = {}
+    for name in names:
+        for i, row in enumerate(rows):
+            if name not in row:
+                raise KeyError(f"dataset row {i} ({row['prompt']!r:.80}) has no column {name!r} that other rows have")
+        columns[name] = [row[name] for row in rows for _ in placeholders]
+    columns["completion_ids"] = [[0] * (len(t) + 1) for t in texts]
+    try:
+        return score_completions(rewards, prompts, as_completions(prompts, texts), columns)
+    except RewardError as err:
+        shown = ", ".join(repr(t) for t in placeholders)
+        raise RewardError(f"{err} (found before training: each function was called once on {len(rows)} training "
+                          f"rows with the placeholder completions {shown})") from err

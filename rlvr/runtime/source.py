@@ -26,7 +26,7 @@ from rlvr.rollout.remote import NoServerError, api_key_from_env
 from rlvr.runtime.orchestrator import Orchestrator, Taken
 from rlvr.seeds import group_seed
 from rlvr.train.build import build_remote_sampler, sampling_params
-from rlvr.train.collect import Advantages, Collected, Round, scored_batch
+from rlvr.train.collect import Advantages, Collected, Round, scored_batch, warn_unscored
 from rlvr.train.run import Run
 
 
@@ -94,6 +94,7 @@ class AsyncSource:
     def __init__(self, cfg: RunConfig, advantages: Advantages | None):
         self.cfg, self.advantages = cfg, advantages
         self.launcher = self.orchestrator = None
+        self.warned_unscored = False
         self.urls: list[str] = []
 
     def open(self, run: Run, stack: contextlib.ExitStack) -> Sampler:
@@ -142,8 +143,10 @@ class AsyncSource:
         self.taken = taken
         rounds = [Round([g.row_id], g.groups, g.scores, g.informative, [g.uid]) for g in taken.groups]
         kept = [(r, torch.arange(1)) for r in rounds]
-        return scored_batch(rounds, kept, self.advantages, sum(g.time_generate_s for g in taken.groups),
-                            sum(g.time_reward_s for g in taken.groups))
+        batch = scored_batch(rounds, kept, self.advantages, sum(g.time_generate_s for g in taken.groups),
+                             sum(g.time_reward_s for g in taken.groups))
+        self.warned_unscored = warn_unscored(batch, step, self.warned_unscored)
+        return batch
 
     def report(self) -> dict[str, float]:
         busy, now = self.sampler.busy_seconds(), time.perf_counter()

@@ -8,16 +8,18 @@ from rlvr.config import ARITHMETIC_SYSTEM_PROMPT, TASKS
 from rlvr.prompts import prompt_token_ids
 from rlvr.seeds import epoch_seed
 from rlvr.tasks.arithmetic import arithmetic_rows
-from rlvr.tasks.hf import HF_SYSTEM_PROMPT, hf_rows
+from rlvr.tasks.columns import STEP_BY_STEP_SYSTEM_PROMPT, ColumnMap, eval_fraction_count, held_out_indices
+from rlvr.tasks.hf import hf_rows
 from rlvr.tasks.jsonl import load_jsonl
 from rlvr.tasks.word_problems import REASONING_SYSTEM_PROMPT, word_problem_rows
 from rlvr.verifiers.code_formats import detect_format
 
-# JSONL task flavours: required columns (checked row by row) and the default correctness reward.
+# JSONL task flavours: whether a gold answer is required (task.answer_column, on every row), the system message of
+# question-column prompts when task.system_prompt is left at its default, and the default correctness reward.
 JSONL_TASKS = {
-    "jsonl": ((), "math_correct"),
-    "math_jsonl": (("answer",), "math_correct"),
-    "code_jsonl": ((), "code_tests"),  # test columns checked by validate_code_rows
+    "jsonl": (False, STEP_BY_STEP_SYSTEM_PROMPT, "math_correct"),
+    "math_jsonl": (True, STEP_BY_STEP_SYSTEM_PROMPT, "math_correct"),
+    "code_jsonl": (False, "", "code_tests"),  # test columns checked by validate_code_rows
 }
 
 
@@ -36,17 +38,32 @@ def load_task(cfg) -> tuple[list[dict], list[dict], str]:
                                             cfg.max_number)
         return train, held_out, cfg.eval_reward or "math_correct"
     if cfg.name in JSONL_TASKS:
-        required, check = JSONL_TASKS[cfg.name]
-        train, held_out = load_jsonl(cfg.train_path, required), load_jsonl(cfg.eval_path, required)[: cfg.eval_size]
+        answer_required, system, check = JSONL_TASKS[cfg.name]
+        system = system if cfg.system_prompt == ARITHMETIC_SYSTEM_PROMPT else cfg.system_prompt
+        columns = ColumnMap.of(cfg, system, answer_required)
+        train = load_jsonl(cfg.train_path, columns=columns)
+        if cfg.eval_fraction:
+            train, held_out = split_off(train, cfg.eval_fraction, cfg.seed, f"task.train_path {cfg.train_path}")
+        else:
+            held_out = load_jsonl(cfg.eval_path, columns=columns)
+        held_out = held_out[: cfg.eval_size]
         if cfg.name == "code_jsonl":
-            for path, rows in ((cfg.train_path, train), (cfg.eval_path, held_out)):
+            for path, rows in ((cfg.train_path, train), (cfg.eval_path or cfg.train_path, held_out)):
                 validate_code_rows(path, rows)
         return train, held_out, cfg.eval_reward or check
     if cfg.name == "hf":
-        system = HF_SYSTEM_PROMPT if cfg.system_prompt == ARITHMETIC_SYSTEM_PROMPT else cfg.system_prompt
+        system = STEP_BY_STEP_SYSTEM_PROMPT if cfg.system_prompt == ARITHMETIC_SYSTEM_PROMPT else cfg.system_prompt
         train, held_out = hf_rows(cfg, system)
         return train, held_out, cfg.eval_reward or "math_correct"
     raise ValueError(f"task.name must be one of {', '.join(TASKS)}, got {cfg.name!r}")
+
+
+def split_off(rows: list[dict], fraction: float, seed: int, where: str) -> tuple[list[dict], list[dict]]:
+    """``task.eval_fraction``: (train, held-out) rows, the held-out ones round(fraction x rows) chosen by ``seed``
+    (task.seed, so every run with that seed holds out the same rows), both in file order."""
+    held = held_out_indices(len(rows), eval_fraction_count(fraction, len(rows), where), seed)
+    kept = set(held)
+    return [r for i, r in enumerate(rows) if i not in kept], [rows[i] for i in held]
 
 
 def validate_code_rows(path: str, rows: list[dict]) -> None:
@@ -105,4 +122,5 @@ def data_order(num_rows: int, seed: int, start: int, count: int) -> list[int]:
     return out
 
 
-__all__ = ["arithmetic_rows", "data_order", "fit_prompts", "hf_rows", "load_jsonl", "load_task", "reward_columns"]
+__all__ = ["ColumnMap", "arithmetic_rows", "data_order", "fit_prompts", "hf_rows", "load_jsonl", "load_task",
+           "reward_columns", "split_off"]

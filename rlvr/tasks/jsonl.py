@@ -1,7 +1,10 @@
 """Load prompts and answer columns from JSON Lines files.
 
-Each line is an object with either ``prompt`` (a string, used as is) or ``messages`` (chat messages,
-rendered with the tokenizer's chat template); every other key is a column handed to reward functions.
+Each line is a JSON object; every line has the same keys. Lines become task rows through the column map of
+``rlvr.tasks.columns``, the same one the ``hf`` task uses: by default the prompt is the ``prompt`` key (a string,
+sent as it is, or chat messages) or ``messages``; ``task.prompt_column`` / ``task.prompt_template`` name another
+column (GSM8K's ``question``), ``task.answer_column`` / ``task.answer_format`` the gold answer. Every key is a
+column handed to reward functions.
 """
 
 from __future__ import annotations
@@ -9,13 +12,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from rlvr.tasks.columns import ColumnMap
 
-def load_jsonl(path: str | Path, required: tuple[str, ...] = ()) -> list[dict]:
-    """Rows of a JSONL file, validated: a prompt, the same columns on every line, the ``required`` ones."""
+
+def read_jsonl(path: str | Path) -> list[tuple[int, dict]]:
+    """(line number, object) for every non-blank line, checked: valid JSON objects, the same keys on every line."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"dataset file {path} does not exist")
-    rows = []
+    rows: list[tuple[int, dict]] = []
     with path.open(encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
@@ -26,30 +31,33 @@ def load_jsonl(path: str | Path, required: tuple[str, ...] = ()) -> list[dict]:
                 raise ValueError(f"{path}:{lineno}: not valid JSON ({err.msg})") from None
             if not isinstance(row, dict):
                 raise ValueError(f"{path}:{lineno}: each line must be a JSON object")  # noqa: TRY004 (bad input)
-            if "messages" in row and "prompt" not in row:
-                row["prompt"] = row.pop("messages")
-            prompt = row.get("prompt")
-            if isinstance(prompt, str):
-                ok = bool(prompt.strip())
-            else:
-                ok = isinstance(prompt, list) and bool(prompt) and all(
-                    isinstance(m, dict) and "role" in m and "content" in m for m in prompt
-                )
-            if not ok:
-                raise ValueError(
-                    f"{path}:{lineno}: needs a non-empty 'prompt' string or 'messages' list of "
-                    "{'role', 'content'} objects"
-                )
-            missing_required = [c for c in required if c not in row]
-            if missing_required:
-                raise ValueError(f"{path}:{lineno}: missing required column(s) {missing_required} for this task")
-            if rows and set(row) != set(rows[0]):
-                missing, extra = sorted(set(rows[0]) - set(row)), sorted(set(row) - set(rows[0]))
+            if rows and _keys(row) != _keys(rows[0][1]):
+                first = _keys(rows[0][1])
+                missing, extra = sorted(first - _keys(row)), sorted(_keys(row) - first)
                 raise ValueError(
                     f"{path}:{lineno}: columns differ from the first row (missing {missing}, extra {extra}); "
                     "every row needs the same columns, since reward functions receive them all"
                 )
-            rows.append(row)
+            rows.append((lineno, row))
     if not rows:
         raise ValueError(f"dataset file {path} has no rows")
     return rows
+
+
+def _keys(row: dict) -> set[str]:
+    """A row's columns, ``messages`` counted as ``prompt`` where it stands for it (rows may mix the two)."""
+    keys = set(row)
+    return keys - {"messages"} | {"prompt"} if "messages" in keys and "prompt" not in keys else keys
+
+
+def load_jsonl(path: str | Path, required: tuple[str, ...] = (), columns: ColumnMap | None = None) -> list[dict]:
+    """Task rows of a JSONL file through ``columns`` (default: ``prompt`` or ``messages``, an ``answer`` passed on as
+    it is); ``required``: further columns every row must have."""
+    columns = columns or ColumnMap()
+    rows = read_jsonl(path)
+    lineno, first = rows[0]
+    columns.check_columns(str(path), list(first))
+    missing = [c for c in required if c not in first]
+    if missing:
+        raise ValueError(f"{path}:{lineno}: missing required column(s) {missing} for this task")
+    return [columns.row(row, f"{path}:{lineno}") for lineno, row in rows]

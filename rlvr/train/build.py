@@ -46,6 +46,14 @@ def load_data(cfg: RunConfig) -> TaskData:
     check = build_reward(check_name)
     model_dir = resolve_model_dir(cfg.model.name)
     tokenizer = load_tokenizer(model_dir)
+    if cfg.task.chat_template:  # strings are sent as they are (rlvr.prompts); a chat model rambles on bare text
+        import sys
+
+        from rlvr.prompts import bare_string_warning
+
+        warning = bare_string_warning(tokenizer, [r["prompt"] for r in (*train_rows, *eval_rows)])
+        if warning:
+            print(f"rlvr: warning: {warning}", file=sys.stderr, flush=True)
     room = model_context(model_dir) - cfg.rollout.max_new_tokens
     train_rows, dropped_train = fit_prompts(tokenizer, train_rows, room, cfg.task.drop_long_prompts, "train")
     eval_rows, dropped_eval = fit_prompts(tokenizer, eval_rows, room, cfg.task.drop_long_prompts, "eval")

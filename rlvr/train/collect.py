@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -180,6 +181,15 @@ def collect_metrics(c: Collected, version: int) -> dict[str, float]:
     }
 
 
+def warn_unscored(batch: Collected, step: int, warned: bool) -> bool:
+    """Say once per run (``warned``: said already) that a step had no reward for any completion; returns whether
+    it has been said."""
+    message = None if warned else batch.scores.unscored_warning()
+    if message:
+        print(f"rlvr: warning: step {step}: {message} (shown once per run)", file=sys.stderr, flush=True)
+    return warned or message is not None
+
+
 class SyncSource:
     """The synchronous batch source: each step samples B prompts' groups with the run's sampler (the training
     model in this process, or rollout servers: rollout.backend), scores them and computes their advantages."""
@@ -188,6 +198,7 @@ class SyncSource:
 
     def __init__(self, cfg: RunConfig, advantages: Advantages | None):
         self.cfg, self.advantages = cfg, advantages
+        self.warned_unscored = False
 
     def open(self, run: Run, stack: contextlib.ExitStack) -> Sampler:
         sampler = build_sampler(self.cfg, run.model, run.data.tokenizer, run.run_dir)
@@ -202,9 +213,11 @@ class SyncSource:
             run.state["cursor"] += B
             return ids
 
-        return collect(run.sampler, next_row_ids, run.data.train_rows, cfg.rollout.group_size,
-                       sampling_params(cfg.rollout), run.rewards, self.advantages, seed=step_seed(cfg.train.seed, step),
-                       dynamic_sampling=cfg.algo.dynamic_sampling, max_extra_rounds=cfg.algo.max_resample_rounds)
+        batch = collect(run.sampler, next_row_ids, run.data.train_rows, cfg.rollout.group_size,
+                        sampling_params(cfg.rollout), run.rewards, self.advantages, seed=step_seed(cfg.train.seed, step),
+                        dynamic_sampling=cfg.algo.dynamic_sampling, max_extra_rounds=cfg.algo.max_resample_rounds)
+        self.warned_unscored = warn_unscored(batch, step, self.warned_unscored)
+        return batch
 
     def report(self) -> dict[str, float]:
         return {}

@@ -4,6 +4,8 @@ evaluation, the bookkeeping after a step (``Run.after_step``: evaluate, log, gua
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
 import json
 import math
 import random
@@ -12,17 +14,19 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+import yaml
 
 from rlvr.checkpoint import latest_valid, load_training_state, read_text, save_training_state
-from rlvr.config import RunConfig, config_changes, save_config, to_dict, to_yaml
+from rlvr.config import ARITHMETIC_SYSTEM_PROMPT, RunConfig, TaskConfig, config_changes, to_dict, to_yaml
 from rlvr.memory import return_freed_memory
 from rlvr.metrics import ACCURACY, MetricsWriter, plot_run
 from rlvr.models import ReferencePolicy, save_policy
-from rlvr.rewards import WeightedReward
+from rlvr.offline_models import OFFLINE_MODELS, original_name
+from rlvr.rewards import WeightedReward, check_rewards
 from rlvr.rollout import Sampler
 from rlvr.trackers import require_trackers
 from rlvr.train.build import (
@@ -99,16 +103,178 @@ def resume_checkpoint(cfg: RunConfig) -> Path | None:
     return path
 
 
-def sample_records(c: Collected, with_token_ids: bool) -> list[dict]:
-    """Every completion sampled this step (all rounds) with its prompt's row and its reward."""
+COLUMN_CHARS = 2000  # samples.jsonl: a dataset column's string is cut to this many characters
+COLUMN_ITEMS = 100  # ... and a list or mapping to this many items
+
+
+def loggable(value: Any) -> Any:
+    """A dataset value as bounded JSON: strings cut to COLUMN_CHARS characters and lists and mappings to COLUMN_ITEMS
+    items (each cut says how much it left out), non-finite floats as null, numpy and torch values as Python ones,
+    anything else as its string."""
+    if value is None or isinstance(value, (bool, int)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, str):
+        cut = len(value) - COLUMN_CHARS
+        return value if cut <= 0 else f"{value[:COLUMN_CHARS]}... [{cut} more characters]"
+    if isinstance(value, dict):
+        items = list(value.items())
+        out = {str(k): loggable(v) for k, v in items[:COLUMN_ITEMS]}
+        return out | ({"...": f"{len(items) - COLUMN_ITEMS} more items"} if len(items) > COLUMN_ITEMS else {})
+    if isinstance(value, (list, tuple)):
+        out = [loggable(v) for v in value[:COLUMN_ITEMS]]
+        return out + ([f"... {len(value) - COLUMN_ITEMS} more items"] if len(value) > COLUMN_ITEMS else [])
+    if isinstance(value, (np.ndarray, np.generic, torch.Tensor)):
+        return loggable(value.tolist())
+    return loggable(str(value))
+
+
+def _reward(value: float) -> float | None:
+    return None if math.isnan(value) else value
+
+
+def sample_records(c: Collected, rows: list[dict], with_token_ids: bool) -> list[dict]:
+    """Every completion sampled this step (all rounds): its group's row (an index into ``rows``, the training rows;
+    and the uid in asynchronous runs), its text, its total reward and each reward function's own value
+    (unweighted; null where the function gave none). The first completion of each group also carries the prompt
+    (a string, or chat messages) and the row's other columns (what reward functions receive; ``loggable``), once
+    per group rather than G times."""
     records = []
     for r in c.rounds:
+        G = r.groups.group_size
         ids = r.groups.completion_token_ids() if with_token_ids else None
+        per_function = {name: values.tolist() for name, values in r.scores.per_function.items()}
         for i, (text, reward) in enumerate(zip(r.groups.texts, r.scores.total.tolist())):
-            g = i // r.groups.group_size
-            records.append({"row": r.row_ids[g], **({"uid": r.uids[g]} if r.uids else {}), "text": text,
-                            "reward": None if math.isnan(reward) else reward, **({"token_ids": ids[i]} if ids else {})})
+            g = i // G
+            record = {"row": r.row_ids[g], **({"uid": r.uids[g]} if r.uids else {})}
+            if i % G == 0:
+                row = rows[r.row_ids[g]]
+                columns = {k: loggable(v) for k, v in row.items() if k != "prompt"}
+                record |= {"prompt": row["prompt"], "columns": columns}
+            record |= {"text": text, "reward": _reward(reward),
+                       "rewards": {name: _reward(values[i]) for name, values in per_function.items()}}
+            if ids:
+                record["token_ids"] = ids[i]
+            records.append(record)
     return records
+
+
+# The task fields each task.name reads (rlvr/tasks: load_task and what it calls), beside those every task reads;
+# config.yaml lists the rest under a comment that says they are unused. tests/test_outputs.py checks that every
+# TaskConfig field is in one of them, so a new field must be entered here.
+TASK_COMMON_FIELDS = ("name", "eval_size", "chat_template", "drop_long_prompts", "eval_reward")
+_COLUMN_MAP = ("system_prompt", "prompt_column", "prompt_template", "answer_column", "answer_format")
+_JSONL_FIELDS = ("train_path", "eval_path", "eval_fraction", "seed", *_COLUMN_MAP)
+TASK_FIELDS: dict[str, tuple[str, ...]] = {
+    "arithmetic": ("digits", "operators", "train_size", "seed", "system_prompt"),
+    "word_problems": ("train_size", "seed", "system_prompt", "train_steps", "eval_steps", "few_shot", "max_number"),
+    "jsonl": _JSONL_FIELDS,
+    "math_jsonl": _JSONL_FIELDS,
+    "code_jsonl": _JSONL_FIELDS,
+    "hf": ("source", "subset", "train_split", "eval_split", "eval_fraction", "train_size", "seed", "streaming",
+           *_COLUMN_MAP),
+}
+
+
+def replaces_system_prompt(task: TaskConfig) -> bool:
+    """Whether the task sends something else (an instruction of its own, or none) in place of task.system_prompt:
+    every task but arithmetic does when it is left at the arithmetic default."""
+    return task.name != "arithmetic" and task.system_prompt == ARITHMETIC_SYSTEM_PROMPT
+
+
+def unused_task_fields(task: TaskConfig) -> list[str]:
+    """The fields of ``task`` that its task.name does not read (none for a task missing from TASK_FIELDS)."""
+    names = [f.name for f in dataclasses.fields(task)]
+    used = set(TASK_COMMON_FIELDS) | set(TASK_FIELDS.get(task.name, names))
+    return [n for n in names if n not in used]
+
+
+def _yaml_lines(key: str, value: Any, indent: str = "") -> str:
+    return "".join(indent + line + "\n" for line in yaml.safe_dump({key: value}, sort_keys=False).splitlines())
+
+
+def config_yaml(cfg: RunConfig) -> str:
+    """config.yaml: every setting, as ``to_yaml``, except that the task fields this run's task does not read come
+    last in the task section, under a comment saying so (and a system prompt the task does not send says so).
+    Comments only: ``load_config`` of the text gives ``cfg`` back exactly."""
+    text = ""
+    for key, value in to_dict(cfg).items():
+        if key != "task":
+            text += _yaml_lines(key, value)
+            continue
+        task = cfg.task
+        unused = unused_task_fields(task)
+        text += "task:\n"
+        for name, v in value.items():
+            if name in unused:
+                continue
+            if name == "system_prompt" and replaces_system_prompt(task):
+                text += f"  # task {task.name} does not send this arithmetic default: it uses its own (or none)\n"
+            text += _yaml_lines(name, v, "  ")
+        if unused:
+            text += f"  # unused by task {task.name} (settings of other tasks):\n"
+            text += "".join(_yaml_lines(name, value[name], "  ") for name in unused)
+    return text
+
+
+def write_config(cfg: RunConfig, path: Path) -> None:
+    path.write_text(config_yaml(cfg), encoding="utf-8")
+
+
+def _percent(accuracy: float | None) -> str:
+    return "not measured" if accuracy is None else f"{100 * accuracy:.1f} %"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def model_card(cfg: RunConfig, state: dict, run_dir: Path, eval_size: int, date: datetime.date | None = None) -> str:
+    """README.md of the saved adapter or model: base model, method, task, rewards, steps, held-out accuracy before
+    and after (from the run ``state``), the command that reproduces the run, and the date (default: today, UTC)."""
+    m, a, t = cfg.model, cfg.algo, cfg.train
+    base = original_name(m.name)
+    meta: dict[str, Any] = {"base_model": base} if m.name in OFFLINE_MODELS else {}  # a Hub id, never a local path
+    meta |= {"library_name": "peft" if m.lora else "transformers", "pipeline_tag": "text-generation",
+             "tags": ["rlvr", a.name, "reinforcement-learning"]}
+    method = "GRPO" if a.name == "grpo" else a.name.upper()
+    weights = f"LoRA r={m.lora_r}, alpha={m.lora_alpha:g}, on {', '.join(m.lora_targets)}" if m.lora else "all weights"
+    values = {k: to_dict(getattr(cfg.task, k)) for k in TASK_FIELDS.get(cfg.task.name, ())}
+    if replaces_system_prompt(cfg.task):
+        values.pop("system_prompt", None)  # not what the prompts carry
+    task = ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in values.items())
+    rewards = ", ".join(f"`{r.name}` × {r.weight:g}" + (f" {json.dumps(r.kwargs)}" if r.kwargs else "")
+                        for r in cfg.rewards)
+    before, after = _percent(state["eval_accuracy_before"]), _percent(state["eval_accuracy"])
+    alias = (f" (as rlvr's offline alias `{m.name}`: weights de-quantised from a 4-bit GGUF, so they differ slightly "
+             "from the Hub's)") if base != m.name else ""
+    table = {
+        "base model": f"`{base}`" + alias,
+        "method": f"{method} with rlvr, preset `{a.preset}`; {weights}",
+        "task": f"`{cfg.task.name}`" + (f": {task}" if task else ""),
+        "rewards": f"{rewards} (the total is their weighted sum)",
+        "steps": f"{t.steps} × {t.prompts_per_step} prompts × {cfg.rollout.group_size} completions each",
+        "held-out accuracy": f"{before} before → {after} after (greedy, {eval_size} held-out prompts)",
+        "date": (date or datetime.datetime.now(datetime.timezone.utc).date()).isoformat(),
+    }
+    if m.lora:
+        load = ["from peft import PeftModel", "from transformers import AutoModelForCausalLM", "",
+                f'base = AutoModelForCausalLM.from_pretrained("{base}")',
+                f'model = PeftModel.from_pretrained(base, "{run_dir / "adapter"}")']
+    else:
+        load = ["from transformers import AutoModelForCausalLM", "",
+                f'model = AutoModelForCausalLM.from_pretrained("{run_dir / "model"}")']
+    kind = "a LoRA adapter for" if m.lora else "a fine-tune of"
+    return "\n".join([
+        "---", yaml.safe_dump(meta, sort_keys=False).rstrip(), "---", "",
+        f"# {run_dir.name}: {kind} {base}", "",
+        f"Trained with rlvr's {method} on verifiable rewards.", "",
+        "| | |", "|---|---|", *(f"| {k} | {_cell(v)} |" for k, v in table.items()), "",
+        "## Reproduce", "", "```bash", f"rlvr train {run_dir / 'config.yaml'}", "```", "",
+        "Beside config.yaml, the run directory holds metrics.jsonl, samples.jsonl, summary.json and plot.png.", "",
+        "## Load", "", "```python", *load, "```", "",
+    ])
 
 
 def check_skips(state: dict, skipped: int, num_iterations: int, step: int, limit: int) -> None:
@@ -168,7 +334,7 @@ class Run:
             metrics["eval/time_s"] = time.perf_counter() - t0
         metrics["time/step_s"] = time.perf_counter() - started
         self.writer.log(step, metrics)
-        self.writer.log_samples(step, sample_records(c, cfg.log.sample_token_ids))
+        self.writer.log_samples(step, sample_records(c, self.data.train_rows, cfg.log.sample_token_ids))
         check_skips(self.state, metrics["update/skipped_updates"], cfg.algo.num_iterations, step,
                     cfg.train.max_consecutive_skips)
         self.state.update(source_state)
@@ -181,10 +347,13 @@ class Run:
         raise SystemExit(130)
 
     def finish(self) -> dict:
-        """Save the weights, write summary.json and the plot; returns the summary."""
+        """Save the weights (an adapter naming its base model as the user gave it, an alias as its Hub id) with a
+        model card, write summary.json and the plot; returns the summary."""
         self.writer.close()
         cfg, state = self.cfg, self.state
-        saved = save_policy(self.model, self.data.tokenizer, self.run_dir / ("adapter" if cfg.model.lora else "model"))
+        card = model_card(cfg, state, self.run_dir, len(self.data.eval_rows))
+        saved = save_policy(self.model, self.data.tokenizer, self.run_dir / ("adapter" if cfg.model.lora else "model"),
+                            base_model=original_name(cfg.model.name), card=card)
         summary = {
             "eval_accuracy_before": state["eval_accuracy_before"],
             "eval_accuracy_after": state["eval_accuracy"],
@@ -214,6 +383,7 @@ def open_run(cfg: RunConfig, update: Update, rewards: list[WeightedReward] | Non
     seed_everything(cfg.train.seed)
     data = load_data(cfg)  # rows, rewards and prompt lengths are checked before the model loads
     rewards = build_rewards(cfg.rewards) if rewards is None else rewards
+    check_rewards(rewards, data.train_rows)  # a broken reward function fails here, in seconds, before the model loads
     model = build_policy(data.model_dir, cfg.model)
     reference = ReferencePolicy(model) if update.needs_reference else None  # before any weights are restored
     trainable, params = update.attach(model)
@@ -233,7 +403,7 @@ def open_run(cfg: RunConfig, update: Update, rewards: list[WeightedReward] | Non
         changes = config_changes(read_text(checkpoint, "config.yaml"), cfg)  # bounded, from inside the checkpoint
         print(f"rlvr: resuming from {checkpoint} (step {start})"
               + (f"; changed settings apply from step {start + 1}: " + "; ".join(changes) if changes else ""))
-    save_config(cfg, run_dir / "config.yaml")
+    write_config(cfg, run_dir / "config.yaml")  # marks the task fields this task does not use
     writer = MetricsWriter(run_dir, cfg.log.trackers, cfg.log.samples, resume_step=start if checkpoint else None,
                            project=cfg.log.project, run_name=cfg.log.run_name, config=to_dict(cfg))
     return Run(cfg=cfg, model=model, trainable=trainable, optimizer=optimizer, scheduler=scheduler,

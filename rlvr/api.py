@@ -1,0 +1,788 @@
+"""A Python API a TRL user recognises: ``GRPOTrainer`` and ``GRPOConfig`` with the names of TRL's GRPOTrainer, for
+the subset rlvr supports, built on rlvr's own config (docs/api.md)::
+
+    from rlvr import GRPOConfig, GRPOTrainer
+
+    trainer = GRPOTrainer(model="path/to/model", reward_funcs=[my_reward], train_dataset=dataset,
+                          args=GRPOConfig(output_dir="runs/mine", learning_rate=1e-5, max_steps=50))
+    trainer.train()
+
+Underneath, the trainer turns its arguments into a ``rlvr.config.RunConfig`` (``trainer.rlvr_config``) and runs
+``rlvr.launch.train``, so the run writes what ``rlvr train`` writes, ``config.yaml`` included: the datasets go to
+JSONL files beside the run directory and the reward functions are named by where they can be imported, so
+``rlvr train OUTPUT_DIR/config.yaml`` runs the same training again. Every TRL field that rlvr cannot honour is an
+error naming it: none is accepted and ignored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+import hashlib
+import json
+import math
+import os
+import shutil
+import sys
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from rlvr.config import RunConfig, build_config
+from rlvr.metrics import read_metrics
+from rlvr.models import ALL_LINEAR, resolve_model_dir
+from rlvr.rewards import BUILTINS, WeightedReward, build_reward
+from rlvr.trackers import TRACKERS
+
+__all__ = ["GRPOConfig", "GRPOTrainer", "TrainOutput"]
+
+# TRL's loss_type -> rlvr's algo.aggregation (each divides the summed token losses once per step, over the batch).
+LOSS_TYPES = {"grpo": "sequence_mean", "dapo": "token_mean", "bnpo": "token_mean", "dr_grpo": "token_sum_constant"}
+SCALE_REWARDS = {"group": "group", "batch": "batch", "none": "none"}
+STRATEGIES = ("no", "steps", "epoch")
+NO_EVAL_DATASET_EVAL_SIZE = 100  # training prompts measured before and after when there is no eval_dataset
+IN_MAIN = "it is defined in the script (or notebook) that is running"
+
+# Fields of TRL's GRPOConfig (or of transformers' TrainingArguments) that users often set and rlvr does not support,
+# with what to do instead; any other unknown field gets the generic message.
+_HINTS = {
+    "model_init_kwargs": "rlvr loads the model from its directory in fp32 (bf16=True runs it under bf16 autocast)",
+    "importance_sampling_level": "rlvr's clipped ratio is per token; GSPO's sequence-level ratio is not implemented",
+    "vllm_mode": "rlvr samples in process, or on rollout servers (rlvr serve or vLLM) with rollout.backend=server "
+                 "in a YAML config (docs/concepts/rollout_servers.md)",
+    "generation_kwargs": "rlvr's sampling knobs are temperature, top_p, top_k and max_completion_length",
+    "deepspeed": "rlvr trains in one process",
+    "fsdp": "rlvr trains in one process",
+}
+
+
+class TrainOutput(NamedTuple):
+    """What ``GRPOTrainer.train`` returns, shaped like transformers' ``TrainOutput``."""
+
+    global_step: int
+    """Optimizer steps taken, as TRL counts them: rlvr's train.steps x num_iterations."""
+    training_loss: float
+    """Mean of the per-step loss (``update/loss`` in metrics.jsonl) over the run's steps."""
+    metrics: dict
+    """rlvr's run summary (also in OUTPUT_DIR/summary.json): held-out accuracy before and after, steps, wall time,
+    where the weights were saved (docs/reference/metrics.md)."""
+
+
+@dataclass
+class GRPOConfig:
+    """Training settings under the names of TRL's ``GRPOConfig``, for what rlvr supports (docs/api.md has the
+    table of each field and the rlvr config key it sets).
+
+    Defaults are TRL's (with transformers' ``TrainingArguments`` underneath) except where noted: bf16 and
+    gradient_checkpointing are off (a CPU trainer), the learning rate is constant after the warmup (TRL's default
+    schedule decays it linearly; ``lr_scheduler_type`` names the one rlvr has). A field TRL has that is not listed
+    here is an error naming it; so is a listed field set to a value rlvr cannot honour.
+
+    Steps: TRL counts optimizer steps; each batch of completions is trained on ``num_iterations`` times, one
+    optimizer step each, so rlvr's steps (sample, score, train) are ``max_steps / num_iterations``; ``save_steps``
+    and ``eval_steps`` are converted the same way (rounded up to whole batches).
+    """
+
+    output_dir: str = "trainer_output"
+    """Run directory (rlvr output_dir): config.yaml, metrics.jsonl, summary.json, checkpoints/, the weights in
+    adapter/ (peft_config given) or model/. The datasets are written beside it, to OUTPUT_DIR.data/."""
+    learning_rate: float = 1e-6
+    """AdamW learning rate after the warmup (train.lr)."""
+    num_generations: int = 8
+    """G, completions per prompt (rollout.group_size); at least 2."""
+    max_completion_length: int = 256
+    """Completion length cap in tokens (rollout.max_new_tokens)."""
+    max_prompt_length: int | None = None
+    """None: prompts are not cut (a prompt that leaves no room for the completion in the model's context is an error
+    naming the row). A number: every prompt of both datasets must fit it, else an error naming the row; TRL would
+    cut such a prompt from the left, rlvr never cuts prompts."""
+    beta: float = 0.0
+    """KL coefficient against the starting model (algo.beta; k3 estimator, as TRL)."""
+    epsilon: float = 0.2
+    """Lower clip of the ratio: ratio >= 1 - epsilon (algo.eps_low)."""
+    epsilon_high: float | None = None
+    """Upper clip: ratio <= 1 + epsilon_high (algo.eps_high); None: epsilon."""
+    delta: float | None = None
+    """Two-sided clipping (INTELLECT-2): the ratio of negative-advantage tokens capped at delta (> 1); rlvr's
+    dual clip (algo.dual_clip). None: off."""
+    loss_type: str = "dapo"
+    """How token losses become the step's loss (algo.aggregation): grpo (mean per sequence, then over sequences:
+    sequence_mean), dapo (mean over every completion token of the step: token_mean), dr_grpo (sum over a constant,
+    max_completion_length x completions: token_sum_constant), bnpo (token mean over the local batch: token_mean, so
+    only with gradient_accumulation_steps=1, where the local batch is the step's). cispo, sapo, luspo: refused."""
+    scale_rewards: str | bool = "group"
+    """Advantage scaling (algo.scale): group or True (each group's std), batch (the std of the whole batch), none or
+    False (Dr. GRPO). mean: refused."""
+    num_iterations: int = 1
+    """mu: optimizer steps on each batch of completions (algo.num_iterations)."""
+    mask_truncated_completions: bool = False
+    """Completions cut at max_completion_length are not trained on (algo.mask_truncated)."""
+    reward_weights: list[float] | None = None
+    """Weight of each reward function, in the order of reward_funcs (rewards[].weight); None: all 1."""
+    temperature: float = 1.0
+    """Sampling temperature (rollout.temperature); log-probs are scored at the same temperature, as TRL does."""
+    top_p: float = 1.0
+    """Nucleus sampling mass (rollout.top_p)."""
+    top_k: int | None = 0
+    """Top-k sampling, 0 or None: off (rollout.top_k)."""
+    per_device_train_batch_size: int = 8
+    """Completions per forward/backward (train.micro_batch_size). With gradient_accumulation_steps it fixes the
+    completions per step, per_device_train_batch_size x gradient_accumulation_steps, which must be a multiple of
+    num_generations: the prompts per step (train.prompts_per_step) are that divided by num_generations."""
+    gradient_accumulation_steps: int = 1
+    """Micro-batches per optimizer step (see per_device_train_batch_size)."""
+    max_steps: int = -1
+    """Optimizer steps to train (>= 1, a multiple of num_iterations): train.steps = max_steps / num_iterations.
+    -1: num_train_epochs decides."""
+    num_train_epochs: float = 3.0
+    """With max_steps=-1: train.steps = ceil(num_train_epochs x rows of train_dataset / prompts per step). rlvr draws
+    the prompts of each step from a seeded stream of shuffled epochs (an epoch's last prompts share a step with the
+    next epoch's first, none is dropped)."""
+    warmup_steps: float = 0
+    """Linear warmup over this many optimizer steps (train.warmup_steps; a number below 1 is a share of the run,
+    as in transformers 5). rlvr reaches the full rate at step warmup_steps; transformers one step later."""
+    warmup_ratio: float | None = None
+    """Warmup as a share of the run's optimizer steps (train.warmup_steps, rounded up); set it or warmup_steps."""
+    lr_scheduler_type: str = "constant_with_warmup"
+    """rlvr's schedule: linear warmup, then constant (constant: the same without warmup). Others, including TRL's
+    default linear decay, are refused."""
+    weight_decay: float = 0.0
+    """AdamW weight decay (train.weight_decay)."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping by global norm, 0: off (train.max_grad_norm)."""
+    optim: str = "adamw_torch"
+    """adamw_torch or adamw_torch_fused: rlvr's optimizer, torch's AdamW. Others are refused."""
+    adam_beta1: float = 0.9
+    """Accepted at 0.9 only (rlvr's AdamW uses torch's defaults)."""
+    adam_beta2: float = 0.999
+    """Accepted at 0.999 only."""
+    adam_epsilon: float = 1e-8
+    """Accepted at 1e-8 only."""
+    seed: int = 42
+    """Seed of data order, sampling and initialisation (train.seed)."""
+    logging_steps: float = 10
+    """Accepted; rlvr logs every step (metrics.jsonl and the trackers of report_to). Also the eval interval when
+    eval_strategy=steps and eval_steps is None, as in TRL."""
+    report_to: str | list[str] | None = "none"
+    """none (or None), tensorboard, wandb, trackio, or a list of them (log.trackers). all and other integrations
+    are refused. rlvr always writes metrics.jsonl."""
+    run_name: str | None = None
+    """Run name in wandb and trackio (log.run_name); None: the name of output_dir."""
+    disable_tqdm: bool = False
+    """No live progress bar (log.progress = not disable_tqdm)."""
+    log_completions: bool = False
+    """Write every sampled completion with its rewards and prompt to OUTPUT_DIR/samples.jsonl, every step
+    (log.samples)."""
+    num_completions_to_print: int | None = None
+    """Refused when set: rlvr prints no completions (log_completions=True writes them all to samples.jsonl)."""
+    save_strategy: str = "steps"
+    """steps (every save_steps), epoch (every epoch of train_dataset) or no (train.checkpoint_every = 0). rlvr
+    always also writes a checkpoint at the end (and on Ctrl-C). best: refused."""
+    save_steps: float = 500
+    """Checkpoint interval in optimizer steps (a number below 1: a share of the run) -> train.checkpoint_every."""
+    save_total_limit: int | None = None
+    """Checkpoints kept (train.keep_last); None: all of them, as in TRL."""
+    eval_strategy: str = "no"
+    """no: rlvr evaluates before and after training only (eval.every = 0); steps: also every eval_steps; epoch:
+    also every epoch. steps and epoch need an eval_dataset, as in TRL."""
+    eval_steps: float | None = None
+    """Evaluation interval in optimizer steps (None: logging_steps) -> eval.every."""
+    per_device_eval_batch_size: int | None = None
+    """Prompts per greedy evaluation batch (eval.batch_size); None: rlvr's default (64). It does not change the
+    result."""
+    bf16: bool = False
+    """bf16 autocast for generation and training, fp32 master weights (model.autocast=bf16). Off by default (TRL's
+    default is on): on a CPU it pays only where there are bf16 units (AMX)."""
+    fp16: bool = False
+    """Refused when True: rlvr runs fp32 or bf16 autocast."""
+    use_cpu: bool = False
+    """Accepted either way: rlvr trains on the CPU (use_cpu=False does not move training to a GPU)."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in backward (model.gradient_checkpointing). Off by default (TRL's default is on)."""
+    remove_unused_columns: bool = False
+    """False (TRL's default): every dataset column goes to the reward functions as a keyword argument. True: only
+    prompt is kept (the JSONL files hold only it)."""
+    shuffle_dataset: bool = True
+    """Accepted at True only: rlvr always draws prompts in a seeded random order."""
+    use_vllm: bool = False
+    """Accepted at False only: the trainer samples in process (rollout servers, vLLM included: rollout.backend=server
+    in a YAML config)."""
+    push_to_hub: bool = False
+    """Accepted at False only: rlvr never uploads."""
+
+    def __post_init__(self) -> None:
+        self.check()
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name not in _FIELD_NAMES:  # a misspelled or unsupported field set after construction must not vanish
+            raise AttributeError(_unsupported_message([name]))
+        super().__setattr__(name, value)
+
+    def check(self) -> None:
+        """Every check that does not need the datasets; an error names the field (called on construction and again
+        by GRPOTrainer, so fields changed after construction are checked too)."""
+        _check_config(self)
+
+
+_FIELD_NAMES = frozenset(f.name for f in dataclasses.fields(GRPOConfig))
+_dataclass_init = GRPOConfig.__init__
+
+
+@functools.wraps(_dataclass_init)
+def _init(self: GRPOConfig, *args: Any, **kwargs: Any) -> None:
+    unknown = [k for k in kwargs if k not in _FIELD_NAMES]
+    if unknown:
+        raise TypeError(_unsupported_message(unknown))
+    _dataclass_init(self, *args, **kwargs)
+
+
+GRPOConfig.__init__ = _init  # type: ignore[method-assign]
+
+
+def _unsupported_message(names: list[str]) -> str:
+    lines = []
+    for name in names:
+        hint = _HINTS.get(name) or (_HINTS["vllm_mode"] if name.startswith("vllm_") else "")
+        close = difflib.get_close_matches(name, sorted(_FIELD_NAMES), n=1, cutoff=0.8)
+        lines.append(f"GRPOConfig: rlvr does not support the field {name!r}" + (f" ({hint})" if hint else "")
+                     + (f" (did you mean {close[0]!r}?)" if close else ""))
+    return "; ".join(lines) + f"; supported fields: {', '.join(sorted(_FIELD_NAMES))} (docs/api.md)"
+
+
+def _plain(value: Any) -> Any:
+    """The value of a string enum (transformers' IntervalStrategy, SchedulerType) as its string."""
+    return getattr(value, "value", value)
+
+
+def _refuse(field: str, value: Any, why: str) -> ValueError:
+    return ValueError(f"GRPOConfig.{field}={value!r}: {why}")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_config(a: GRPOConfig) -> None:
+    for name in ("learning_rate", "beta", "epsilon", "temperature", "top_p", "num_train_epochs", "warmup_steps",
+                 "weight_decay", "max_grad_norm", "logging_steps", "save_steps"):
+        if not _is_number(getattr(a, name)) or getattr(a, name) < 0:
+            raise _refuse(name, getattr(a, name), "must be a number >= 0")
+    for name in ("num_generations", "max_completion_length", "per_device_train_batch_size",
+                 "gradient_accumulation_steps", "num_iterations", "max_steps", "seed"):
+        if not isinstance(getattr(a, name), int) or isinstance(getattr(a, name), bool):
+            raise _refuse(name, getattr(a, name), "must be an int")
+    for name in ("max_prompt_length", "save_total_limit", "per_device_eval_batch_size"):
+        value = getattr(a, name)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise _refuse(name, value, "must be None or an int >= 1")
+    for name in ("epsilon_high", "eval_steps", "warmup_ratio"):
+        value = getattr(a, name)
+        if value is not None and (not _is_number(value) or value < 0):
+            raise _refuse(name, value, "must be None or a number >= 0")
+    for name in ("mask_truncated_completions", "disable_tqdm", "log_completions", "bf16", "use_cpu",
+                 "gradient_checkpointing", "remove_unused_columns"):
+        if not isinstance(getattr(a, name), bool):
+            raise _refuse(name, getattr(a, name), "must be True or False")
+    if a.num_generations < 2:
+        raise _refuse("num_generations", a.num_generations, "must be >= 2 (a group of one has no signal)")
+    for name in ("max_completion_length", "per_device_train_batch_size", "gradient_accumulation_steps",
+                 "num_iterations"):
+        if getattr(a, name) < 1:
+            raise _refuse(name, getattr(a, name), "must be >= 1")
+    completions = a.per_device_train_batch_size * a.gradient_accumulation_steps
+    if completions % a.num_generations:
+        raise ValueError(
+            f"GRPOConfig: per_device_train_batch_size={a.per_device_train_batch_size} x gradient_accumulation_steps="
+            f"{a.gradient_accumulation_steps} = {completions} completions per step is not a multiple of "
+            f"num_generations={a.num_generations}; each step samples whole groups of num_generations completions "
+            "(prompts per step = completions per step / num_generations): change one of them")
+    if a.max_steps == 0 or a.max_steps < -1:
+        raise _refuse("max_steps", a.max_steps, "must be >= 1 (or -1: train num_train_epochs epochs)")
+    if a.max_steps > 0 and a.max_steps % a.num_iterations:
+        raise _refuse("max_steps", a.max_steps,
+                      f"must be a multiple of num_iterations={a.num_iterations}: each batch of completions is trained "
+                      "on num_iterations times, one optimizer step each, and rlvr counts steps in batches")
+    if a.max_steps == -1 and a.num_train_epochs <= 0:
+        raise _refuse("num_train_epochs", a.num_train_epochs, "must be > 0 when max_steps is -1")
+    if a.temperature <= 0:
+        raise _refuse("temperature", a.temperature, "must be > 0 (GRPO compares sampled completions)")
+    if not 0 < a.top_p <= 1:
+        raise _refuse("top_p", a.top_p, "must be in (0, 1]")
+    if a.top_k is not None and (not isinstance(a.top_k, int) or isinstance(a.top_k, bool) or a.top_k < 0):
+        raise _refuse("top_k", a.top_k, "must be an int >= 0 (0 or None: off)")
+    if a.delta is not None and (not _is_number(a.delta) or a.delta <= 1):
+        raise _refuse("delta", a.delta, "must be > 1 (or None: off)")
+    loss_type = _plain(a.loss_type)
+    if loss_type not in LOSS_TYPES:
+        raise _refuse("loss_type", loss_type, f"rlvr does not support it; supported: {', '.join(LOSS_TYPES)}")
+    if loss_type == "bnpo" and a.gradient_accumulation_steps != 1:
+        raise _refuse("loss_type", loss_type,
+                      "bnpo normalises over each micro-batch of gradient accumulation; rlvr normalises once over the "
+                      "step's whole batch, which is bnpo only with gradient_accumulation_steps=1: use loss_type="
+                      "'dapo' (the same normalisation over the whole batch) or gradient_accumulation_steps=1")
+    _scale(a.scale_rewards)
+    _trackers(a.report_to)
+    if a.reward_weights is not None and (not isinstance(a.reward_weights, (list, tuple))
+                                         or not all(_is_number(w) for w in a.reward_weights)):
+        raise _refuse("reward_weights", a.reward_weights, "must be None or a list of numbers")
+    if a.warmup_ratio is not None and a.warmup_steps:
+        raise _refuse("warmup_ratio", a.warmup_ratio, f"set warmup_ratio or warmup_steps ({a.warmup_steps}), not both")
+    if a.warmup_ratio is not None and a.warmup_ratio >= 1:
+        raise _refuse("warmup_ratio", a.warmup_ratio, "must be in [0, 1)")
+    scheduler = _plain(a.lr_scheduler_type)
+    if scheduler not in ("constant_with_warmup", "constant"):
+        raise _refuse("lr_scheduler_type", scheduler,
+                      "rlvr's schedule is a linear warmup then a constant rate: constant_with_warmup (or constant, "
+                      "without warmup)")
+    if scheduler == "constant" and (a.warmup_steps or a.warmup_ratio):
+        raise _refuse("lr_scheduler_type", scheduler, "has no warmup; use constant_with_warmup with a warmup")
+    if _plain(a.optim) not in ("adamw_torch", "adamw_torch_fused"):
+        raise _refuse("optim", _plain(a.optim), "rlvr's optimizer is torch's AdamW: adamw_torch or adamw_torch_fused")
+    for name, default in (("adam_beta1", 0.9), ("adam_beta2", 0.999), ("adam_epsilon", 1e-8)):
+        if getattr(a, name) != default:
+            raise _refuse(name, getattr(a, name), f"rlvr's AdamW uses torch's default ({default}); it is not settable")
+    if a.num_completions_to_print is not None:
+        raise _refuse("num_completions_to_print", a.num_completions_to_print,
+                      "rlvr prints no completions; log_completions=True writes every one to OUTPUT_DIR/samples.jsonl")
+    if _plain(a.save_strategy) not in STRATEGIES:
+        raise _refuse("save_strategy", _plain(a.save_strategy), f"rlvr supports {', '.join(STRATEGIES)}")
+    if _plain(a.eval_strategy) not in STRATEGIES:
+        raise _refuse("eval_strategy", _plain(a.eval_strategy), f"rlvr supports {', '.join(STRATEGIES)}")
+    if a.save_steps <= 0:
+        raise _refuse("save_steps", a.save_steps, "must be > 0")
+    if a.logging_steps <= 0:
+        raise _refuse("logging_steps", a.logging_steps, "must be > 0")
+    if a.eval_steps is not None and a.eval_steps <= 0:
+        raise _refuse("eval_steps", a.eval_steps, "must be > 0")
+    if a.fp16:
+        raise _refuse("fp16", a.fp16, "rlvr runs fp32 or, with bf16=True, bf16 autocast")
+    for name, allowed, why in (("shuffle_dataset", True, "rlvr always draws prompts in a seeded random order"),
+                               ("use_vllm", False, ("this trainer samples in process; rollout servers (vLLM "
+                                 "included) are set up with rollout.backend=server in a YAML config")),
+                               ("push_to_hub", False, "rlvr never uploads")):
+        if getattr(a, name) is not allowed:
+            raise _refuse(name, getattr(a, name), f"only {allowed} is supported: {why}")
+
+
+def _scale(value: Any) -> str:
+    value = _plain(value)
+    if isinstance(value, bool):
+        return "group" if value else "none"
+    if value not in SCALE_REWARDS:
+        raise _refuse("scale_rewards", value, "rlvr supports group (or True), batch, none (or False)")
+    return SCALE_REWARDS[value]
+
+
+def _trackers(report_to: Any) -> list[str]:
+    names = [report_to] if report_to is None or isinstance(report_to, str) else list(report_to)
+    names = [n for n in names if n not in (None, "none")]
+    bad = [n for n in names if n not in TRACKERS]
+    if bad:
+        raise _refuse("report_to", report_to,
+                      f"rlvr does not report to {bad[0]!r}; it supports none, {', '.join(TRACKERS)} or a list of them "
+                      "(and always writes metrics.jsonl)")
+    return names
+
+
+# ---------------------------------------------------------------- datasets
+
+
+def _dataset_rows(dataset: Any, what: str, prompt_only: bool) -> list[dict]:
+    """Rows of a ``datasets.Dataset`` or a list of dicts, checked as TRL's GRPOTrainer reads them."""
+    datasets = sys.modules.get("datasets")
+    if datasets is not None and isinstance(dataset, (datasets.IterableDataset, datasets.IterableDatasetDict)):
+        raise ValueError(f"GRPOTrainer: {what} is an IterableDataset; rlvr writes the rows to a file first: pass a "
+                         "datasets.Dataset (e.g. without streaming=True) or a list of dicts")
+    if isinstance(dataset, dict):
+        splits = f" (its splits: {', '.join(map(str, dataset))})" if datasets and isinstance(
+            dataset, datasets.DatasetDict) else ""
+        raise TypeError(f"GRPOTrainer: {what} is a mapping{splits}; pass one split, e.g. dataset['train']")
+    if hasattr(dataset, "to_list") and hasattr(dataset, "column_names"):
+        rows = dataset.to_list()
+    elif isinstance(dataset, (list, tuple)):
+        rows = list(dataset)
+    else:
+        raise ValueError(f"GRPOTrainer: {what} must be a datasets.Dataset or a list of dicts; got "
+                         f"{type(dataset).__name__}")
+    if not rows:
+        raise ValueError(f"GRPOTrainer: {what} has no rows")
+    columns = None
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise ValueError(f"GRPOTrainer: {what} row {i} is a {type(row).__name__}, not a dict")  # noqa: TRY004
+        if "prompt" not in row:
+            raise ValueError(f"GRPOTrainer: {what} row {i} has no 'prompt' column (columns: {', '.join(row)}); "
+                             "GRPO reads the prompt from it: a string, or chat messages [{'role', 'content'}, ...]")
+        if columns is None:
+            columns = list(row)
+        elif set(row) != set(columns):
+            missing, extra = sorted(set(columns) - set(row)), sorted(set(row) - set(columns))
+            raise ValueError(f"GRPOTrainer: {what} row {i} has other columns than row 0 (missing {missing}, extra "
+                             f"{extra}); every row needs the same columns, since reward functions receive them all")
+        _check_prompt(row["prompt"], f"{what} row {i}")
+    return [{"prompt": r["prompt"]} for r in rows] if prompt_only else rows
+
+
+def _check_prompt(prompt: Any, where: str) -> None:
+    if isinstance(prompt, str) and prompt.strip():
+        return
+    if isinstance(prompt, list) and prompt and all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in prompt
+    ):
+        return
+    raise ValueError(f"GRPOTrainer: {where}: the prompt must be a non-empty string or chat messages "
+                     f"[{{'role': ..., 'content': '...'}}, ...] with text content; got {prompt!r:.80}")
+
+
+def _jsonl(rows: list[dict], what: str) -> str:
+    lines = []
+    for i, row in enumerate(rows):
+        try:
+            lines.append(json.dumps(row, ensure_ascii=False))
+        except (TypeError, ValueError):
+            bad = next((k for k, v in row.items() if not _json_ok(v)), "?")
+            raise ValueError(f"GRPOTrainer: {what} row {i}, column {bad!r}: a {type(row.get(bad)).__name__} cannot be "
+                             "written to JSON; rlvr writes the dataset to a JSONL file, so columns must hold text, "
+                             "numbers, booleans, None, lists or dicts of them") from None
+    return "\n".join(lines) + "\n"
+
+
+def _json_ok(value: Any) -> bool:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+# ---------------------------------------------------------------- reward functions
+
+
+def _reward_entry(fn: Any, i: int) -> tuple[str, dict, Any, str]:
+    """(name for config.yaml, kwargs, the function to call, why it cannot be imported by that name or '')."""
+    where = f"reward_funcs[{i}]"
+    if isinstance(fn, str):  # an unknown built-in, a module that does not import, a missing function: one line now
+        return fn, {}, build_reward(fn), ""
+    if isinstance(fn, functools.partial) and not fn.args:
+        name, kwargs, _, why = _reward_entry(fn.func, i)
+        if not why and not _json_ok(fn.keywords):
+            why = "its bound keyword arguments cannot be written to config.yaml"
+        return name, {**kwargs, **fn.keywords}, fn, why
+    if hasattr(fn, "forward") and hasattr(fn, "parameters"):
+        raise ValueError(f"GRPOTrainer: {where} is a model; rlvr has no reward models: a reward is a function "
+                         "f(prompts, completions, **columns) -> list[float | None] (a verifier)")
+    if not callable(fn):
+        raise TypeError(f"GRPOTrainer: {where} must be a function, a built-in reward's name "
+                        f"({', '.join(sorted(BUILTINS))}) or 'module:function'; got {type(fn).__name__}")
+    module = getattr(fn, "__module__", None) or type(fn).__module__
+    qualname = getattr(fn, "__qualname__", None)
+    if qualname is None:  # a callable object
+        return f"{module}:{type(fn).__qualname__}()", {}, fn, "it is a callable object, not a function"
+    if "<" in qualname or "." in qualname:
+        return f"{module}:{qualname}", {}, fn, "it is a lambda, a nested function or a method"
+    if getattr(sys.modules.get(module), qualname, None) is not fn:
+        return f"{module}:{qualname}", {}, fn, f"{module}.{qualname} is not that function"
+    if module == "__main__":
+        return f"{module}:{qualname}", {}, fn, IN_MAIN
+    return f"{module}:{qualname}", {}, fn, ""
+
+
+def _held_out_check(entries: list[tuple[str, dict, Any, str]]) -> str:
+    """The reward whose 1.0 counts as correct in held-out accuracy: the first one rlvr can build again by name."""
+    for name, kwargs, _, why in entries:
+        if not kwargs and why in ("", IN_MAIN):  # __main__:fn imports in this process, where the run evaluates
+            return name
+    raise ValueError(
+        "GRPOTrainer: rlvr measures accuracy before and after training with a reward function it can import by name "
+        "(the first of reward_funcs that it can: a completion is correct when it scores 1.0), and none of "
+        f"{[e[0] for e in entries]} can be (lambdas, nested functions, callable objects and functools.partial cannot); "
+        "define your correctness reward at the top level of a module or script and list it first")
+
+
+# ---------------------------------------------------------------- the trainer
+
+
+class GRPOTrainer:
+    """Train ``model`` with GRPO on ``train_dataset``, scored by ``reward_funcs``; TRL's constructor, rlvr's trainer.
+
+    - ``model``: a built-in alias (smollm2-135m-instruct) or a local directory saved with ``save_pretrained`` (rlvr
+      never downloads). A transformers model object is accepted when its ``name_or_path`` is such a directory: rlvr
+      loads the weights from there (changes made in memory are not seen).
+    - ``reward_funcs``: one or a list of reward functions with TRL's signature ``f(prompts, completions, **kwargs) ->
+      list[float | None]`` (every other dataset column comes as a keyword argument, plus ``completion_ids``), or
+      names: an rlvr built-in (math_correct, format, ...) or ``'module:function'``. Each function is recorded in
+      config.yaml as ``module:function``; a lambda, nested function or callable object trains, but cannot be named
+      there (a warning says so), nor can ``__main__:function`` (a function of the running script) be imported by
+      ``rlvr train`` later. Reward models are refused.
+    - ``train_dataset`` / ``eval_dataset``: a ``datasets.Dataset`` or a list of dicts with a ``prompt`` column (a
+      string, sent as it is, or chat messages, rendered with the model's chat template: TRL's standard and
+      conversational formats) and any other columns, which reach the reward functions. They are written to
+      ``OUTPUT_DIR.data/{train,eval}-HASH.jsonl`` (a file per content, so a later run never changes an earlier run's
+      data) and config.yaml reads them (``task.name: jsonl``).
+    - Accuracy: rlvr measures greedy accuracy before and after training (and every eval_steps with
+      ``eval_strategy='steps'``): the share of prompts whose greedy completion scores exactly 1.0 on the first
+      reward function rlvr can import by name (``task.eval_reward``), so list the correctness reward first. On all
+      rows of ``eval_dataset``; without one, on the first 100 rows of ``train_dataset``, which are trained on (not
+      held out: a note says so).
+    - ``peft_config``: a ``peft.LoraConfig`` -> LoRA (model.lora_r, lora_alpha, lora_dropout, lora_targets from
+      target_modules, 'all-linear' included; None takes peft's default modules for the architecture); LoRA options
+      rlvr does not implement (use_dora, bias, modules_to_save, ...) are errors. None: full fine-tuning, as TRL.
+    - ``processing_class``: None, or the tokenizer saved in the model's directory (rlvr loads it from there).
+    - ``reward_processing_classes``, ``callbacks``, ``optimizers`` and any other argument: refused unless left unset.
+
+    ``trainer.rlvr_config`` is the ``rlvr.config.RunConfig`` that ``train()`` runs and writes to config.yaml.
+    """
+
+    def __init__(self, model: Any, reward_funcs: Any, args: GRPOConfig | None = None, train_dataset: Any = None,
+                 eval_dataset: Any = None, processing_class: Any = None, reward_processing_classes: Any = None,
+                 callbacks: Any = None, optimizers: Any = (None, None), peft_config: Any = None, **kwargs: Any):
+        if kwargs:
+            raise TypeError(f"GRPOTrainer: rlvr does not support the argument(s) {', '.join(map(repr, kwargs))}")
+        for name, value in (("reward_processing_classes", reward_processing_classes), ("callbacks", callbacks),
+                            ("optimizers", optimizers)):
+            if value is not None and value != (None, None) and value != []:
+                raise ValueError(f"GRPOTrainer: rlvr does not support {name} (rlvr builds its own AdamW and "
+                                 "scheduler, has no callbacks and no reward models); leave it unset")
+        self.model_name = _model_name(model)
+        model_dir = resolve_model_dir(self.model_name)
+        if args is None:
+            args = GRPOConfig(output_dir=f"{Path(self.model_name).name}-GRPO")
+        if not isinstance(args, GRPOConfig):
+            raise TypeError(f"GRPOTrainer: args must be rlvr.GRPOConfig, got {type(args).__module__}."
+                            f"{type(args).__qualname__}")
+        args.check()
+        self.args = args
+        _check_processing_class(processing_class, model_dir)
+        lora = _lora(peft_config, model_dir)
+
+        if train_dataset is None:
+            raise ValueError("GRPOTrainer: train_dataset is required (a datasets.Dataset or a list of dicts with a "
+                             "prompt column)")
+        train_rows = _dataset_rows(train_dataset, "train_dataset", args.remove_unused_columns)
+        eval_rows = None if eval_dataset is None else _dataset_rows(eval_dataset, "eval_dataset",
+                                                                    args.remove_unused_columns)
+        if eval_rows is None and _plain(args.eval_strategy) != "no":
+            raise ValueError(f"GRPOConfig.eval_strategy={_plain(args.eval_strategy)!r} needs an eval_dataset (as in "
+                             "TRL)")
+        if args.max_prompt_length is not None:
+            _check_prompt_lengths(model_dir, args.max_prompt_length, train_rows, eval_rows)
+
+        funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+        if not funcs:
+            raise ValueError("GRPOTrainer: reward_funcs is empty; pass at least one reward function")
+        entries = [_reward_entry(fn, i) for i, fn in enumerate(funcs)]
+        names = [e[0] for e in entries]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"GRPOTrainer: reward_funcs lists {twice[0]!r} twice; each needs its own name (its "
+                             "metrics are reported under it)")
+        weights = [1.0] * len(funcs) if args.reward_weights is None else [float(w) for w in args.reward_weights]
+        if len(weights) != len(funcs):
+            raise ValueError(f"GRPOConfig.reward_weights has {len(weights)} weights for {len(funcs)} reward functions")
+        check = _held_out_check(entries)
+        unnamed = [f"{name} ({why})" for name, _, _, why in entries if why]
+        if unnamed:
+            warnings.warn(
+                "rlvr: config.yaml cannot name these reward functions in a form `rlvr train OUTPUT_DIR/config.yaml` "
+                f"can import: {'; '.join(unnamed)}. This run uses them as they are; to rerun it from the CLI, define "
+                "them at the top level of a module (my_rewards.py: my_rewards:my_reward).", UserWarning, stacklevel=2)
+        self.rewards = [WeightedReward(name, fn, w) for (name, _, fn, _), w in zip(entries, weights)]
+
+        out = Path(os.path.normpath(args.output_dir))
+        out = out if out.name else out.resolve()
+        data_dir = out.with_name(f"{out.name}.data")  # beside the run: a fresh run moves what is inside aside
+        train_path = self._data_file(data_dir, "train", _jsonl(train_rows, "train_dataset"))
+        if eval_rows is None:
+            eval_path, eval_size = train_path, min(len(train_rows), NO_EVAL_DATASET_EVAL_SIZE)
+            print(f"rlvr: no eval_dataset: accuracy before and after training is measured on the first {eval_size} "
+                  "rows of train_dataset, which are trained on (not held out); pass eval_dataset for a held-out "
+                  "measure")
+        else:
+            eval_path, eval_size = self._data_file(data_dir, "eval", _jsonl(eval_rows, "eval_dataset")), len(eval_rows)
+        self.rlvr_config = _run_config(args, self.model_name, lora, len(train_rows), str(train_path), str(eval_path),
+                                       eval_size, check, [(e[0], e[1], w) for e, w in zip(entries, weights)])
+        self._summary: dict | None = None
+
+    @staticmethod
+    def _data_file(data_dir: Path, split: str, text: str) -> Path:
+        """Write a dataset once, named by its content: a file of that name already holds this text, and a later run
+        with other data never changes an earlier run's file."""
+        path = data_dir / f"{split}-{hashlib.sha256(text.encode()).hexdigest()[:12]}.jsonl"
+        if not path.is_file():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(text, encoding="utf-8")
+            tmp.replace(path)
+        return path
+
+    def train(self, resume_from_checkpoint: bool | str | None = None, **kwargs: Any) -> TrainOutput:
+        """Run rlvr's training (``rlvr.launch.train``) on ``rlvr_config``; returns a ``TrainOutput`` whose
+        ``metrics`` is rlvr's run summary (summary.json). ``resume_from_checkpoint``: True continues from the newest
+        checkpoint in output_dir, a path from that checkpoint (rlvr's ``resume``)."""
+        unsupported = [k for k, v in kwargs.items() if v is not None]
+        if unsupported:
+            raise TypeError(f"GRPOTrainer.train: rlvr does not support {', '.join(map(repr, unsupported))}")
+        cfg = self.rlvr_config
+        if resume_from_checkpoint:
+            resume = "auto" if resume_from_checkpoint is True else str(resume_from_checkpoint)
+            cfg = dataclasses.replace(cfg, resume=resume)
+        from rlvr.launch import train
+
+        summary = train(cfg, rewards=self.rewards)
+        self._summary = summary
+        losses = [r["update/loss"] for r in read_metrics(Path(cfg.output_dir) / "metrics.jsonl")
+                  if r.get("step", 0) >= 1 and _is_number(r.get("update/loss"))]
+        loss = sum(losses) / len(losses) if losses else math.nan
+        return TrainOutput(cfg.train.steps * cfg.algo.num_iterations, loss, summary)
+
+    def save_model(self, output_dir: str | None = None) -> Path:
+        """Copy the trained weights (OUTPUT_DIR/adapter or OUTPUT_DIR/model, saved by ``train``) into
+        ``output_dir`` (default: args.output_dir itself, as TRL saves them there)."""
+        if self._summary is None:
+            raise RuntimeError("GRPOTrainer.save_model: call train() first (rlvr saves the weights when it ends)")
+        source = Path(self._summary["saved"])
+        target = Path(output_dir or self.args.output_dir)
+        if target.resolve() != source.resolve():
+            shutil.copytree(source, target, dirs_exist_ok=True)
+        return target
+
+
+def _model_name(model: Any) -> str:
+    if isinstance(model, (str, os.PathLike)):
+        return str(model)
+    if hasattr(model, "peft_config") and hasattr(model, "disable_adapter"):
+        raise ValueError("GRPOTrainer: model is a peft model; pass the base model's directory and the LoRA settings "
+                         "as peft_config")
+    name = getattr(model, "name_or_path", "") or getattr(getattr(model, "config", None), "_name_or_path", "")
+    if not isinstance(name, str) or not name or not Path(name).is_dir():
+        raise ValueError(f"GRPOTrainer: model must be a built-in alias or a local directory saved with "
+                         f"save_pretrained(); rlvr loads models by path, and this {type(model).__name__} was not "
+                         f"loaded from a local directory (name_or_path {name!r}): save it with "
+                         "model.save_pretrained(DIR) and pass DIR")
+    return name
+
+
+def _check_processing_class(tokenizer: Any, model_dir: Path) -> None:
+    """None, or the tokenizer saved in the model's directory: rlvr loads the tokenizer from there."""
+    if tokenizer is None:
+        return
+    name = getattr(tokenizer, "name_or_path", "")
+    fix = ("rlvr loads the tokenizer saved in the model's directory; pass processing_class=None, or save yours there "
+           "with tokenizer.save_pretrained(MODEL_DIR)")
+    if not (isinstance(name, str) and name and Path(name).is_dir() and Path(name).resolve() == model_dir.resolve()):
+        raise ValueError(f"GRPOTrainer: processing_class was not loaded from {model_dir} (name_or_path {name!r}); "
+                         f"{fix}")
+    from rlvr.models import load_tokenizer
+
+    saved = load_tokenizer(model_dir)
+    for attr in ("chat_template", "eos_token"):
+        if getattr(tokenizer, attr, None) != getattr(saved, attr, None):
+            raise ValueError(f"GRPOTrainer: processing_class differs from the tokenizer saved in {model_dir} (its "
+                             f"{attr}); {fix}")
+
+
+def _check_prompt_lengths(model_dir: Path, limit: int, train_rows: list[dict], eval_rows: list[dict] | None) -> None:
+    from rlvr.models import load_tokenizer
+    from rlvr.prompts import prompt_token_ids
+
+    tokenizer = load_tokenizer(model_dir)
+    for what, rows in (("train_dataset", train_rows), ("eval_dataset", eval_rows or [])):
+        for i, row in enumerate(rows):
+            n = len(prompt_token_ids(tokenizer, row["prompt"]))
+            if n > limit:
+                raise ValueError(f"GRPOConfig.max_prompt_length={limit}: {what} row {i} has a {n}-token prompt. TRL "
+                                 "would cut it to its last max_prompt_length tokens; rlvr never cuts prompts: "
+                                 "shorten or drop the row, raise max_prompt_length, or set it to None")
+
+
+# LoraConfig fields rlvr maps (r, lora_alpha, lora_dropout, target_modules) or that describe nothing it trains.
+_LORA_MAPPED = {"r", "lora_alpha", "lora_dropout", "target_modules", "task_type", "peft_type", "auto_mapping",
+                "peft_version", "base_model_name_or_path", "revision", "runtime_config", "megatron_core"}
+
+
+def _lora(peft_config: Any, model_dir: Path) -> dict | None:
+    """model.lora_* keys of a peft LoraConfig; None for full fine-tuning."""
+    if peft_config is None:
+        return None
+    from peft import LoraConfig
+
+    if not isinstance(peft_config, LoraConfig):
+        raise TypeError(f"GRPOTrainer: peft_config must be a peft.LoraConfig (rlvr trains LoRA adapters or all "
+                        f"weights); got {type(peft_config).__name__}")
+    default = LoraConfig()
+    other = [f.name for f in dataclasses.fields(LoraConfig) if f.name not in _LORA_MAPPED
+             and getattr(peft_config, f.name) != getattr(default, f.name)]
+    if other:
+        sets = ", ".join(f"{n}={getattr(peft_config, n)!r}" for n in other)
+        raise ValueError(f"GRPOTrainer: peft_config sets {sets}; rlvr does not support it (it takes r, lora_alpha, "
+                         "lora_dropout and target_modules)")
+    task = _plain(peft_config.task_type)
+    if task not in (None, "CAUSAL_LM"):
+        raise ValueError(f"GRPOTrainer: peft_config.task_type={task!r}; GRPO trains a causal LM (CAUSAL_LM)")
+    targets = peft_config.target_modules
+    if targets is None:  # peft's default modules for the architecture
+        from peft.utils import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as DEFAULTS
+
+        model_type = json.loads((model_dir / "config.json").read_text()).get("model_type")
+        if model_type not in DEFAULTS:
+            raise ValueError(f"GRPOTrainer: peft_config.target_modules is None and peft has no default modules for "
+                             f"model_type {model_type!r}; name them, or use 'all-linear'")
+        targets = DEFAULTS[model_type]
+    if isinstance(targets, str):
+        if targets != ALL_LINEAR:
+            raise ValueError(f"GRPOTrainer: peft_config.target_modules={targets!r} is a regular expression; rlvr "
+                             f"takes a list of module names or {ALL_LINEAR!r}")
+        targets = [ALL_LINEAR]
+    return {"lora_r": int(peft_config.r), "lora_alpha": float(peft_config.lora_alpha),
+            "lora_dropout": float(peft_config.lora_dropout), "lora_targets": sorted(targets)}
+
+
+def _batches(optimizer_steps: float, total: int, mu: int) -> int:
+    """An interval TRL gives in optimizer steps (below 1: a share of the run's ``total``) in rlvr steps (batches,
+    each trained on ``mu`` times), rounded up."""
+    steps = math.ceil(optimizer_steps * total) if optimizer_steps < 1 else math.ceil(optimizer_steps)
+    return max(1, math.ceil(steps / mu))
+
+
+def _run_config(a: GRPOConfig, model_name: str, lora: dict | None, n_train: int, train_path: str, eval_path: str,
+                eval_size: int, check: str, rewards: list[tuple[str, dict, float]]) -> RunConfig:
+    prompts = a.per_device_train_batch_size * a.gradient_accumulation_steps // a.num_generations
+    mu = a.num_iterations
+    epoch = max(1, math.ceil(n_train / prompts))  # rlvr steps per pass over train_dataset
+    steps = a.max_steps // mu if a.max_steps > 0 else max(1, math.ceil(a.num_train_epochs * n_train / prompts))
+    total = steps * mu  # optimizer steps
+    warmup = a.warmup_steps if a.warmup_ratio is None else a.warmup_ratio
+    warmup_steps = math.ceil(warmup * total) if 0 < warmup < 1 else int(warmup)
+
+    save = _plain(a.save_strategy)
+    every = {"no": 0, "epoch": epoch, "steps": _batches(a.save_steps, total, mu)}[save]
+    keep = a.save_total_limit or ((steps // every if every else 0) + 1)
+    evaluation = _plain(a.eval_strategy)
+    eval_every = {"no": 0, "epoch": epoch,
+                  "steps": _batches(a.logging_steps if a.eval_steps is None else a.eval_steps, total, mu)}[evaluation]
+    epsilon_high = a.epsilon if a.epsilon_high is None else a.epsilon_high
+    return build_config({
+        "output_dir": a.output_dir,
+        "model": {"name": model_name, "lora": lora is not None, **(lora or {}),
+                  "autocast": "bf16" if a.bf16 else "none", "gradient_checkpointing": a.gradient_checkpointing},
+        "task": {"name": "jsonl", "train_path": train_path, "eval_path": eval_path, "eval_size": eval_size,
+                 "eval_reward": check, "system_prompt": ""},
+        "rewards": [{"name": name, "weight": weight, "kwargs": kwargs} for name, kwargs, weight in rewards],
+        "rollout": {"group_size": a.num_generations, "temperature": float(a.temperature), "top_p": float(a.top_p),
+                    "top_k": a.top_k or 0, "max_new_tokens": a.max_completion_length},
+        "algo": {"name": "grpo", "preset": "grpo", "scale": _scale(a.scale_rewards),
+                 "aggregation": LOSS_TYPES[_plain(a.loss_type)], "eps_low": float(a.epsilon),
+                 "eps_high": float(epsilon_high), "dual_clip": float(a.delta or 0.0), "beta": float(a.beta),
+                 "kl_estimator": "k3", "dynamic_sampling": False, "num_iterations": mu,
+                 "mask_truncated": a.mask_truncated_completions},
+        "train": {"steps": steps, "prompts_per_step": prompts, "micro_batch_size": a.per_device_train_batch_size,
+                  "lr": float(a.learning_rate), "warmup_steps": warmup_steps, "weight_decay": float(a.weight_decay),
+                  "max_grad_norm": float(a.max_grad_norm), "seed": a.seed, "checkpoint_every": every,
+                  "keep_last": keep},
+        "eval": {"every": eval_every,
+                 **({"batch_size": a.per_device_eval_batch_size} if a.per_device_eval_batch_size else {})},
+        "log": {"trackers": _trackers(a.report_to), "run_name": a.run_name or "", "progress": not a.disable_tqdm,
+                "samples": a.log_completions},
+    })
