@@ -19,7 +19,7 @@ from rlvr.offline_models import original_name
 from rlvr.rewards import Scores
 from rlvr.tasks import load_task
 from rlvr.train.collect import Collected, Round
-from rlvr.train.run import (
+from rlvr.train.run_files import (
     COLUMN_CHARS,
     TASK_COMMON_FIELDS,
     TASK_FIELDS,
@@ -169,11 +169,11 @@ def test_config_yaml_says_when_a_task_does_not_send_the_system_prompt(tmp_path):
 
 
 def test_every_task_field_is_classified():
-    """A new TaskConfig field must be entered in TASK_COMMON_FIELDS or TASK_FIELDS (rlvr/train/run.py), so that
+    """A new TaskConfig field must be entered in TASK_COMMON_FIELDS or TASK_FIELDS (rlvr/train/run_files.py), so that
     config.yaml marks it correctly."""
     fields = {f.name for f in dataclasses.fields(TaskConfig)}
     listed = set(TASK_COMMON_FIELDS) | {f for names in TASK_FIELDS.values() for f in names}
-    assert fields - listed == set(), f"not in rlvr/train/run.py TASK_FIELDS: {fields - listed}"
+    assert fields - listed == set(), f"not in rlvr/train/run_files.py TASK_FIELDS: {fields - listed}"
     assert listed - fields == set(), f"not TaskConfig fields: {listed - fields}"
     assert set(TASK_FIELDS) == set(TASKS)
 

@@ -214,8 +214,9 @@ class SyncSource:
             return ids
 
         batch = collect(run.sampler, next_row_ids, run.data.train_rows, cfg.rollout.group_size,
-                        sampling_params(cfg.rollout), run.rewards, self.advantages, seed=step_seed(cfg.train.seed, step),
-                        dynamic_sampling=cfg.algo.dynamic_sampling, max_extra_rounds=cfg.algo.max_resample_rounds)
+                        sampling_params(cfg.rollout), run.rewards, self.advantages,
+                        seed=step_seed(cfg.train.seed, step), dynamic_sampling=cfg.algo.dynamic_sampling,
+                        max_extra_rounds=cfg.algo.max_resample_rounds)
         self.warned_unscored = warn_unscored(batch, step, self.warned_unscored)
         return batch
 
