@@ -52,10 +52,10 @@ def main() -> None:
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][2:]
     result = {
         "machine": describe(), "steps": args.steps, "servers": servers, "learner_node": head,
-        "worker_node": worker.node_id, "steady_step_s": statistics.mean(r["step_wall_s"] for r in records),
-        "train_s": statistics.mean(r["time_train_s"] for r in records),
-        "server_busy_frac": statistics.mean(r.get("server_busy_frac", float("nan")) for r in records),
-        "adapter_sync_s": statistics.mean(r["time_sync_s"] for r in records),
+        "worker_node": worker.node_id, "steady_step_s": statistics.mean(r["time/step_s"] for r in records),
+        "train_s": statistics.mean(r["update/time_s"] for r in records),
+        "server_busy_frac": statistics.mean(r.get("async/server_busy_frac", float("nan")) for r in records),
+        "adapter_sync_s": statistics.mean(r["sampler/time_s"] for r in records),
     }
     placed = all(s["node"] == worker.node_id for s in servers)
     md = f"""## Two Ray nodes on one machine (`python benchmarks/ray_two_nodes.py --steps {args.steps}`)

@@ -314,6 +314,12 @@ def _check_config(a: GRPOConfig) -> None:
         raise _refuse("top_k", a.top_k, "must be an int >= 0 (0 or None: off)")
     if a.delta is not None and (not _is_number(a.delta) or a.delta <= 1):
         raise _refuse("delta", a.delta, "must be > 1 (or None: off)")
+    high = a.epsilon if a.epsilon_high is None else a.epsilon_high
+    if a.delta is not None and _is_number(high) and a.delta < 1 + high:
+        # TRL caps every token's ratio at delta; rlvr's dual clip caps negative-advantage tokens only. The two are
+        # the same loss when delta >= 1 + epsilon_high (a positive advantage's ratio is clipped there first).
+        raise _refuse("delta", a.delta, f"must be >= 1 + epsilon_high = {1 + high:g}, where rlvr's dual clip and "
+                                        "TRL's cap on the ratio give the same loss")
     loss_type = _plain(a.loss_type)
     if loss_type not in LOSS_TYPES:
         raise _refuse("loss_type", loss_type, f"rlvr does not support it; supported: {', '.join(LOSS_TYPES)}")

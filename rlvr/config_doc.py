@@ -112,8 +112,10 @@ def _default(f: dataclasses.Field) -> typing.Any:
     return dataclasses.MISSING
 
 
-def section_fields(cls: type, prefix: str) -> list[Field]:
-    """One row per field of dataclass ``cls``; ``prefix`` is the section's key (``algo``, ``rewards[]``)."""
+def section_fields(cls: type, prefix: str, instance: typing.Any = None) -> list[Field]:
+    """One row per field of dataclass ``cls``; ``prefix`` is the section's key (``algo``, ``rewards[]``). Defaults
+    are those of ``instance`` when given (the section of ``RunConfig()``: algo's knobs as the default preset sets
+    them), else the fields' own."""
     hints = typing.get_type_hints(cls)
     choices = CHOICES
     rows = []
@@ -122,7 +124,7 @@ def section_fields(cls: type, prefix: str) -> list[Field]:
         tp = type_name(hints.get(f.name, f.type))
         if key in choices and "(" not in tp:
             tp = f"{tp} ({', '.join(str(c) for c in choices[key])})"
-        default = _default(f)
+        default = _default(f) if instance is None else getattr(instance, f.name)
         doc, owner = field_doc(cls, f.name)
         rows.append(Field(key, tp, "(required)" if default is dataclasses.MISSING else value_text(default), doc, owner))
     return rows
@@ -136,7 +138,8 @@ def sections() -> list[Section]:
         tp, key = hints[f.name], YAML_KEYS.get(f.name, f.name)
         args = typing.get_args(tp)
         if dataclasses.is_dataclass(tp):
-            out.append(Section(key, field_doc(RunConfig, f.name)[0], tp, section_fields(tp, key)))
+            out.append(Section(key, field_doc(RunConfig, f.name)[0], tp,
+                               section_fields(tp, key, getattr(RunConfig(), f.name))))
         elif typing.get_origin(tp) is tuple and args and dataclasses.is_dataclass(args[0]):
             out.append(Section(key, field_doc(RunConfig, f.name)[0], args[0],
                                section_fields(args[0], f"{key}[]")))

@@ -339,3 +339,10 @@ def test_trainer_arguments_refused(tiny_model_dir, tmp_path):
         GRPOTrainer(str(tiny_model_dir), exact_answer, args=args, train_dataset=CHAT_ROWS, tools=[print])
     with pytest.raises(TypeError, match="args must be rlvr.GRPOConfig"):
         GRPOTrainer(str(tiny_model_dir), exact_answer, args={"learning_rate": 1e-5}, train_dataset=CHAT_ROWS)
+
+
+def test_delta_below_the_upper_clip_is_refused():
+    """rlvr's dual clip equals TRL's cap on the ratio only from delta = 1 + epsilon_high up."""
+    with pytest.raises(ValueError, match=r"GRPOConfig\.delta=1\.1: must be >= 1 \+ epsilon_high = 1\.28"):
+        GRPOConfig(delta=1.1, epsilon_high=0.28)
+    GRPOConfig(delta=1.28, epsilon_high=0.28)

@@ -192,3 +192,14 @@ def test_the_learners_wait_is_a_deadline_on_progress():
     for _ in range(4):
         sampler.release.release()
     orch.stop()
+
+
+def test_dynamic_sampling_stops_dropping_after_its_budget():
+    """Every group flat (a weak model): after max_dropped drops the learner trains flat groups (advantage 0) instead
+    of draining the data stream, as the synchronous loop does when its extra rounds run out."""
+    rows = [{"prompt": "flat"} for _ in range(40)]
+    orch = _orchestrator(ScriptedSampler(), rows=rows, max_inflight=2).start()
+    taken = orch.take(4, version=0, dynamic_sampling=True, timeout_s=30, max_dropped=6)
+    orch.stop()
+    assert taken.dropped_zero_variance == 6 and len(taken.groups) == 4
+    assert all(not bool(g.informative[0]) for g in taken.groups)

@@ -229,3 +229,18 @@ def test_cli_reward_import_errors_are_one_line(tiny_model_dir, tmp_path, monkeyp
 
 def test_reward_error_is_the_cli_s_class():
     assert issubclass(RewardImportError, RewardError)
+
+
+def test_a_local_module_wins_over_an_installed_one_whatever_was_imported_before(tmp_path, monkeypatch):
+    """The working directory goes first for every import, not only the first one; sys.path is left as it was, with
+    the folders at its end."""
+    work, site = tmp_path / "work", tmp_path / "site"
+    first = _module(work, CONSTANT.format(value=1.0))
+    name = _module(site, CONSTANT.format(value=2.0))
+    (work / f"{name}.py").write_text(textwrap.dedent(CONSTANT.format(value=3.0)))  # same name, in the work folder
+    monkeypatch.chdir(work)
+    monkeypatch.syspath_prepend(str(site))
+    before = list(sys.path)
+    assert build_reward(f"{first}:reward")([""], ["x"]) == [1.0]
+    assert build_reward(f"{name}:reward")([""], ["x"]) == [3.0]  # the local file, not the one on sys.path
+    assert sys.path[: len(before)] == before

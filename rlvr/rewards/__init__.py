@@ -94,8 +94,8 @@ def _import_module(name: str, module_name: str) -> Any:
     if module_name in sys.modules:  # __main__, or imported already
         return sys.modules[module_name]
     dirs = reward_search_path()
-    added = [str(d) for d in dirs if str(d) not in sys.path]
-    sys.path[:0] = added
+    before, front = list(sys.path), [str(d) for d in dirs]
+    sys.path[:] = front + [p for p in before if p not in front]  # the search folders first, for every import
     importlib.invalidate_caches()  # a file written after the interpreter started (tests, notebooks)
     try:
         return importlib.import_module(module_name)
@@ -116,10 +116,9 @@ def _import_module(name: str, module_name: str) -> Any:
         raise RewardImportError(
             f"reward {name!r}: importing module {module_name!r} failed{_failed_at(err)}: {type(err).__name__}: {err}"
         ) from err
-    finally:
-        for d in added:
-            sys.path.remove(d)
-            sys.path.append(d)
+    finally:  # sys.path as it was, plus the folders last: the module's later imports of its neighbours still work,
+        # and no local file shadows a library
+        sys.path[:] = before + [d for d in front if d not in before]
 
 
 def _public_callables(module: Any) -> list[str]:

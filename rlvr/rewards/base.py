@@ -7,7 +7,8 @@ A reward function has TRL's signature::
 ``prompts`` are the dataset prompts (a string or a list of chat messages), ``completions`` the sampled
 answers - plain strings for string prompts, ``[{"role": "assistant", "content": text}]`` for chat prompts,
 as TRL passes them - and ``columns`` every other dataset column (one value per completion) plus
-``completion_ids`` (lists of token ids). A TRL reward function therefore works unchanged.
+``completion_ids`` (lists of token ids). A TRL reward function therefore works unchanged, unless it returns NaN
+for "no score" (TRL ignores NaN; rlvr refuses it, below: return None instead).
 
 Combination policy: the total is the weighted sum of the values that are present. ``None`` means "this
 function does not apply to / could not score this completion" and contributes nothing; a completion that no

@@ -160,11 +160,14 @@ class Orchestrator:
             self._ready.put(ScoredGroup(uid, row_id, groups, scores, int(groups.version[0]),
                                         informative_groups(scores.total, self.G), t1 - t0, t3 - t2))
 
-    def take(self, n: int, version: int, dynamic_sampling: bool = False, timeout_s: float | None = None) -> Taken:
+    def take(self, n: int, version: int, dynamic_sampling: bool = False, timeout_s: float | None = None,
+             max_dropped: int | None = None) -> Taken:
         """``n`` scored groups to train at ``version`` (blocks until they are there). Groups staler than
         max_staleness are dropped and their prompts dispatched again; with dynamic sampling, groups whose
-        rewards are all equal are dropped for good. ``timeout_s``: raise ``TimeoutError`` when no group (nor
-        a dispatcher's error) arrives for that long - a deadline on progress, so the learner never hangs."""
+        rewards are all equal are dropped for good - at most ``max_dropped`` of them (None: no limit), after
+        which they are trained as they are (advantage 0), as the synchronous loop does when its extra rounds run
+        out. ``timeout_s``: raise ``TimeoutError`` when no group (nor a dispatcher's error) arrives for that long -
+        a deadline on progress, so the learner never hangs."""
         taken = Taken([])
         while len(taken.groups) < n:
             waited = time.perf_counter()
@@ -182,7 +185,8 @@ class Orchestrator:
                     taken.dropped_stale += 1
                     self.stats.dropped_stale += 1
                     self.stats.redispatched += 1
-                elif dynamic_sampling and not bool(item.informative[0]):
+                elif dynamic_sampling and not bool(item.informative[0]) and (
+                        max_dropped is None or taken.dropped_zero_variance < max_dropped):
                     self._pending.discard(item.uid)
                     taken.dropped_zero_variance += 1
                     self.stats.dropped_zero_variance += 1

@@ -21,7 +21,8 @@ import time
 import torch
 
 from rlvr.config import RunConfig
-from rlvr.rollout import Sampler
+from rlvr.rewards import Scores
+from rlvr.rollout import Groups, Sampler
 from rlvr.rollout.remote import NoServerError, api_key_from_env
 from rlvr.runtime.orchestrator import Orchestrator, Taken
 from rlvr.seeds import group_seed
@@ -119,18 +120,20 @@ class AsyncSource:
             data_seed=seed, sample_seed=lambda uid: group_seed(seed, uid),
             max_inflight=a.max_inflight_groups or cfg.train.prompts_per_step, max_staleness=a.max_staleness,
             cursor=run.state["cursor"], pending=run.state.get("pending", []),
-        ).start()
-        self._stack.callback(self.orchestrator.stop)
+        )
         self._busy, self._stats = self.sampler.busy_seconds(), self.orchestrator.stats.__dict__.copy()
         self._clock = time.perf_counter()
+        self.orchestrator.start()
+        self._stack.callback(self.orchestrator.stop)
 
     def next(self, run: Run, step: int) -> Collected:
         if self.orchestrator is None:
             self._start_orchestrator(run)
         cfg, wait_s = self.cfg, learner_wait_s(self.cfg)
         try:
-            taken = self.orchestrator.take(cfg.train.prompts_per_step, version=step - 1,
-                                           dynamic_sampling=cfg.algo.dynamic_sampling, timeout_s=wait_s)
+            B = cfg.train.prompts_per_step  # dynamic sampling drops at most the groups its extra rounds would sample
+            taken = self.orchestrator.take(B, version=step - 1, dynamic_sampling=cfg.algo.dynamic_sampling,
+                                           timeout_s=wait_s, max_dropped=cfg.algo.max_resample_rounds * B)
         except TimeoutError:
             pool = self.sampler.pool
             logs = (f" (logs: {run.run_dir / 'servers'})"
@@ -141,10 +144,12 @@ class AsyncSource:
                 f"answers rejected as malformed, {len(pool.live())} of {len(self.urls)} servers live. Check the "
                 f"servers{logs}, or raise async.learner_wait_s if generation is this slow") from None
         self.taken = taken
-        rounds = [Round([g.row_id], g.groups, g.scores, g.informative, [g.uid]) for g in taken.groups]
-        kept = [(r, torch.arange(1)) for r in rounds]
-        batch = scored_batch(rounds, kept, self.advantages, sum(g.time_generate_s for g in taken.groups),
-                             sum(g.time_reward_s for g in taken.groups))
+        groups = taken.groups  # one round: the B groups taken for this step
+        round_ = Round([g.row_id for g in groups], Groups.concat([g.groups for g in groups]),
+                       Scores.concat([g.scores for g in groups]), torch.cat([g.informative for g in groups]),
+                       [g.uid for g in groups])
+        batch = scored_batch([round_], [(round_, torch.arange(len(groups)))], self.advantages,
+                             sum(g.time_generate_s for g in groups), sum(g.time_reward_s for g in groups))
         self.warned_unscored = warn_unscored(batch, step, self.warned_unscored)
         return batch
 
