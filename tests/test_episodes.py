@@ -34,10 +34,10 @@ def _model(tokenizer, eos_every=5):
     return model
 
 
-def _episodes(model, tokenizer, envs, limits=EpisodeLimits(), seed=0, max_new_tokens=6):
+def _episodes(model, tokenizer, envs, limits=None, seed=0, max_new_tokens=6):
     generators = [torch.Generator().manual_seed(seed * 100 + i) for i in range(len(envs))]
     return sample_episodes(model, tokenizer, PROMPTS, envs, G, SamplingParams(max_new_tokens=max_new_tokens),
-                           generators, limits)
+                           generators, limits or EpisodeLimits())
 
 
 def test_an_observation_is_the_tool_turn_after_the_models_end_of_turn(tokenizer):
@@ -48,9 +48,10 @@ def test_an_observation_is_the_tool_turn_after_the_models_end_of_turn(tokenizer)
 
 def test_a_template_that_rewrites_earlier_turns_is_refused(tokenizer):
     rewriting = copy.deepcopy(tokenizer)  # drops an assistant turn's content unless it is the last message (Qwen3-like)
-    rewriting.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
-                               "{% if m['role'] != 'assistant' or loop.last %}{{ m['content'] }}{% endif %}"
-                               "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    rewriting.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+        "{% if m['role'] != 'assistant' or loop.last %}{{ m['content'] }}{% endif %}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
     with pytest.raises(ValueError, match="renders earlier turns differently"):
         observation_ids(rewriting, ["7"])
 
