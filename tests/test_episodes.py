@@ -23,7 +23,7 @@ class Scripted:
     def __init__(self, calls: int, text: str = "7"):
         self.calls, self.text, self.seen = calls, text, []
 
-    def step(self, text: str) -> list[str]:
+    def step(self, text: str, timeout_s: float) -> list[str]:
         self.seen.append(text)
         return [self.text] if len(self.seen) <= self.calls else []
 
@@ -112,3 +112,32 @@ def test_the_update_trains_on_episodes(tokenizer):
     stats = train_step(model, torch.optim.SGD(model.parameters(), lr=0.1), None, batch, LossSettings(),
                        micro_batch_size=4, max_new_tokens=6)
     assert stats["skipped_updates"] == 0 and any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+class Counter:
+    """A TRL-style environment: reset(**row), public methods are tools."""
+
+    def reset(self, **row):
+        self.total = 0
+        return "The counter starts at 0."
+
+    def add(self, n: int) -> int:
+        """Add to the counter.
+
+        Args:
+            n: how much to add
+        """
+        self.total += n
+        return self.total
+
+
+def test_a_trl_style_environment_drives_episodes(tokenizer):
+    from rlvr.envs.environment import load_environment
+
+    spec = load_environment(Counter)
+    episodes = [spec.episode() for _ in range(4)]
+    assert [e.reset({"prompt": "p"}) for e in episodes] == ["The counter starts at 0."] * 4
+    groups, stats = _episodes(_model(tokenizer), tokenizer, episodes, max_new_tokens=32)
+    # a random model writes no <tool_call>: every episode is one turn, ended by the environment, none truncated
+    assert stats.turns == [1] * 4 and all(e.done for e in episodes) and not groups.truncated.any()
+    assert torch.equal(groups.sampled_mask, groups.completion_mask)

@@ -6,11 +6,20 @@ Here today:
   ``<tool_call>…</tool_call>``, the Hermes/Qwen convention), running one call with a deadline so that every
   failure becomes observation text the model reads, and per-tool counts for the metrics.
 - ``calculator``: the built-in exact-arithmetic tool (``ast`` + ``fractions``, never ``eval``).
+- ``python_tool``: the built-in ``python`` tool (``PythonTool(...).python``): runs the model's code in the code
+  graders' sandbox (``rlvr.verifiers.sandbox``: same isolation, same kind of limits) and returns stdout, stderr
+  (the traceback of an error) and how the run ended, bounded.
+- ``environment``: TRL-style environments run unchanged (``environment_factory``): ``load_environment`` checks a
+  factory once before a run (``reset(**row)``, optional ``get_reward()``, every public method a tool with a
+  schema; one-line errors naming the class and method); ``EpisodeEnv`` is one instance for one episode
+  (``reset`` -> the observation the sampler adds to the prompt with ``prompt_with_observation``, ``step`` per
+  model turn -> observations, ``reward``, ``release``; an episode ends on a turn without a tool call).
 
 Later (not here yet): the episode sampler drives the turns (token-in / token-out: sampled tokens are kept as
-sampled, observations are appended as tokens, history is never re-templated); environments follow TRL's shape
-(``reset(**row)`` -> optional observation, every public method a tool, optional ``get_reward()``) or speak
-reset/step over HTTP in the OpenEnv style; the ``python`` tool runs code in the verifiers' process sandbox.
+sampled, observations are appended as tokens, history is never re-templated) on every rollout path; a client
+for environments served over HTTP in the OpenEnv style (reset / step); TRL's dict of factories (several
+environments in one run).
 
-This package imports neither torch nor the rest of rlvr (``tool_schema`` imports transformers when called).
+This package imports neither torch nor the rest of rlvr, except ``rlvr.verifiers.sandbox`` (``python_tool``);
+``tool_schema`` imports transformers when called.
 """

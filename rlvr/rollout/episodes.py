@@ -32,16 +32,18 @@ from rlvr.rollout.groups import Groups, eos_token_ids
 
 
 class Environment(Protocol):
-    """One episode's environment: answers a model turn (its text) with observation texts, one per tool call
-    (none: the episode is over)."""
+    """One episode's environment (rlvr.envs.EpisodeEnv is one): answers a model turn (its text) with one
+    observation per tool call - a string, or an object with a ``text`` - each tool given ``timeout_s``; none: the
+    episode is over."""
 
-    def step(self, text: str) -> list[str]: ...
+    def step(self, text: str, timeout_s: float) -> list: ...
 
 
 @dataclass(frozen=True)
 class EpisodeLimits:
     max_turns: int = 4  # model turns per episode
     max_episode_tokens: int = 512  # completion tokens per episode: model turns and observations together
+    tool_timeout_s: float = 10.0  # per tool call
 
 
 @dataclass
@@ -131,7 +133,8 @@ def sample_episodes(
                     stats.truncated["episode_tokens" if cut else "turn_tokens"] += 1
                     continue
                 t0 = time.perf_counter()
-                observations = envs[i].step(tokenizer.decode(new, skip_special_tokens=True))
+                answer = envs[i].step(tokenizer.decode(new, skip_special_tokens=True), limits.tool_timeout_s)
+                observations = [getattr(o, "text", o) for o in answer]
                 stats.env_seconds += time.perf_counter() - t0
                 if not observations:
                     continue  # no tool call: the episode is over
