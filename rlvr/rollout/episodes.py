@@ -99,7 +99,8 @@ def sample_episodes(
     n = len(prompts) * group_size
     if len(envs) != n or len(generators) != n:
         raise ValueError(f"{n} episodes need {n} environments and generators, got {len(envs)} and {len(generators)}")
-    prompt_ids = [prompt_token_ids(tokenizer, prompts[i // group_size]) for i in range(n)]
+    encoded = [prompt_token_ids(tokenizer, p) for p in prompts]  # once per prompt, shared by its G episodes
+    prompt_ids = [encoded[i // group_size] for i in range(n)]
     tokens: list[list[int]] = [[] for _ in range(n)]  # completion tokens so far
     sampled: list[list[int]] = [[] for _ in range(n)]  # 1: sampled by the model
     logp: list[list[float]] = [[] for _ in range(n)]
@@ -155,16 +156,16 @@ def sample_episodes(
             active = still
     finally:
         model.train(was_training)
-    return _as_groups(tokenizer, prompts, group_size, tokens, sampled, logp, truncated, params, version), stats
+    return _as_groups(tokenizer, encoded, group_size, tokens, sampled, logp, truncated, params, version), stats
 
 
-def _as_groups(tokenizer, prompts, group_size, tokens, sampled, logp, truncated, params, version) -> Groups:
+def _as_groups(tokenizer, encoded, group_size, tokens, sampled, logp, truncated, params, version) -> Groups:
     n, width = len(tokens), max(1, max(len(t) for t in tokens))
 
     def right(rows: list[list], fill) -> list[list]:
         return [r + [fill] * (width - len(r)) for r in rows]
 
-    prompt_ids, prompt_mask = left_pad([prompt_token_ids(tokenizer, p) for p in prompts], tokenizer.pad_token_id)
+    prompt_ids, prompt_mask = left_pad(encoded, tokenizer.pad_token_id)
     return Groups(
         prompt_ids=prompt_ids,
         prompt_mask=prompt_mask,

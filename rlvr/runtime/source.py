@@ -27,7 +27,7 @@ from rlvr.rollout.remote import NoServerError, api_key_from_env
 from rlvr.runtime.orchestrator import Orchestrator, Taken
 from rlvr.seeds import group_seed
 from rlvr.train.build import build_remote_sampler, sampling_params
-from rlvr.train.collect import Advantages, Collected, Round, scored_batch, warn_unscored
+from rlvr.train.collect import Advantages, Collected, Round, scored_batch
 from rlvr.train.run import Run
 
 
@@ -95,7 +95,6 @@ class AsyncSource:
     def __init__(self, cfg: RunConfig, advantages: Advantages | None):
         self.cfg, self.advantages = cfg, advantages
         self.launcher = self.orchestrator = None
-        self.warned_unscored = False
         self.urls: list[str] = []
 
     def open(self, run: Run, stack: contextlib.ExitStack) -> Sampler:
@@ -148,10 +147,8 @@ class AsyncSource:
         round_ = Round([g.row_id for g in groups], Groups.concat([g.groups for g in groups]),
                        Scores.concat([g.scores for g in groups]), torch.cat([g.informative for g in groups]),
                        [g.uid for g in groups])
-        batch = scored_batch([round_], [(round_, torch.arange(len(groups)))], self.advantages,
-                             sum(g.time_generate_s for g in groups), sum(g.time_reward_s for g in groups))
-        self.warned_unscored = warn_unscored(batch, step, self.warned_unscored)
-        return batch
+        return scored_batch([round_], [(round_, torch.arange(len(groups)))], self.advantages,
+                            sum(g.time_generate_s for g in groups), sum(g.time_reward_s for g in groups))
 
     def report(self) -> dict[str, float]:
         busy, now = self.sampler.busy_seconds(), time.perf_counter()

@@ -198,7 +198,6 @@ class SyncSource:
 
     def __init__(self, cfg: RunConfig, advantages: Advantages | None):
         self.cfg, self.advantages = cfg, advantages
-        self.warned_unscored = False
 
     def open(self, run: Run, stack: contextlib.ExitStack) -> Sampler:
         sampler = build_sampler(self.cfg, run.model, run.data.tokenizer, run.run_dir)
@@ -213,12 +212,10 @@ class SyncSource:
             run.state["cursor"] += B
             return ids
 
-        batch = collect(run.sampler, next_row_ids, run.data.train_rows, cfg.rollout.group_size,
-                        sampling_params(cfg.rollout), run.rewards, self.advantages,
-                        seed=step_seed(cfg.train.seed, step), dynamic_sampling=cfg.algo.dynamic_sampling,
-                        max_extra_rounds=cfg.algo.max_resample_rounds)
-        self.warned_unscored = warn_unscored(batch, step, self.warned_unscored)
-        return batch
+        return collect(run.sampler, next_row_ids, run.data.train_rows, cfg.rollout.group_size,
+                       sampling_params(cfg.rollout), run.rewards, self.advantages,
+                       seed=step_seed(cfg.train.seed, step), dynamic_sampling=cfg.algo.dynamic_sampling,
+                       max_extra_rounds=cfg.algo.max_resample_rounds)
 
     def report(self) -> dict[str, float]:
         return {}

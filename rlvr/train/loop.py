@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 from rlvr.faults import fault_point
 from rlvr.metrics import REWARD, namespaced
 from rlvr.rollout import Sampler
-from rlvr.train.collect import Collected, collect_metrics
+from rlvr.train.collect import Collected, collect_metrics, warn_unscored
 from rlvr.train.run import Run, stop_on_interrupt
 
 
@@ -72,9 +72,11 @@ def run_loop(run: Run, source: BatchSource, update: Update) -> dict:
         run.evaluate_before()
         bar = tqdm(range(run.start + 1, cfg.train.steps + 1), disable=not cfg.log.progress,
                    desc=f"{source.name}{cfg.algo.preset}", unit="step", initial=run.start, total=cfg.train.steps)
+        warned = False  # about a batch without any reward: once per run, whichever source
         for step in bar:
             t0 = time.perf_counter()
             batch = source.next(run, step)
+            warned = warn_unscored(batch, step, warned)
             fault_point("after_generate", step)
             t1 = time.perf_counter()
             stats = update(run, batch)
