@@ -48,7 +48,7 @@ def _eval(args: argparse.Namespace) -> int:
         model = PeftModel.from_pretrained(model, run_dir / "adapter")
     accuracy = evaluate(
         build_local_sampler(cfg, model.eval(), data.tokenizer), data.eval_rows, data.check, cfg.eval.batch_size,
-        cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens, tuple(cfg.rollout.stop),
+        cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens, tuple(cfg.rollout.stop), data.episodes,
     )
     name = str(run_dir / "model") if trained_full else cfg.model.name
     print(json.dumps({"model": name, "trained": run_dir is not None, "eval_size": len(data.eval_rows),

@@ -336,6 +336,31 @@ class AsyncConfig:
 
 
 @dataclass(frozen=True)
+class EnvConfig:
+    factory: str = ""
+    """A TRL-style environment class (or function returning one) as 'package.module:Name': one instance per
+    episode, reset(**row) -> optional text added to the prompt, every public method a tool, optional
+    get_reward(). '' with env.tools set: an environment of those tools only. See docs/concepts/episodes.md."""
+    tools: tuple[str, ...] = ()
+    """Tools besides the environment's methods: built-in calculator (exact arithmetic) and python (runs code in
+    the graders' sandbox), or your own functions as 'package.module:function' (type hints and a docstring)."""
+    max_turns: int = 4
+    """Model turns per episode, at most (an episode ends earlier on a turn without a tool call)."""
+    max_episode_tokens: int = 512
+    """Completion tokens per episode (model turns and tool results together), at most."""
+    tool_timeout_s: float = 10.0
+    """Seconds one tool call may run; a call past it is abandoned and the model reads a timeout."""
+    stop_after_call: bool = True
+    """End a model turn at '</tool_call>' (the tool's result follows at once), instead of letting the model go on
+    writing (and inventing a result) until its end-of-turn token."""
+
+    @property
+    def enabled(self) -> bool:
+        """Episodes instead of single completions: an environment or tools are set."""
+        return bool(self.factory or self.tools)
+
+
+@dataclass(frozen=True)
 class LogConfig:
     trackers: tuple[str, ...] = ("tensorboard",)
     """Where metrics go besides metrics.jsonl (same names and steps): tensorboard (event files in tensorboard/),
@@ -392,6 +417,8 @@ class RunConfig:
     """Steps, batch shape, optimizer, seed."""
     eval: EvalConfig = EvalConfig()
     """Greedy held-out evaluation."""
+    env: EnvConfig = EnvConfig()
+    """Multi-turn episodes with tools and environments (off unless env.factory or env.tools is set)."""
     log: LogConfig = LogConfig()
     """Metric sinks."""
     asynchronous: AsyncConfig = AsyncConfig()
@@ -415,7 +442,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
 POSITIVE = ("train.steps", "rollout.group_size", "rollout.max_new_tokens", "train.prompts_per_step",
             "train.micro_batch_size", "algo.num_iterations", "eval.batch_size", "train.logprob_chunk",
             "train.keep_last", "train.max_consecutive_skips", "rollout.keep_versions", "async.server_threads",
-            "model.lora_r", "task.digits")
+            "model.lora_r", "task.digits", "env.max_turns", "env.max_episode_tokens", "env.tool_timeout_s")
 NON_NEGATIVE = ("task.eval_size", "task.train_size", "task.few_shot", "rollout.top_k", "rollout.server_wait_s",
                 "train.warmup_steps", "train.weight_decay", "train.max_grad_norm",
                 "train.threads", "train.heap_threshold_kb", "train.checkpoint_every", "eval.every",

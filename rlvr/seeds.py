@@ -44,3 +44,14 @@ def request_seed(seed: int, prompt: int) -> int:
 def completion_seed(seed: int, prompt: int, choice: int) -> int:
     """A served completion's seed from its request's seed, its prompt and its choice index (rlvr serve)."""
     return ((seed * _STEP + prompt) * _CHOICE + choice) % (1 << 63)
+
+
+def episode_seed(seed: int, episode: int) -> int:
+    """Seed of episode ``episode`` (its position in the batch) of a batch sampled with ``seed``: every model turn
+    of the episode draws from it (in process: one generator; on servers: ``turn_seed``)."""
+    return request_seed(seed, episode)
+
+
+def turn_seed(seed: int, episode: int, turn: int) -> int:
+    """A served model turn's seed: turn ``turn`` of episode ``episode`` of a batch sampled with ``seed``."""
+    return completion_seed(seed, episode, turn) % (2**31 - 1)

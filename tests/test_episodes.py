@@ -36,8 +36,9 @@ def _model(tokenizer, eos_every=5):
 
 def _episodes(model, tokenizer, envs, limits=None, seed=0, max_new_tokens=6):
     generators = [torch.Generator().manual_seed(seed * 100 + i) for i in range(len(envs))]
-    return sample_episodes(model, tokenizer, PROMPTS, envs, G, SamplingParams(max_new_tokens=max_new_tokens),
-                           generators, limits or EpisodeLimits())
+    out = sample_episodes(model, tokenizer, PROMPTS, envs, G, SamplingParams(max_new_tokens=max_new_tokens),
+                          generators, limits or EpisodeLimits())
+    return out.groups, out.stats
 
 
 def test_an_observation_is_the_tool_turn_after_the_models_end_of_turn(tokenizer):

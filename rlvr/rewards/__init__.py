@@ -89,8 +89,9 @@ def _failed_at(err: BaseException) -> str:
     return f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
 
 
-def _import_module(name: str, module_name: str) -> Any:
-    """Import ``module_name`` with the search folders at the front of sys.path (see ``reward_search_path``)."""
+def _import_module(name: str, module_name: str, what: str = "reward") -> Any:
+    """Import ``module_name`` with the search folders at the front of sys.path (see ``reward_search_path``);
+    errors name ``what`` (the setting) and ``name``."""
     if module_name in sys.modules:  # __main__, or imported already
         return sys.modules[module_name]
     dirs = reward_search_path()
@@ -104,17 +105,17 @@ def _import_module(name: str, module_name: str) -> Any:
         if missing and (module_name == missing or module_name.startswith(missing + ".")):
             file = module_name.replace(".", "/") + ".py"
             raise RewardImportError(
-                f"reward {name!r}: no module named {missing!r} in {_where(dirs)} or on sys.path; put {file} in "
+                f"{what} {name!r}: no module named {missing!r} in {_where(dirs)} or on sys.path; put {file} in "
                 "the working directory or the config's folder, install the package that provides it, or add "
                 "its folder to PYTHONPATH"
             ) from None
         raise RewardImportError(
-            f"reward {name!r}: importing module {module_name!r} failed{_failed_at(err)}: ModuleNotFoundError: "
+            f"{what} {name!r}: importing module {module_name!r} failed{_failed_at(err)}: ModuleNotFoundError: "
             f"{err} (a module it imports is missing: install it)"
         ) from err
     except Exception as err:
         raise RewardImportError(
-            f"reward {name!r}: importing module {module_name!r} failed{_failed_at(err)}: {type(err).__name__}: {err}"
+            f"{what} {name!r}: importing module {module_name!r} failed{_failed_at(err)}: {type(err).__name__}: {err}"
         ) from err
     finally:  # sys.path as it was, plus the folders last: the module's later imports of its neighbours still work,
         # and no local file shadows a library
@@ -183,6 +184,20 @@ def build_reward(name: str, kwargs: dict[str, Any] | None = None) -> RewardFn:
     return fn
 
 
+def import_object(name: str, what: str) -> Any:
+    """The object ``package.module:attribute`` names (an environment class, a tool function), imported as reward
+    modules are (``reward_search_path``); every failure is one ``RewardImportError`` line naming ``what``."""
+    module_name, colon, attr = name.partition(":")
+    if not colon or not module_name or not attr:
+        raise RewardImportError(f"{what} {name!r}: write it as 'package.module:attribute'")
+    module = _import_module(name, module_name, what)
+    if not hasattr(module, attr):
+        public = _public_callables(module)
+        listing = f"its public callables: {', '.join(public)}" if public else "it defines no public callable"
+        raise RewardImportError(f"{what} {name!r}: module {module_name!r} has no attribute {attr!r}; {listing}")
+    return getattr(module, attr)
+
+
 __all__ = [
     "BUILTINS",
     "PLACEHOLDERS",
@@ -195,6 +210,7 @@ __all__ = [
     "build_reward",
     "check_rewards",
     "completion_text",
+    "import_object",
     "reward_search_path",
     "score_completions",
 ]

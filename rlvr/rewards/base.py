@@ -91,9 +91,14 @@ class Scores(NamedTuple):
 
 
 def completion_text(completion: Any) -> str:
-    """The text of a completion in either TRL format (string, or list of chat messages)."""
+    """The text of a completion in either TRL format (string, or list of chat messages). A multi-turn completion
+    (an episode: assistant turns with ``tool`` results between them) is its last assistant turn, the final answer:
+    a tool's output is never read as the model's answer."""
     if isinstance(completion, str):
         return completion
+    if any(m.get("role") == "tool" for m in completion):
+        answers = [m.get("content") or "" for m in completion if m.get("role") == "assistant"]
+        return answers[-1] if answers else ""
     return "".join(m.get("content", "") for m in completion)
 
 
@@ -185,7 +190,8 @@ PLACEHOLDERS = ("", "0")  # the completions check_rewards scores: an empty answe
 
 
 def check_rewards(
-    rewards: Sequence[WeightedReward], rows: Sequence[dict], n: int = 2, placeholders: Sequence[str] = PLACEHOLDERS
+    rewards: Sequence[WeightedReward], rows: Sequence[dict], n: int = 2, placeholders: Sequence[str] = PLACEHOLDERS,
+    environments: Callable[[dict], Any] | None = None,
 ) -> Scores:
     """Call every reward function once, the way training does, on the first ``n`` rows with placeholder
     completions, so a function that raises (a missing column, a bad kwarg), returns the wrong number of values, a
@@ -208,6 +214,8 @@ def check_rewards(
                 raise KeyError(f"dataset row {i} ({row['prompt']!r:.80}) has no column {name!r} that other rows have")
         columns[name] = [row[name] for row in rows for _ in placeholders]
     columns["completion_ids"] = [[0] * (len(t) + 1) for t in texts]
+    if environments is not None:  # an episode run: reward functions also get the environments (as TRL passes them)
+        columns["environments"] = [environments(row) for row in rows for _ in placeholders]
     try:
         return score_completions(rewards, prompts, as_completions(prompts, texts), columns)
     except RewardError as err:

@@ -1,34 +1,38 @@
-"""Multi-turn episodes in this process: the model writes a turn, the environment answers its tool calls, the
-model goes on - one token stream per episode, returned as ``Groups`` like single-turn completions.
+"""Multi-turn episodes: the model writes a turn, the environment answers its tool calls, the model goes on - one
+token stream per episode, returned as ``Groups`` like single-turn completions.
+
+The turns are driven here, for every rollout path; only the sampling of one model turn differs: ``local_turns``
+samples in this process, ``rlvr.rollout.remote.RemoteSampler`` sends token-id prompts to ``/v1/completions``
+(``rlvr serve`` or vLLM), so servers stay stateless and need nothing new.
 
 Token in, token out: the tokens the model sampled are kept exactly as sampled, and each observation is appended
 as the tokens of a new turn only (``observation_ids``), so the history is never re-rendered through the chat
 template (a template that rewrites earlier turns - Qwen3 drops past <think> - cannot change what the trainer
 scores). Observation tokens are attended to but not trained on: ``Groups.sampled_mask`` is 1 on sampled tokens
-only, and their behaviour log-prob is 0.
+only, and their behaviour log-prob is 0. A turn that stopped at a stop string (``</tool_call>``) rather than at
+its end-of-turn token gets the template's end-of-turn as the first observation tokens.
 
 An episode ends when a turn has no tool call, or at a limit: ``max_turns`` model turns, ``max_episode_tokens``
 completion tokens (turns and observations together), or a turn cut at ``max_new_tokens`` without ending; each
 limit that ends an episode is counted (``EpisodeStats.truncated``) and marks the episode truncated.
-
-Not here yet (issue 23): the TRL-style environment adapter that builds the ``Environment`` objects from a user's
-class, rollout servers driving turns with token-id prompts, and the asynchronous runtime's dispatch of episodes.
 """
 
 from __future__ import annotations
 
 import collections
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
 from torch import nn
 
+from rlvr.envs.tools import ToolStats
 from rlvr.models import backbone_and_head
 from rlvr.prompts import Prompt, left_pad, prompt_token_ids
 from rlvr.rollout.engine import SamplingParams, generate_groups
-from rlvr.rollout.groups import Groups, eos_token_ids
+from rlvr.rollout.groups import Groups, eos_token_ids, stop_string_checker
 
 
 class Environment(Protocol):
@@ -47,25 +51,65 @@ class EpisodeLimits:
 
 
 @dataclass
+class Turn:
+    """One sampled model turn."""
+
+    token_ids: list[int]
+    logprobs: list[float]  # behaviour log-prob of each token
+    truncated: bool  # cut at max_new_tokens, without an end-of-turn token or a stop string
+
+
+TurnSampler = Callable[[list[list[int]], list[int]], list[Turn]]
+"""(the token ids so far of each active episode - prompt, then completion -, their episode indices) -> the next
+model turn of each. Episode i's turn must depend only on its own context and randomness (seeded per episode)."""
+
+
+@dataclass
 class EpisodeStats:
     turns: list[int] = field(default_factory=list)  # model turns of each episode
     observation_tokens: int = 0
     model_tokens: int = 0
     env_seconds: float = 0.0
     truncated: collections.Counter = field(default_factory=collections.Counter)  # cause -> episodes
+    tools: ToolStats = field(default_factory=ToolStats)  # calls and errors per tool (merged by the caller)
+
+    def merge(self, other: EpisodeStats) -> None:
+        self.turns += other.turns
+        self.observation_tokens += other.observation_tokens
+        self.model_tokens += other.model_tokens
+        self.env_seconds += other.env_seconds
+        self.truncated.update(other.truncated)
+        self.tools.merge(other.tools)
 
     def as_metrics(self) -> dict[str, float]:
         n = max(len(self.turns), 1)
+        tools = self.tools.as_metrics()
         return {"turns_mean": sum(self.turns) / n, "turns_max": max(self.turns, default=0),
+                "tool_call_rate": tools["calls/_all"] / n,
                 "observation_tokens": self.observation_tokens, "model_tokens": self.model_tokens,
-                "env_s": self.env_seconds, **{f"truncated/{k}": v for k, v in sorted(self.truncated.items())}}
+                "env_s": self.env_seconds,
+                **{f"truncated/{k}": self.truncated.get(k, 0) for k in TRUNCATION_CAUSES}, **tools}
 
 
-def observation_ids(tokenizer, texts: list[str]) -> list[int]:
-    """The tokens that follow a finished model turn (its end-of-turn token included) for tool results ``texts``:
-    one ``tool`` turn each, then the opening of the next assistant turn - the chat template's own rendering of just
-    these turns (the difference between the conversation with and without them, cut after the end of the model's
-    turn), so earlier turns are never re-rendered. Without a chat template: plain ``<tool_response>`` blocks."""
+TRUNCATION_CAUSES = ("max_turns", "episode_tokens", "turn_tokens")
+
+
+@dataclass
+class Episodes:
+    """G episodes per prompt: the token streams, what happened, and each episode's turns as chat messages
+    (``assistant`` turns and ``tool`` results, for reward functions: TRL passes multi-turn completions so)."""
+
+    groups: Groups
+    stats: EpisodeStats
+    messages: list[list[dict]]  # [B*G] the completion of each episode as messages
+
+
+def observation_ids(tokenizer, texts: list[str], turn_closed: bool = True) -> list[int]:
+    """The tokens that follow a model turn for tool results ``texts``: one ``tool`` turn each, then the opening of
+    the next assistant turn - the chat template's own rendering of just these turns (the difference between the
+    conversation with and without them), so earlier turns are never re-rendered. ``turn_closed``: the model
+    sampled its end-of-turn token itself; else (a turn stopped at a stop string) the observation starts with the
+    template's end-of-turn. Without a chat template: plain ``<tool_response>`` blocks."""
     if not getattr(tokenizer, "chat_template", None):
         body = "".join(f"\n<tool_response>\n{t}\n</tool_response>" for t in texts) + "\nA:"
         return tokenizer(body, add_special_tokens=False)["input_ids"]
@@ -75,12 +119,105 @@ def observation_ids(tokenizer, texts: list[str]) -> list[int]:
                                           add_generation_prompt=True)
     end = before.rindex("a") + 1  # just after the assistant's content; the template's end-of-turn follows
     eos = tokenizer.eos_token or ""
-    if eos and before[end:].startswith(eos):
+    if turn_closed and eos and before[end:].startswith(eos):
         end += len(eos)  # the model sampled its end-of-turn token itself
     if not after.startswith(before[:end]):
         raise ValueError("the chat template renders earlier turns differently once a tool turn follows; rlvr "
                          "cannot append observations token-in/token-out with it")
     return tokenizer(after[end:], add_special_tokens=False)["input_ids"]
+
+
+def local_turns(model: nn.Module, tokenizer, params: SamplingParams, generators: list[torch.Generator]) -> TurnSampler:
+    """Model turns sampled in this process; ``generators[i]`` is episode i's randomness. Call with the model in
+    eval mode."""
+    backbone, head = backbone_and_head(model)
+    eos, pad = eos_token_ids(model, tokenizer), tokenizer.pad_token_id
+    stop = stop_string_checker(tokenizer, params.stop)
+
+    def turns(contexts: list[list[int]], episodes: list[int]) -> list[Turn]:
+        ids, mask = left_pad(contexts, pad)
+        out = generate_groups(backbone, head, ids, mask, 1, params, eos, pad,
+                              generator=[generators[i] for i in episodes], stop=stop)
+        made = []
+        for row in range(len(contexts)):
+            n = int(out.mask[row].sum())
+            made.append(Turn(out.ids[row, :n].tolist(), out.behaviour_logp[row, :n].tolist(), bool(out.truncated[row])))
+        return made
+
+    return turns
+
+
+def run_episodes(
+    turns: TurnSampler,
+    tokenizer,
+    prompt_ids: list[list[int]],
+    envs: list[Environment],
+    group_size: int,
+    params: SamplingParams,
+    limits: EpisodeLimits,
+    eos_ids: list[int],
+    version: int = 0,
+) -> Episodes:
+    """``group_size`` episodes per prompt (``prompt_ids``: one token list per prompt); ``envs[i]`` belongs to
+    episode i (prompt i // group_size)."""
+    n = len(prompt_ids) * group_size
+    if len(envs) != n:
+        raise ValueError(f"{n} episodes need {n} environments, got {len(envs)}")
+    eos = set(eos_ids)
+    tokens: list[list[int]] = [[] for _ in range(n)]  # completion tokens so far
+    sampled: list[list[int]] = [[] for _ in range(n)]  # 1: sampled by the model
+    logp: list[list[float]] = [[] for _ in range(n)]
+    messages: list[list[dict]] = [[] for _ in range(n)]
+    truncated = [False] * n
+    stats = EpisodeStats(turns=[0] * n)
+    active = list(range(n))
+    for turn in range(limits.max_turns):
+        if not active:
+            break
+        made = turns([prompt_ids[i // group_size] + tokens[i] for i in active], active)
+        still = []
+        for i, t in zip(active, made):
+            room = limits.max_episode_tokens - len(tokens[i])  # a turn past the episode's budget is cut there
+            cut = len(t.token_ids) > room
+            new = t.token_ids[:room]
+            tokens[i] += new
+            sampled[i] += [1] * len(new)
+            logp[i] += t.logprobs[: len(new)]
+            stats.turns[i] += 1
+            stats.model_tokens += len(new)
+            text = tokenizer.decode(new, skip_special_tokens=True)
+            messages[i].append({"role": "assistant", "content": text})
+            if cut or t.truncated:
+                truncated[i] = True
+                stats.truncated["episode_tokens" if cut else "turn_tokens"] += 1
+                continue
+            t0 = time.perf_counter()
+            answer = envs[i].step(text, limits.tool_timeout_s)
+            stats.env_seconds += time.perf_counter() - t0
+            observations = [getattr(o, "text", o) for o in answer]
+            if not observations:
+                continue  # no tool call: the episode is over
+            if turn + 1 == limits.max_turns:
+                truncated[i] = True
+                stats.truncated["max_turns"] += 1
+                continue
+            obs = observation_ids(tokenizer, observations, turn_closed=bool(new) and new[-1] in eos)
+            if len(tokens[i]) + len(obs) >= limits.max_episode_tokens:
+                truncated[i] = True
+                stats.truncated["episode_tokens"] += 1
+                continue
+            tokens[i] += obs
+            sampled[i] += [0] * len(obs)
+            logp[i] += [0.0] * len(obs)
+            messages[i] += [{"role": "tool", "content": o} for o in observations]
+            stats.observation_tokens += len(obs)
+            still.append(i)
+        active = still
+    for env in envs:
+        if getattr(env, "stats", None) is not None:
+            stats.tools.merge(env.stats)
+    groups = _as_groups(tokenizer, prompt_ids, group_size, tokens, sampled, logp, truncated, params, version)
+    return Episodes(groups, stats, messages)
 
 
 def sample_episodes(
@@ -93,70 +230,21 @@ def sample_episodes(
     generators: list[torch.Generator],
     limits: EpisodeLimits = EpisodeLimits(),
     version: int = 0,
-) -> tuple[Groups, EpisodeStats]:
-    """``group_size`` episodes per prompt; ``envs[i]`` and ``generators[i]`` belong to episode i (prompt
-    i // group_size), so each episode's tokens depend only on its own generator and environment."""
+) -> Episodes:
+    """``group_size`` episodes per prompt from an in-process model; ``envs[i]`` and ``generators[i]`` belong to
+    episode i (prompt i // group_size), so each episode's tokens depend only on its own generator and
+    environment."""
     n = len(prompts) * group_size
-    if len(envs) != n or len(generators) != n:
-        raise ValueError(f"{n} episodes need {n} environments and generators, got {len(envs)} and {len(generators)}")
+    if len(generators) != n:
+        raise ValueError(f"{n} episodes need {n} generators, got {len(generators)}")
     encoded = [prompt_token_ids(tokenizer, p) for p in prompts]  # once per prompt, shared by its G episodes
-    prompt_ids = [encoded[i // group_size] for i in range(n)]
-    tokens: list[list[int]] = [[] for _ in range(n)]  # completion tokens so far
-    sampled: list[list[int]] = [[] for _ in range(n)]  # 1: sampled by the model
-    logp: list[list[float]] = [[] for _ in range(n)]
-    truncated = [False] * n
-    stats = EpisodeStats(turns=[0] * n)
-    active = list(range(n))
-    backbone, head = backbone_and_head(model)
-    eos = eos_token_ids(model, tokenizer)
     was_training = model.training
     model.eval()
     try:
-        for turn in range(limits.max_turns):
-            if not active:
-                break
-            ids, mask = left_pad([prompt_ids[i] + tokens[i] for i in active], tokenizer.pad_token_id)
-            out = generate_groups(backbone, head, ids, mask, 1, params, eos, tokenizer.pad_token_id,
-                                  generator=[generators[i] for i in active])
-            still = []
-            for row, i in enumerate(active):
-                new = out.ids[row][out.mask[row].bool()].tolist()
-                room = limits.max_episode_tokens - len(tokens[i])  # a turn past the episode's budget is cut there
-                cut = len(new) > room
-                new = new[:room]
-                tokens[i] += new
-                sampled[i] += [1] * len(new)
-                logp[i] += out.behaviour_logp[row][: len(new)].tolist()
-                stats.turns[i] += 1
-                stats.model_tokens += len(new)
-                if cut or bool(out.truncated[row]):
-                    truncated[i] = True
-                    stats.truncated["episode_tokens" if cut else "turn_tokens"] += 1
-                    continue
-                t0 = time.perf_counter()
-                answer = envs[i].step(tokenizer.decode(new, skip_special_tokens=True), limits.tool_timeout_s)
-                observations = [getattr(o, "text", o) for o in answer]
-                stats.env_seconds += time.perf_counter() - t0
-                if not observations:
-                    continue  # no tool call: the episode is over
-                obs = observation_ids(tokenizer, observations)
-                if len(tokens[i]) + len(obs) >= limits.max_episode_tokens:
-                    truncated[i] = True
-                    stats.truncated["episode_tokens"] += 1
-                    continue
-                if turn + 1 == limits.max_turns:
-                    truncated[i] = True
-                    stats.truncated["max_turns"] += 1
-                    continue
-                tokens[i] += obs
-                sampled[i] += [0] * len(obs)
-                logp[i] += [0.0] * len(obs)
-                stats.observation_tokens += len(obs)
-                still.append(i)
-            active = still
+        return run_episodes(local_turns(model, tokenizer, params, generators), tokenizer, encoded, envs, group_size,
+                            params, limits, eos_token_ids(model, tokenizer), version)
     finally:
         model.train(was_training)
-    return _as_groups(tokenizer, encoded, group_size, tokens, sampled, logp, truncated, params, version), stats
 
 
 def _as_groups(tokenizer, encoded, group_size, tokens, sampled, logp, truncated, params, version) -> Groups:

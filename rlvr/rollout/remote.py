@@ -45,9 +45,10 @@ import torch
 from rlvr.bucket import AdapterBucket
 from rlvr.prompts import Prompt, left_pad, prompt_token_ids
 from rlvr.rollout.engine import SamplingParams
-from rlvr.rollout.groups import Groups
+from rlvr.rollout.episodes import Environment, EpisodeLimits, Episodes, Turn, run_episodes
+from rlvr.rollout.groups import Groups, eos_token_ids
 from rlvr.rollout.sampler import StaleVersion
-from rlvr.seeds import request_seed
+from rlvr.seeds import request_seed, turn_seed
 
 log = logging.getLogger("rlvr.pool")
 
@@ -647,20 +648,42 @@ class RemoteSampler:
     def close(self) -> None:
         self.pool.close()
 
+    def _body(self, ids: list[int], n: int, params: SamplingParams, seed: int, version: int) -> dict:
+        body = {"model": self.adapter_name(version), "prompt": ids, "n": n, "max_tokens": params.max_new_tokens,
+                "temperature": params.temperature, "top_p": params.top_p, "seed": seed, "logprobs": 0,
+                "return_token_ids": True, "include_stop_str_in_output": True, "skip_special_tokens": True}
+        if params.top_k > 0:
+            body["top_k"] = params.top_k
+        if params.stop:
+            body["stop"] = list(params.stop)
+        return body
+
+    def sample_episodes(self, prompt_ids: list[list[int]], envs: list[Environment], group_size: int,
+                        params: SamplingParams, seed: int, limits: EpisodeLimits) -> Episodes:
+        """Episodes driven from here: each model turn is one stateless /v1/completions request whose prompt is the
+        episode's token ids so far (n = 1, its own seed), sent to any live server; a server lost mid-episode only
+        moves the next turn to another one, which has the same adapter version."""
+        version, turn = self.version, [0]
+
+        def parse(answer: object) -> list[Completion]:
+            return parse_completions(answer, 1, params.max_new_tokens, self.vocab_size)
+
+        def turns(contexts: list[list[int]], episodes: list[int]) -> list[Turn]:
+            bodies = [self._body(ids, 1, params, turn_seed(seed, i, turn[0]), version)
+                      for ids, i in zip(contexts, episodes)]
+            turn[0] += 1
+            answers = self.pool.post_many("/v1/completions", bodies, [params.max_new_tokens] * len(bodies),
+                                          [parse] * len(bodies))
+            return [Turn(a[0].token_ids, a[0].logprobs, a[0].truncated) for a in answers]
+
+        return run_episodes(turns, self.tokenizer, prompt_ids, envs, group_size, params, limits,
+                            eos_token_ids(self.model, self.tokenizer), version)
+
     def sample(self, prompts: list[Prompt], group_size: int, params: SamplingParams, seed: int) -> Groups:
         prompt_ids = [prompt_token_ids(self.tokenizer, p) for p in prompts]
         version = self.version
-        bodies = []
-        for i, ids in enumerate(prompt_ids):
-            body = {"model": self.adapter_name(version), "prompt": ids, "n": group_size,
-                    "max_tokens": params.max_new_tokens, "temperature": params.temperature, "top_p": params.top_p,
-                    "seed": request_seed(seed, i), "logprobs": 0, "return_token_ids": True,
-                    "include_stop_str_in_output": True, "skip_special_tokens": True}
-            if params.top_k > 0:
-                body["top_k"] = params.top_k
-            if params.stop:
-                body["stop"] = list(params.stop)
-            bodies.append(body)
+        bodies = [self._body(ids, group_size, params, request_seed(seed, i), version)
+                  for i, ids in enumerate(prompt_ids)]
 
         def parse(answer: object) -> list[Completion]:
             return parse_completions(answer, group_size, params.max_new_tokens, self.vocab_size)

@@ -14,7 +14,9 @@ from torch import nn
 from rlvr.models import autocast
 from rlvr.prompts import Prompt
 from rlvr.rollout.engine import SamplingParams
-from rlvr.rollout.groups import Groups, sample_groups
+from rlvr.rollout.episodes import Environment, EpisodeLimits, Episodes, local_turns, run_episodes
+from rlvr.rollout.groups import Groups, eos_token_ids, sample_groups
+from rlvr.seeds import episode_seed
 
 
 class StaleVersion(RuntimeError):
@@ -28,6 +30,12 @@ class Sampler(Protocol):
 
     def sample(self, prompts: list[Prompt], group_size: int, params: SamplingParams, seed: int) -> Groups:
         """``group_size`` completions per prompt, reproducible for a given seed where the backend allows."""
+        ...
+
+    def sample_episodes(self, prompt_ids: list[list[int]], envs: list[Environment], group_size: int,
+                        params: SamplingParams, seed: int, limits: EpisodeLimits) -> Episodes:
+        """``group_size`` multi-turn episodes per prompt (token ids; ``envs[i]`` is episode i's environment),
+        driven by rlvr.rollout.episodes.run_episodes, every turn from the current version."""
         ...
 
     def sync(self, version: int) -> None:
@@ -54,6 +62,20 @@ class LocalSampler:
         generator = torch.Generator().manual_seed(seed)
         with autocast(self.model, self.autocast_mode):
             return sample_groups(self.model, self.tokenizer, prompts, group_size, params, generator, self.version)
+
+    def sample_episodes(self, prompt_ids: list[list[int]], envs: list[Environment], group_size: int,
+                        params: SamplingParams, seed: int, limits: EpisodeLimits) -> Episodes:
+        n = len(prompt_ids) * group_size
+        generators = [torch.Generator().manual_seed(episode_seed(seed, i)) for i in range(n)]
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with autocast(self.model, self.autocast_mode):
+                return run_episodes(local_turns(self.model, self.tokenizer, params, generators), self.tokenizer,
+                                    prompt_ids, envs, group_size, params, limits,
+                                    eos_token_ids(self.model, self.tokenizer), self.version)
+        finally:
+            self.model.train(was_training)
 
     def sync(self, version: int) -> None:
         self.version = version

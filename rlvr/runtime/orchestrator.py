@@ -30,8 +30,9 @@ import torch
 from rlvr.core import informative_groups
 from rlvr.rewards import Scores, WeightedReward
 from rlvr.rollout import Groups, Sampler, SamplingParams, StaleVersion
+from rlvr.rollout.episodes import EpisodeStats
 from rlvr.tasks import data_order
-from rlvr.train.collect import score_groups
+from rlvr.train.rollouts import EpisodeSetup, sample_scored
 
 
 @dataclass
@@ -44,6 +45,7 @@ class ScoredGroup:
     informative: torch.Tensor  # [1] bool: its rewards differ (rlvr.core.informative_groups)
     time_generate_s: float = 0.0  # how long its request took (on a server, overlapped with training)
     time_reward_s: float = 0.0  # how long scoring it took
+    episodes: EpisodeStats | None = None  # its episodes' turns and tool calls (None: single completions)
 
 
 @dataclass
@@ -85,9 +87,11 @@ class Orchestrator:
         max_staleness: int,
         cursor: int = 0,
         pending: list[int] = (),
+        episodes: EpisodeSetup | None = None,
     ):
         self.sampler, self.rows, self.rewards, self.G, self.params = sampler, rows, rewards, group_size, params
         self.data_seed, self.sample_seed = data_seed, sample_seed
+        self.episodes = episodes  # multi-turn episodes: one dispatch = one group of G episodes
         self.max_inflight, self.max_staleness = max_inflight, max_staleness
         self.cursor = cursor  # next new position in the data stream
         self.stats = OrchestratorStats()
@@ -138,13 +142,8 @@ class Orchestrator:
             with self._lock:
                 self.stats.dispatched += 1
             try:
-                t0 = time.perf_counter()
-                groups = self.sampler.sample([row["prompt"]], self.G, self.params, self.sample_seed(uid))
-                t1 = time.perf_counter()
-                with self._score_lock:
-                    t2 = time.perf_counter()
-                    scores = score_groups(self.rewards, groups, [row])
-                    t3 = time.perf_counter()
+                got = sample_scored(self.sampler, [row], self.G, self.params, self.sample_seed(uid), self.rewards,
+                                    self.episodes, self._score_lock)
             except StaleVersion:  # its version was retired meanwhile: sample the prompt again, at the current one
                 with self._lock:
                     self._redo.append(uid)
@@ -157,8 +156,9 @@ class Orchestrator:
                 return
             with self._lock:
                 self.stats.sampled += 1
-            self._ready.put(ScoredGroup(uid, row_id, groups, scores, int(groups.version[0]),
-                                        informative_groups(scores.total, self.G), t1 - t0, t3 - t2))
+            self._ready.put(ScoredGroup(uid, row_id, got.groups, got.scores, int(got.groups.version[0]),
+                                        informative_groups(got.scores.total, self.G), got.time_generate_s,
+                                        got.time_reward_s, got.episodes))
 
     def take(self, n: int, version: int, dynamic_sampling: bool = False, timeout_s: float | None = None,
              max_dropped: int | None = None) -> Taken:

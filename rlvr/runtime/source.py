@@ -23,6 +23,7 @@ import torch
 from rlvr.config import RunConfig
 from rlvr.rewards import Scores
 from rlvr.rollout import Groups, Sampler
+from rlvr.rollout.episodes import EpisodeStats
 from rlvr.rollout.remote import NoServerError, api_key_from_env
 from rlvr.runtime.orchestrator import Orchestrator, Taken
 from rlvr.seeds import group_seed
@@ -118,7 +119,7 @@ class AsyncSource:
             self.sampler, run.data.train_rows, run.rewards, cfg.rollout.group_size, sampling_params(cfg.rollout),
             data_seed=seed, sample_seed=lambda uid: group_seed(seed, uid),
             max_inflight=a.max_inflight_groups or cfg.train.prompts_per_step, max_staleness=a.max_staleness,
-            cursor=run.state["cursor"], pending=run.state.get("pending", []),
+            cursor=run.state["cursor"], pending=run.state.get("pending", []), episodes=run.data.episodes,
         )
         self._busy, self._stats = self.sampler.busy_seconds(), self.orchestrator.stats.__dict__.copy()
         self._clock = time.perf_counter()
@@ -146,7 +147,7 @@ class AsyncSource:
         groups = taken.groups  # one round: the B groups taken for this step
         round_ = Round([g.row_id for g in groups], Groups.concat([g.groups for g in groups]),
                        Scores.concat([g.scores for g in groups]), torch.cat([g.informative for g in groups]),
-                       [g.uid for g in groups])
+                       [g.uid for g in groups], _merged([g.episodes for g in groups]))
         return scored_batch([round_], [(round_, torch.arange(len(groups)))], self.advantages,
                             sum(g.time_generate_s for g in groups), sum(g.time_reward_s for g in groups))
 
@@ -182,3 +183,14 @@ def async_metrics(taken: Taken, before: dict, now: dict, busy: dict, now_busy: d
         out["server_busy_frac"] = busy_frac
         out["server_idle_s"] = (1 - busy_frac) * wall_s
     return out
+
+
+def _merged(stats: list[EpisodeStats | None]) -> EpisodeStats | None:
+    """The episode stats of a batch's groups, together (None for single completions)."""
+    present = [s for s in stats if s is not None]
+    if not present:
+        return None
+    total = EpisodeStats()
+    for s in present:
+        total.merge(s)
+    return total

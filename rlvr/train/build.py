@@ -17,6 +17,7 @@ from rlvr.prompts import plain_text
 from rlvr.rewards import RewardFn, WeightedReward, build_reward
 from rlvr.rollout import LocalSampler, Sampler, SamplingParams
 from rlvr.tasks import fit_prompts, load_task
+from rlvr.train.rollouts import EpisodeSetup, build_episode_setup
 
 
 @dataclass
@@ -27,6 +28,7 @@ class TaskData:
     dropped_prompts: int  # rows skipped for prompts too long for the context (task.drop_long_prompts)
     model_dir: Path
     tokenizer: object
+    episodes: EpisodeSetup | None = None  # multi-turn episodes (env.factory or env.tools set)
 
 
 def lora_spec(model: ModelConfig) -> LoraSpec | None:
@@ -57,7 +59,9 @@ def load_data(cfg: RunConfig) -> TaskData:
     room = model_context(model_dir) - cfg.rollout.max_new_tokens
     train_rows, dropped_train = fit_prompts(tokenizer, train_rows, room, cfg.task.drop_long_prompts, "train")
     eval_rows, dropped_eval = fit_prompts(tokenizer, eval_rows, room, cfg.task.drop_long_prompts, "eval")
-    return TaskData(train_rows, eval_rows, check, dropped_train + dropped_eval, model_dir, tokenizer)
+    columns = sorted({k for r in train_rows[:1] for k in r})
+    episodes = build_episode_setup(cfg.env, tokenizer, columns)  # the environment is validated before the model loads
+    return TaskData(train_rows, eval_rows, check, dropped_train + dropped_eval, model_dir, tokenizer, episodes)
 
 
 def build_rewards(rewards: tuple[RewardConfig, ...]) -> list[WeightedReward]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import math
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -20,11 +19,13 @@ import torch
 
 from rlvr.config import RunConfig
 from rlvr.core import group_advantages, informative_groups
-from rlvr.rewards import Scores, WeightedReward, as_completions, score_completions
+from rlvr.rewards import Scores, WeightedReward
 from rlvr.rollout import Groups, Sampler, SamplingParams
+from rlvr.rollout.episodes import EpisodeStats
 from rlvr.seeds import round_seed, step_seed
-from rlvr.tasks import data_order, reward_columns
+from rlvr.tasks import data_order
 from rlvr.train.build import build_sampler, sampling_params
+from rlvr.train.rollouts import EpisodeSetup, sample_scored
 
 if TYPE_CHECKING:
     from rlvr.train.run import Run
@@ -41,6 +42,7 @@ class Round:
     scores: Scores
     informative: torch.Tensor  # [B] bool: the group's rewards differ
     uids: list[int] | None = None  # positions in the data stream (asynchronous runs log them)
+    episodes: EpisodeStats | None = None  # turns, tool calls, truncations (None: single completions)
 
 
 @dataclass
@@ -59,14 +61,6 @@ class Collected:
     def included(self) -> torch.Tensor:
         """[N] bool: completions with a reward (the others are not trained on)."""
         return ~torch.isnan(self.scores.total)
-
-
-def score_groups(rewards: list[WeightedReward], groups: Groups, rows: list[dict]) -> Scores:
-    """Every reward function once over the groups' completions; ``rows[i]`` is group i's dataset row."""
-    G = groups.group_size
-    prompts = [r["prompt"] for r in rows for _ in range(G)]
-    columns = {**reward_columns(rows, G), "completion_ids": groups.completion_token_ids()}
-    return score_completions(rewards, prompts, as_completions(prompts, groups.texts), columns)
 
 
 def group_advantage_fn(group_size: int, scale: str, eps: float, negative_scale: float) -> Advantages:
@@ -105,6 +99,7 @@ def collect(
     seed: int,
     dynamic_sampling: bool = False,
     max_extra_rounds: int = 0,
+    episodes: EpisodeSetup | None = None,
 ) -> Collected:
     """Sample, score and compute advantages for one step.
 
@@ -113,7 +108,8 @@ def collect(
     and further rounds are sampled (at most ``max_extra_rounds``) until B informative groups are in hand;
     extra informative groups beyond B are dropped (DAPO), and if the rounds run out the step trains on
     the informative groups it has. If no round had any, the first round is trained as it is: its
-    advantages are all 0, as in GRPO without dynamic sampling.
+    advantages are all 0, as in GRPO without dynamic sampling. ``episodes``: multi-turn episodes instead of
+    single completions (rlvr.train.rollouts).
     """
     rounds: list[Round] = []
     t_generate = t_reward = 0.0
@@ -121,12 +117,11 @@ def collect(
     have = 0
     for k in range(1 + (max_extra_rounds if dynamic_sampling else 0)):
         row_ids = next_row_ids()
-        t0 = time.perf_counter()
-        groups = sampler.sample([rows[i]["prompt"] for i in row_ids], group_size, params, round_seed(seed, k))
-        t1 = time.perf_counter()
-        scores = score_groups(rewards, groups, [rows[i] for i in row_ids])
-        t_generate, t_reward = t_generate + t1 - t0, t_reward + time.perf_counter() - t1
-        round_ = Round(row_ids, groups, scores, informative_groups(scores.total, group_size))
+        got = sample_scored(sampler, [rows[i] for i in row_ids], group_size, params, round_seed(seed, k), rewards,
+                            episodes)
+        t_generate, t_reward = t_generate + got.time_generate_s, t_reward + got.time_reward_s
+        round_ = Round(row_ids, got.groups, got.scores, informative_groups(got.scores.total, group_size),
+                       episodes=got.episodes)
         rounds.append(round_)
         if not dynamic_sampling:
             kept.append((round_, torch.arange(len(row_ids))))
@@ -181,6 +176,18 @@ def collect_metrics(c: Collected, version: int) -> dict[str, float]:
     }
 
 
+def episode_metrics(c: Collected) -> dict[str, float]:
+    """Turns, tool calls and errors per tool, environment time, observation vs model tokens and truncations by
+    cause, over every episode sampled this step (empty for single completions)."""
+    rounds = [r.episodes for r in c.rounds if r.episodes is not None]
+    if not rounds:
+        return {}
+    total = EpisodeStats()
+    for stats in rounds:
+        total.merge(stats)
+    return total.as_metrics()
+
+
 def warn_unscored(batch: Collected, step: int, warned: bool) -> bool:
     """Say once per run (``warned``: said already) that a step had no reward for any completion; returns whether
     it has been said."""
@@ -215,7 +222,7 @@ class SyncSource:
         return collect(run.sampler, next_row_ids, run.data.train_rows, cfg.rollout.group_size,
                        sampling_params(cfg.rollout), run.rewards, self.advantages,
                        seed=step_seed(cfg.train.seed, step), dynamic_sampling=cfg.algo.dynamic_sampling,
-                       max_extra_rounds=cfg.algo.max_resample_rounds)
+                       max_extra_rounds=cfg.algo.max_resample_rounds, episodes=run.data.episodes)
 
     def report(self) -> dict[str, float]:
         return {}

@@ -1,10 +1,10 @@
-"""Greedy held-out accuracy: the fraction of questions whose correctness reward is 1."""
+"""Greedy held-out accuracy: the fraction of questions whose correctness reward is 1 (with tools, on episodes)."""
 
 from __future__ import annotations
 
-from rlvr.rewards import RewardFn, as_completions
+from rlvr.rewards import RewardFn, WeightedReward
 from rlvr.rollout import Sampler, SamplingParams
-from rlvr.tasks import reward_columns
+from rlvr.train.rollouts import EpisodeSetup, sample_scored
 
 
 def evaluate(
@@ -14,14 +14,13 @@ def evaluate(
     batch_size: int,
     max_new_tokens: int,
     stop: tuple[str, ...] = (),
+    episodes: EpisodeSetup | None = None,
 ) -> float:
-    """Greedy decoding (one completion per prompt) through ``sampler``, scored by ``check``."""
+    """Greedy decoding (one completion, or one episode, per prompt) through ``sampler``, scored by ``check``."""
     greedy = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, stop=stop)
+    reward = [WeightedReward("check", check)]
     correct = 0.0
     for start in range(0, len(rows), batch_size):
-        chunk = rows[start : start + batch_size]
-        prompts = [r["prompt"] for r in chunk]
-        groups = sampler.sample(prompts, 1, greedy, seed=0)
-        scores = check(prompts=prompts, completions=as_completions(prompts, groups.texts), **reward_columns(chunk, 1))
-        correct += sum(1.0 for s in scores if s == 1.0)
+        got = sample_scored(sampler, rows[start : start + batch_size], 1, greedy, 0, reward, episodes)
+        correct += float((got.scores.per_function["check"] == 1.0).sum())
     return correct / max(len(rows), 1)

@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 from rlvr.faults import fault_point
 from rlvr.metrics import REWARD, namespaced
 from rlvr.rollout import Sampler
-from rlvr.train.collect import Collected, collect_metrics, warn_unscored
+from rlvr.train.collect import Collected, collect_metrics, episode_metrics, warn_unscored
 from rlvr.train.run import Run, stop_on_interrupt
 
 
@@ -91,6 +91,9 @@ def run_loop(run: Run, source: BatchSource, update: Update) -> dict:
                 "update": {**stats, "time_s": t2 - t1, "tokens_per_s": tokens / max(t2 - t1, 1e-9)},
                 "sampler": {"time_s": t3 - t2, **run.sampler.stats()},
             }
+            episodes = episode_metrics(batch)
+            if episodes:
+                sections["episode"] = episodes
             report = source.report()
             if report:
                 sections["async"] = report

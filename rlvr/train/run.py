@@ -133,7 +133,8 @@ class Run:
     def evaluate(self) -> float:
         cfg = self.cfg
         return evaluate(self.sampler, self.data.eval_rows, self.data.check, cfg.eval.batch_size,
-                        cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens, tuple(cfg.rollout.stop))
+                        cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens, tuple(cfg.rollout.stop),
+                        self.data.episodes)
 
     def checkpoint(self, step: int) -> Path:
         elapsed = self.state["elapsed_s"] + time.perf_counter() - self.started
@@ -206,7 +207,8 @@ def open_run(cfg: RunConfig, update: Update, rewards: list[WeightedReward] | Non
     seed_everything(cfg.train.seed)
     data = load_data(cfg)  # rows, rewards and prompt lengths are checked before the model loads
     rewards = build_rewards(cfg.rewards) if rewards is None else rewards
-    check_rewards(rewards, data.train_rows)  # a broken reward function fails here, in seconds, before the model loads
+    environments = data.episodes.check_environment if data.episodes else None
+    check_rewards(rewards, data.train_rows, environments=environments)  # fails here, in seconds, before the model loads
     model = build_policy(data.model_dir, cfg.model)
     reference = ReferencePolicy(model) if update.needs_reference else None  # before any weights are restored
     trainable, params = update.attach(model)
