@@ -344,6 +344,15 @@ class EnvConfig:
     tools: tuple[str, ...] = ()
     """Tools besides the environment's methods: built-in calculator (exact arithmetic) and python (runs code in
     the graders' sandbox), or your own functions as 'package.module:function' (type hints and a docstring)."""
+    url: str = ""
+    """An environment served over HTTP in the OpenEnv style (reset / step), e.g. http://127.0.0.1:8000: each model
+    turn is sent as the action {"message": text}, the observation comes back as the next turn, the server's reward
+    is one more reward (named openenv). Not with env.factory or env.tools."""
+    transport: str = "ws"
+    """env.url: ws (the server's WebSocket, one connection per episode: what openenv-core serves) or http (POST
+    /reset and /step: only for servers that keep one episode's state across requests)."""
+    api_key_env: str = "RLVR_ENV_API_KEY"
+    """env.url: environment variable holding the server's API key (sent as a Bearer token when set)."""
     max_turns: int = 4
     """Model turns per episode, at most (an episode ends earlier on a turn without a tool call)."""
     max_episode_tokens: int = 512
@@ -356,8 +365,8 @@ class EnvConfig:
 
     @property
     def enabled(self) -> bool:
-        """Episodes instead of single completions: an environment or tools are set."""
-        return bool(self.factory or self.tools)
+        """Episodes instead of single completions: an environment, tools or an environment server are set."""
+        return bool(self.factory or self.tools or self.url)
 
 
 @dataclass(frozen=True)
@@ -438,6 +447,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "algo.scale": SCALES,
     "rollout.backend": ("local", "server"),
     "async.runtime": ("embedded", "ray"),
+    "env.transport": ("ws", "http"),
 }
 POSITIVE = ("train.steps", "rollout.group_size", "rollout.max_new_tokens", "train.prompts_per_step",
             "train.micro_batch_size", "algo.num_iterations", "eval.batch_size", "train.logprob_chunk",

@@ -29,11 +29,13 @@ from rlvr.envs.environment import (
     load_environment,
     prompt_with_observation,
 )
+from rlvr.envs.http_env import HttpEnvSpec
 from rlvr.envs.python_tool import PythonTool
 from rlvr.envs.render import template_renders_tools, tools_instruction, with_tools
 from rlvr.rewards import Scores, WeightedReward, as_completions, import_object, score_completions
 from rlvr.rollout import Groups, Sampler, SamplingParams
 from rlvr.rollout.episodes import EpisodeLimits, EpisodeStats
+from rlvr.rollout.remote import api_key_from_env
 from rlvr.tasks import reward_columns
 
 CALL_END = "</tool_call>"
@@ -59,7 +61,7 @@ def builtin_tool(name: str):
 class EpisodeSetup:
     """What a run's episodes need: the validated environment, the limits, and how prompts are rendered."""
 
-    spec: EnvironmentSpec
+    spec: EnvironmentSpec | HttpEnvSpec
     limits: EpisodeLimits
     tokenizer: object
     template_tools: bool  # the chat template renders tools= itself
@@ -67,7 +69,7 @@ class EpisodeSetup:
 
     def params(self, params: SamplingParams) -> SamplingParams:
         """The sampling parameters of a model turn: a turn ends at ``</tool_call>`` when stop_after_call."""
-        if not self.stop_after_call or CALL_END in params.stop:
+        if not self.stop_after_call or not self.spec.tool_names or CALL_END in params.stop:
             return params
         return replace(params, stop=(*params.stop, CALL_END))
 
@@ -116,11 +118,16 @@ def build_episode_setup(cfg: EnvConfig, tokenizer, columns: list[str] | None = N
     before the model loads."""
     if not cfg.enabled:
         return None
-    factory = import_object(cfg.factory, "env.factory") if cfg.factory else Tools
-    tools = [builtin_tool(t) for t in cfg.tools]
-    spec = load_environment(factory, tools, columns)
-    if not spec.tool_names:
-        raise EpisodeError(f"environment {spec.name} has no tools: give it public methods or set env.tools")
+    if cfg.url:
+        if cfg.factory or cfg.tools:
+            raise EpisodeError("env.url is an environment of its own: leave env.factory and env.tools empty with it")
+        spec = HttpEnvSpec(cfg.url, transport=cfg.transport, api_key=api_key_from_env(cfg.api_key_env),
+                           timeout_s=max(cfg.tool_timeout_s, 30.0))
+    else:
+        factory = import_object(cfg.factory, "env.factory") if cfg.factory else Tools
+        spec = load_environment(factory, [builtin_tool(t) for t in cfg.tools], columns)
+        if not spec.tool_names:
+            raise EpisodeError(f"environment {spec.name} has no tools: give it public methods or set env.tools")
     limits = EpisodeLimits(cfg.max_turns, cfg.max_episode_tokens, cfg.tool_timeout_s)
     return EpisodeSetup(spec, limits, tokenizer, template_renders_tools(tokenizer), cfg.stop_after_call)
 

@@ -1,0 +1,387 @@
+"""A client for environments served over HTTP in the OpenEnv style, shaped like ``EpisodeEnv`` for the sampler.
+
+Protocol (openenv-core 0.3.0, ``openenv/core/env_server/http_server.py`` and ``types.py``; the server is
+``create_app`` / ``create_fastapi_app(EnvClass, ActionClass, ObservationClass, max_concurrent_envs=N)`` under
+uvicorn):
+
+- ``POST /reset`` with a JSON object (``seed``, ``episode_id`` and any other field; the server passes on those
+  that the environment's ``reset`` accepts) -> ``{"observation": {...}, "reward": float | null, "done": bool}``.
+- ``POST /step`` with ``{"action": {...}, "timeout_s": float}`` -> the same shape; an action that fails the
+  environment's Action model is HTTP 422.
+- ``GET /health``, ``GET /state``, ``GET /schema``, ``GET /metadata`` (not used here).
+- ``/ws``, a WebSocket: one environment instance per connection, messages ``{"type": "reset", "data": {...}}``,
+  ``{"type": "step", "data": action}``, ``{"type": "close"}``, answered by ``{"type": "observation", "data":
+  <the shape above>}`` or ``{"type": "error", "data": {"message", "code"}}``. This is what openenv's own
+  ``EnvClient`` speaks.
+
+In openenv-core since its WebSocket change (OpenEnv PR #239), HTTP ``/reset`` and ``/step`` make a new
+environment from the factory for every request and close it after: state does not survive from one request
+to the next unless the server's factory returns one shared instance. So ``transport="ws"`` (the default) is
+the one for a stock openenv-core server, one connection per episode; ``transport="http"`` is for servers that
+keep one episode per server (a shared instance, older openenv, hand-written servers).
+
+The model's turn becomes the action through ``action`` (default ``message_action``: ``{"message": text}``, the
+field of OpenEnv's echo and chat-style text environments); the observation object becomes the text the model
+reads through ``observation_to_text`` (default ``observation_text``); the dataset row becomes the reset fields
+through ``reset_payload`` (default ``row_payload``). There are no tool calls: every model turn is one action.
+
+Validated (a hostile or broken server): the request size, the answer's size (``max_response_bytes``: the
+declared length, then the bytes read), a deadline per request, JSON that parses, an object with an
+``observation`` object, ``reward`` null or a finite number, ``done`` a boolean; text over ``max_chars`` is cut.
+A failure is ``HttpEnvError`` (an ``EpisodeError``), one line naming the server, the request and what was wrong.
+What the model caused is not an error: an action the server rejects (HTTP 422, WebSocket ``VALIDATION_ERROR``)
+is a ``bad_arguments`` observation and the episode goes on; a step past its deadline is counted as a ``timeout``
+in ``stats`` and ends the episode (the server may still apply the action).
+
+NOT protected: the server is trusted with what it says (rewards included) and sees the whole row and every
+model turn; the API key is sent to whatever ``base_url`` names, in clear text over plain http; the deadline is
+checked between received chunks, so one request can last up to the deadline plus one read timeout; TLS and
+proxies are httpx's and websockets' defaults.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import httpx
+
+from rlvr.envs.environment import EpisodeError
+from rlvr.envs.tools import MAX_RESULT_CHARS, Observation, ToolStats
+
+MAX_RESPONSE_BYTES = 1 << 20
+MAX_REQUEST_BYTES = 1 << 20
+SHOWN = 300  # characters of a server's error text put in a message
+
+
+class HttpEnvError(EpisodeError):
+    """The environment server failed or answered something unusable: one line naming the server and request."""
+
+
+def message_action(text: str) -> dict:
+    """The default action: the whole model turn as ``{"message": text}``."""
+    return {"message": text}
+
+
+def observation_text(observation: Mapping[str, Any]) -> str:
+    """The default observation text: the only field when the observation has one string field, else the
+    observation as compact JSON (field order kept)."""
+    if len(observation) == 1:
+        (value,) = observation.values()
+        if isinstance(value, str):
+            return value
+    return json.dumps(observation, ensure_ascii=False, separators=(",", ":"), default=str)
+
+
+def row_payload(row: Mapping[str, Any]) -> dict:
+    """The default reset fields: every column of the row that is plain JSON (others are left out)."""
+    payload = {}
+    for key, value in row.items():
+        try:
+            json.dumps(value, allow_nan=False)
+        except (TypeError, ValueError, RecursionError):
+            continue
+        payload[str(key)] = value
+    return payload
+
+
+def _short(text: str) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= SHOWN else line[:SHOWN] + "..."
+
+
+class HttpEnvironment:
+    """One episode against an environment server: ``reset(row)`` once, ``step(text, timeout_s)`` per model
+    turn, ``reward()``, ``release()`` - the names of ``EpisodeEnv``. Not for use from two threads at once."""
+
+    def __init__(self, base_url: str, *, transport: str = "ws", api_key: str | None = None,
+                 action: Callable[[str], dict] = message_action,
+                 observation_to_text: Callable[[Mapping[str, Any]], str] = observation_text,
+                 reset_payload: Callable[[Mapping[str, Any]], dict] = row_payload,
+                 timeout_s: float = 30.0, max_response_bytes: int = MAX_RESPONSE_BYTES,
+                 max_request_bytes: int = MAX_REQUEST_BYTES, max_chars: int = MAX_RESULT_CHARS,
+                 name: str = "openenv") -> None:
+        if transport not in ("ws", "http"):
+            raise ValueError(f"transport must be 'ws' or 'http', got {transport!r}")
+        if not base_url.startswith(("http://", "https://")):
+            raise ValueError(f"base_url must start with http:// or https://, got {base_url!r}")
+        self.base_url = base_url.rstrip("/")
+        self.transport = transport
+        self.name = name  # the tool name in ``stats``
+        self._headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+        self._action, self._to_text, self._reset_payload = action, observation_to_text, reset_payload
+        self.timeout_s = timeout_s  # reset, and steps given no timeout
+        self.max_response_bytes, self.max_request_bytes, self.max_chars = (max_response_bytes, max_request_bytes,
+                                                                           max_chars)
+        self.stats = ToolStats()
+        self.turns = 0
+        self.seconds = 0.0
+        self.observation: str | None = None  # the text of the last observation (reset's, then each step's)
+        self.rewards: list[float | None] = []  # every reward reported, reset's first
+        self.done = False
+        self._started = self._ended = self._released = False
+        self._http: httpx.Client | None = None
+        self._ws: Any = None
+
+    @property
+    def instance(self) -> HttpEnvironment:
+        """What reward functions get as one of ``environments`` (the client itself: ``observation``, ``rewards``)."""
+        return self
+
+    # --- the EpisodeEnv interface ---
+
+    def reset(self, row: Mapping[str, Any]) -> str | None:
+        """Start the episode with the row's fields; the observation text to add to the prompt, or None when the
+        observation is empty."""
+        if self._started:
+            raise HttpEnvError(f"{self.base_url}: reset called twice for one episode; make a new HttpEnvironment")
+        self._started = True
+        try:
+            payload = self._reset_payload(row)
+        except Exception as err:  # noqa: BLE001 (the user's reset_payload)
+            raise HttpEnvError(f"{self.base_url}: reset_payload raised {type(err).__name__}: {err}") from None
+        kind, answer = self._request("reset", payload, self.timeout_s)
+        if kind != "ok":  # not reached: only a step is rejected or times out
+            raise HttpEnvError(f"{self._where('reset')}: {kind}")
+        observation, self.done = self._take(answer, "reset")
+        text = self._text(observation) if observation else None
+        self.observation = text
+        return text
+
+    def step(self, text: str, timeout_s: float) -> list[Observation]:
+        """Send the model's turn as one action; its observation, or [] when the episode is over: the server said
+        ``done`` (the final observation is then in ``observation``), reset said it, or the step timed out (counted in
+        ``stats``). ``timeout_s`` <= 0: the client's ``timeout_s``."""
+        if not self._started:
+            raise HttpEnvError(f"{self.base_url}: step before reset")
+        if self._ended:
+            raise HttpEnvError(f"{self.base_url}: step after the episode ended")
+        self.turns += 1
+        if self.done:  # reset said so: this turn ends the episode
+            self._ended = True
+            return []
+        try:
+            action = self._action(text)
+        except Exception as err:  # noqa: BLE001 (the user's action builder)
+            raise HttpEnvError(f"{self.base_url}: the action builder raised {type(err).__name__}: {err}") from None
+        if not isinstance(action, dict):
+            raise HttpEnvError(f"{self.base_url}: the action builder returned {type(action).__name__}; return a dict")
+        timeout = timeout_s if timeout_s > 0 else self.timeout_s
+        start = time.perf_counter()
+        kind, answer = self._request("step", action, timeout)
+        seconds = time.perf_counter() - start
+        if kind == "timeout":
+            self.done = True  # the server may still apply the action: the episode cannot go on
+            obs = Observation(self.name, "timeout", f"error: the environment did not answer within {timeout:g} s",
+                              seconds)
+            self.observation = obs.text
+        elif kind == "rejected":
+            obs = Observation(self.name, "bad_arguments", f"error: the environment rejected the action: {answer}",
+                              seconds)
+        else:
+            observation, self.done = self._take(answer, "step")
+            body = self._text(observation)
+            cut = max(0, len(body) - self.max_chars)
+            if cut:
+                body = body[: self.max_chars] + f"\n[truncated: {cut} more characters]"
+            self.observation = body
+            obs = Observation(self.name, "ok", body, seconds, cut)
+        self.stats.record(obs)
+        if self.done:
+            self._ended = True
+            return []
+        return [obs]
+
+    def reward(self) -> float | None:
+        """The last reward the server reported that was not null (None when none was)."""
+        return next((r for r in reversed(self.rewards) if r is not None), None)
+
+    def release(self) -> None:
+        """Close the episode's connection (a WebSocket gets ``{"type": "close"}`` first). Idempotent."""
+        if self._released:
+            return
+        self._released = True
+        ws, self._ws = self._ws, None
+        if ws is not None:
+            with contextlib.suppress(Exception):  # best effort: the connection may be gone already
+                ws.send(json.dumps({"type": "close"}))
+            ws.close()
+        http, self._http = self._http, None
+        if http is not None:
+            http.close()
+
+    # --- the wire ---
+
+    def _where(self, what: str) -> str:
+        """The request, as messages name it: ``POST http://host/step`` or ``ws://host/ws step``."""
+        if self.transport == "http":
+            return f"POST {self.base_url}/{what}"
+        return f"ws{self.base_url.removeprefix('http')}/ws {what}"
+
+    def _text(self, observation: Mapping[str, Any]) -> str:
+        try:
+            text = self._to_text(observation)
+        except Exception as err:  # noqa: BLE001 (the user's observation_to_text)
+            raise HttpEnvError(f"{self.base_url}: observation_to_text raised {type(err).__name__}: "
+                               f"{_short(str(err))}") from None
+        if not isinstance(text, str):
+            raise HttpEnvError(f"{self.base_url}: observation_to_text returned {type(text).__name__}; return a str")
+        return text
+
+    def _take(self, answer: Any, what: str) -> tuple[dict, bool]:
+        """Check one ``{"observation", "reward", "done"}`` object; record the reward."""
+        where = self._where(what)
+        if not isinstance(answer, dict):
+            raise HttpEnvError(f"{where}: expected a JSON object, got {type(answer).__name__}")
+        observation = answer.get("observation")
+        if not isinstance(observation, dict):
+            got = "nothing" if "observation" not in answer else type(observation).__name__
+            raise HttpEnvError(f"{where}: \"observation\" must be an object, got {got}")
+        reward = answer.get("reward")
+        if reward is not None:
+            if not isinstance(reward, (int, float)):  # bool too: OpenEnv's Observation.reward allows it
+                raise HttpEnvError(f"{where}: \"reward\" must be a number or null, got "
+                                   f"{type(reward).__name__}")
+            try:
+                reward = float(reward)
+            except OverflowError:
+                reward = math.inf
+            if not math.isfinite(reward):
+                raise HttpEnvError(f"{where}: \"reward\" is {reward}; rewards must be finite")
+        done = answer.get("done", False)
+        if not isinstance(done, bool):
+            raise HttpEnvError(f"{where}: \"done\" must be true or false, got {type(done).__name__}")
+        self.rewards.append(reward)
+        return observation, done
+
+    def _encode(self, body: dict, what: str) -> str:
+        try:
+            content = json.dumps(body, allow_nan=False, ensure_ascii=False)
+        except (TypeError, ValueError, RecursionError) as err:
+            raise HttpEnvError(f"{self._where(what)}: the request is not JSON ({_short(str(err))})") from None
+        if len(content.encode()) > self.max_request_bytes:
+            raise HttpEnvError(f"{self._where(what)}: the request is over {self.max_request_bytes} bytes")
+        return content
+
+    def _decode(self, raw: bytes | str, what: str) -> Any:
+        try:
+            return json.loads(raw)
+        except (ValueError, RecursionError) as err:  # bad JSON, bad UTF-8, an int over Python's digit limit
+            raise HttpEnvError(f"{self._where(what)}: the answer is not JSON ({_short(str(err))})") from None
+
+    def _request(self, what: str, body: dict, timeout: float) -> tuple[str, Any]:
+        """("ok", the observation object), ("rejected", why) or ("timeout", None); raises HttpEnvError."""
+        start = time.perf_counter()
+        try:
+            return self._ws_request(what, body, timeout) if self.transport == "ws" else \
+                self._http_request(what, body, timeout)
+        finally:
+            self.seconds += time.perf_counter() - start
+
+    def _http_request(self, what: str, body: dict, timeout: float) -> tuple[str, Any]:
+        url, where = f"{self.base_url}/{what}", self._where(what)
+        if what == "step":
+            body = {"action": body, "timeout_s": timeout}
+        content = self._encode(body, what)
+        if self._http is None:
+            self._http = httpx.Client(headers=self._headers)
+        deadline = time.monotonic() + timeout
+        buf = bytearray()
+        try:
+            with self._http.stream("POST", url, content=content, timeout=timeout,
+                                   headers={"content-type": "application/json"}) as response:
+                declared = response.headers.get("content-length", "")
+                if declared.isdigit() and int(declared) > self.max_response_bytes:
+                    raise HttpEnvError(f"{where}: the answer is {declared} bytes, over {self.max_response_bytes}")
+                for chunk in response.iter_bytes():
+                    buf += chunk
+                    if len(buf) > self.max_response_bytes:
+                        raise HttpEnvError(f"{where}: the answer is over {self.max_response_bytes} bytes")
+                    if time.monotonic() > deadline:
+                        raise httpx.ReadTimeout("deadline")
+                status = response.status_code
+        except httpx.TimeoutException:
+            if what == "step":
+                return "timeout", None
+            raise HttpEnvError(f"{where}: no answer within {timeout:g} s") from None
+        except httpx.HTTPError as err:
+            raise HttpEnvError(f"{where}: cannot reach the server ({type(err).__name__}: {_short(str(err))})") from None
+        text = bytes(buf).decode("utf-8", "replace")
+        if status == 422 and what == "step":
+            return "rejected", _short(text)
+        if status != 200:
+            hint = " (check api_key)" if status in (401, 403) else ""
+            raise HttpEnvError(f"{where}: HTTP {status}{hint}: {_short(text) or '(empty)'}")
+        return "ok", self._decode(bytes(buf), what)
+
+    def _ws_request(self, what: str, body: dict, timeout: float) -> tuple[str, Any]:
+        url, where = "ws" + self.base_url.removeprefix("http") + "/ws", self._where(what)
+        content = self._encode({"type": what, "data": body}, what)
+        try:
+            from websockets.exceptions import ConnectionClosed, WebSocketException
+            from websockets.sync.client import connect
+        except ImportError:
+            raise HttpEnvError(f"{where}: transport='ws' needs the websockets package (pip install websockets); "
+                               "or use transport='http' with a server that keeps state across requests") from None
+        try:
+            if self._ws is None:
+                self._ws = connect(url, open_timeout=timeout, max_size=self.max_response_bytes, close_timeout=1,
+                                   additional_headers=self._headers or None)
+            self._ws.send(content)
+            raw = self._ws.recv(timeout=timeout)
+        except TimeoutError:
+            if what == "step":
+                self._drop()
+                return "timeout", None
+            raise HttpEnvError(f"{where}: no answer within {timeout:g} s") from None
+        except ConnectionClosed as err:
+            self._drop()
+            too_big = err.rcvd is not None and err.rcvd.code == 1009 or err.sent is not None and err.sent.code == 1009
+            why = f"the answer is over {self.max_response_bytes} bytes" if too_big else f"the connection closed ({err})"
+            raise HttpEnvError(f"{where}: {why}") from None
+        except (OSError, WebSocketException) as err:
+            self._drop()
+            raise HttpEnvError(f"{where}: cannot reach the server ({type(err).__name__}: "
+                               f"{_short(str(err))})") from None
+        message = self._decode(raw, what)
+        if not isinstance(message, dict) or not isinstance(message.get("data"), dict):
+            raise HttpEnvError(f"{where}: expected {{\"type\", \"data\": {{...}}}}, got {_short(str(message))}")
+        if message.get("type") == "error":
+            data = message["data"]
+            detail = _short(str(data.get("message", ""))) + (f" {_short(str(data['errors']))}" if "errors" in data
+                                                              else "")
+            if what == "step" and data.get("code") == "VALIDATION_ERROR":
+                return "rejected", detail
+            raise HttpEnvError(f"{where}: server error {_short(str(data.get('code', '')))}: {detail}")
+        if message.get("type") != "observation":
+            raise HttpEnvError(f"{where}: expected an observation, got type {_short(str(message.get('type')))}")
+        return "ok", message["data"]
+
+    def _drop(self) -> None:
+        ws, self._ws = self._ws, None
+        if ws is not None:
+            ws.close()
+
+
+class HttpEnvSpec:
+    """``EnvironmentSpec``'s interface for the episode sampler over an environment server: one ``HttpEnvironment``
+    per episode (``kwargs`` go to it), no tools (every model turn is one action), the server's last reward as the
+    environment's reward."""
+
+    tool_names: tuple[str, ...] = ()
+    has_reward = True
+
+    def __init__(self, base_url: str, **kwargs: Any) -> None:
+        self.base_url, self.kwargs = base_url, kwargs
+        self.name = kwargs.get("name", "openenv")
+        HttpEnvironment(base_url, **kwargs)  # the settings are checked now, before any episode
+
+    def episode(self) -> HttpEnvironment:
+        return HttpEnvironment(self.base_url, **self.kwargs)
+
+    def schemas(self) -> list[dict]:
+        return []
