@@ -30,7 +30,7 @@ def make_tokenizer():
     return hf
 
 
-def make_model(vocab_size: int, seed: int = 0, dtype=torch.float32):
+def make_model(vocab_size: int, seed: int = 0, dtype=torch.float32, context: int = 256):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
@@ -41,7 +41,7 @@ def make_model(vocab_size: int, seed: int = 0, dtype=torch.float32):
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=256,
+        max_position_embeddings=context,
         tie_word_embeddings=True,
         eos_token_id=2,
         pad_token_id=0,
@@ -62,6 +62,16 @@ def tiny_model_dir(tmp_path_factory, tokenizer):
     """A saved tiny random Llama + tokenizer, loadable by rlvr like any local model."""
     path = tmp_path_factory.mktemp("tiny-llama")
     make_model(len(tokenizer)).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_long_model_dir(tmp_path_factory, tokenizer):
+    """The tiny random Llama with a 2048-token context: room for a tool description (episodes) in the tiny
+    tokenizer's long tokenization."""
+    path = tmp_path_factory.mktemp("tiny-llama-long")
+    make_model(len(tokenizer), context=2048).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
 

@@ -28,3 +28,29 @@ def assert_parts_add_up(records: list[dict], parts: tuple[str, ...]) -> None:
     for r in records:
         gap = unaccounted_s(r, parts)
         assert -1e-3 <= gap <= max(0.5, 0.2 * r["time/step_s"]), (r["step"], gap, {k: r[k] for k in parts})
+
+
+class Notebook:
+    """A TRL-style environment for end-to-end tests: reset(**row) adds a line to the prompt, one tool, and
+    get_reward() scores the completion's length (so a random model's groups differ)."""
+
+    def reset(self, prompt=None, **row) -> str:
+        self.notes = []
+        return " (you may write notes)"
+
+    def note(self, text: str) -> str:
+        """Write a note.
+
+        Args:
+            text: the note
+        """
+        self.notes.append(text)
+        return f"{len(self.notes)} notes"
+
+    def get_reward(self) -> float:
+        return float(len(self.notes))
+
+
+def environments_reward(prompts, completions, environments, **columns):
+    """A reward that reads the environments (TRL's signature): 1 when the environment is a Notebook."""
+    return [1.0 if isinstance(e, Notebook) else 0.0 for e in environments]

@@ -210,3 +210,30 @@ def test_the_learners_wait_for_groups_has_a_deadline(tiny_model_dir, tokenizer, 
         assert fake.completions() >= 2  # the evaluation's and the hanging ones
     finally:
         fake.stop()
+
+
+def test_async_episodes_with_a_killed_server_lose_no_group_and_train_none_twice(tiny_long_model_dir, tmp_path):
+    """env.factory on the asynchronous runtime: one dispatch is one group of episodes; a server SIGKILLed mid-run
+    is restarted and every group is trained exactly once, with the environments' rewards and episode metrics."""
+    out = tmp_path / "run"
+    args = _overrides(tiny_long_model_dir, out) + ASYNC + [
+        "train.steps=8", "log.progress=false", "env.factory=tests.helpers:Notebook", "env.max_turns=2",
+        "env.max_episode_tokens=64",
+        "rewards=[{name: 'tests.helpers:length_reward'}, {name: 'tests.helpers:environments_reward'}]"]
+    proc = _run_cli(args)
+    deadline = time.monotonic() + 120
+    while len(_records(out)) < 4:
+        assert proc.poll() is None, proc.stdout.read()[-3000:]
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    os.kill(_server_pids(out)[0], signal.SIGKILL)
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, output[-3000:]
+    records = _records(out)[1:]
+    assert records[-1]["async/servers_restarted"] >= 1
+    uids = _trained_uids(out)
+    assert len(uids) == 8 * 2 and len(set(uids)) == len(uids)  # no group lost, none trained twice
+    for r in records:
+        assert r["rollout/reward/tests.helpers:environments_reward_mean"] == 1.0
+        assert "rollout/reward/Notebook_mean" in r and r["episode/turns_mean"] >= 1
+    assert not any(_alive(pid) for pid in _server_pids(out))

@@ -87,22 +87,24 @@ def reward_columns(rows: list[dict], group_size: int) -> dict[str, list]:
     return columns
 
 
-def fit_prompts(tokenizer, rows: list[dict], max_prompt_tokens: int, drop: bool, split: str) -> tuple[list[dict], int]:
+def fit_prompts(tokenizer, rows: list[dict], max_prompt_tokens: int, drop: bool, split: str,
+                encode=None, budget: str = "rollout.max_new_tokens") -> tuple[list[dict], int]:
     """Rows whose prompt fits ``max_prompt_tokens``; a longer one is an error naming it, or dropped if ``drop``.
+    ``encode``: the prompt's token ids as sampled (default ``prompt_token_ids``; episodes add the tools);
+    ``budget``: the setting that takes the rest of the context, named in the error.
 
     Returns the kept rows and how many were dropped.
     """
     kept = []
     for i, row in enumerate(rows):
-        n = len(prompt_token_ids(tokenizer, row["prompt"]))
+        n = len(encode(row["prompt"]) if encode else prompt_token_ids(tokenizer, row["prompt"]))
         if n <= max_prompt_tokens:
             kept.append(row)
         elif not drop:
             raise ValueError(
-                f"{split} row {i} has a {n}-token prompt; with rollout.max_new_tokens the model's context leaves room "
-                f"for {max_prompt_tokens}. Shorten it, lower rollout.max_new_tokens, or set "
-                "task.drop_long_prompts=true "
-                f"to skip such rows (they are counted)."
+                f"{split} row {i} has a {n}-token prompt{' with the tools described' if encode else ''}; with "
+                f"{budget} the model's context leaves room for {max_prompt_tokens}. Shorten it, lower {budget}, or "
+                "set task.drop_long_prompts=true to skip such rows (they are counted)."
             )
     if not kept:
         raise ValueError(f"no {split} prompt fits in {max_prompt_tokens} tokens")

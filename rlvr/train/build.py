@@ -56,11 +56,15 @@ def load_data(cfg: RunConfig) -> TaskData:
         warning = bare_string_warning(tokenizer, [r["prompt"] for r in (*train_rows, *eval_rows)])
         if warning:
             print(f"rlvr: warning: {warning}", file=sys.stderr, flush=True)
-    room = model_context(model_dir) - cfg.rollout.max_new_tokens
-    train_rows, dropped_train = fit_prompts(tokenizer, train_rows, room, cfg.task.drop_long_prompts, "train")
-    eval_rows, dropped_eval = fit_prompts(tokenizer, eval_rows, room, cfg.task.drop_long_prompts, "eval")
     columns = sorted({k for r in train_rows[:1] for k in r})
     episodes = build_episode_setup(cfg.env, tokenizer, columns)  # the environment is validated before the model loads
+    budget = "env.max_episode_tokens" if episodes else "rollout.max_new_tokens"  # the prompt, then this much
+    room = model_context(model_dir) - (cfg.env.max_episode_tokens if episodes else cfg.rollout.max_new_tokens)
+    encode = episodes.prompt_ids if episodes else None  # episodes: with the tools described
+    train_rows, dropped_train = fit_prompts(tokenizer, train_rows, room, cfg.task.drop_long_prompts, "train",
+                                            encode, budget)
+    eval_rows, dropped_eval = fit_prompts(tokenizer, eval_rows, room, cfg.task.drop_long_prompts, "eval", encode,
+                                          budget)
     return TaskData(train_rows, eval_rows, check, dropped_train + dropped_eval, model_dir, tokenizer, episodes)
 
 
