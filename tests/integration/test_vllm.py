@@ -178,3 +178,38 @@ def test_the_pool_needs_vllms_api_key(vllm):
     pool = ServerPool([vllm], api_key=KEY)
     pool.wait_ready(60)
     pool.close()
+
+
+def test_multi_turn_episodes_with_the_calculator_on_vllm(vllm, rlvr_server, trained, tmp_path):
+    """The learner drives the turns over vLLM exactly as over rlvr serve: token-id prompts, observation tokens
+    appended by the learner; vLLM's log-probs are the trainer's on the sampled tokens, observations carry none; both
+    servers open each greedy episode with the same turn."""
+    from rlvr.config import EnvConfig
+    from rlvr.tasks.tool_problems import tool_problem_rows
+    from rlvr.train.rollouts import build_episode_setup, sample_scored
+
+    model, tokenizer = trained
+    setup = build_episode_setup(EnvConfig(tools=("calculator",), max_turns=3, max_episode_tokens=160), tokenizer)
+    _, rows = tool_problem_rows(4, 8, 0, kind="products", shots=1)
+    greedy = {}
+    for name, url in (("vllm", vllm), ("rlvr", rlvr_server)):
+        pool = ServerPool([url], api_key=KEY)
+        pool.wait_ready(60)
+        sampler = RemoteSampler(pool, tokenizer, model, AdapterBucket(tmp_path / name))
+        sampler.sync(1)
+        greedy[name] = sample_scored(sampler, rows, 1, SamplingParams(temperature=0.0, max_new_tokens=48), 0, [],
+                                     setup)
+        if name == "vllm":
+            got = sample_scored(sampler, rows, 4, SamplingParams(temperature=0.7, max_new_tokens=48), 0, [], setup)
+        sampler.close()
+    g = got.groups
+    assert got.episodes.tools.calls["calculator"] >= 1 and got.episodes.observation_tokens > 0
+    with torch.no_grad():
+        logp, _ = completion_logprobs(model, StepBatch.from_groups(g, torch.zeros(16)), torch.arange(16))
+    sampled = g.sampled_mask.bool()
+    gap = (logp - g.behaviour_logp)[sampled].abs()
+    assert gap.mean() < 2e-3, f"vLLM's log-probs are not the trainer's on episodes (mean |delta| {gap.mean():.2e})"
+    assert (g.behaviour_logp[g.completion_mask.bool() & ~sampled] == 0).all()
+    for a, b in zip(greedy["vllm"].groups.completion_ids, greedy["rlvr"].groups.completion_ids):
+        first = 8  # the opening of the first turn: the same on both servers
+        assert a[:first].tolist() == b[:first].tolist()
