@@ -23,7 +23,7 @@ from rlvr.models import ALL_LINEAR
 from rlvr.rewards.base import ON_ERROR
 
 ARITHMETIC_SYSTEM_PROMPT = "Reply with only the number."
-TASKS = ("arithmetic", "word_problems", "jsonl", "math_jsonl", "code_jsonl", "hf")
+TASKS = ("arithmetic", "word_problems", "tool_problems", "jsonl", "math_jsonl", "code_jsonl", "hf")
 
 # Algorithm variants as named settings of the same knobs; the training loop never branches on them.
 # - grpo: DeepSeekMath GRPO: group-std advantages, sequence-mean aggregation, symmetric clip 0.2, k3 KL, beta 0.04.
@@ -102,7 +102,12 @@ class TaskConfig:
     eval_steps: tuple[int, ...] = (2,)
     """word_problems: operations per held-out problem (held-out problems come from stories never trained on)."""
     few_shot: int = 2
-    """word_problems: worked examples (0-2) shown before each question as earlier chat turns."""
+    """word_problems, tool_problems: worked examples (0-2) shown before each question as earlier chat turns."""
+    problem_kind: str = "two_step"
+    """tool_problems: the questions - products (bare a * b), word (one product told as a story) or two_step (a
+    product plus or minus a third number, in a story); operands 12-99, held-out products never trained on."""
+    example_kind: str = ""
+    """tool_problems: the kind of the worked examples ('' = task.problem_kind)."""
     chat_template: bool = True
     """Render chat-message prompts with the tokenizer's chat template; false renders them as a plain transcript
     (system paragraph, 'Q: ...' / 'A: ...' turns, ending in 'A:') for base models trained without one (e.g.
@@ -441,6 +446,7 @@ class ConfigError(ValueError):
 CHOICES: dict[str, tuple[str, ...]] = {
     "task.name": TASKS,
     "task.answer_format": ("raw", "gsm8k", "math"),
+    "task.problem_kind": ("products", "word", "two_step"),
     "model.autocast": ("none", "bf16"),
     "algo.name": ALGORITHMS,
     "algo.preset": tuple(PRESETS),

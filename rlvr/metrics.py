@@ -12,6 +12,7 @@ from rlvr.trackers import TrackedRun, open_trackers
 
 REWARD = "rollout/reward_mean"  # the names a run's plot and progress bar read
 ACCURACY = "eval/accuracy"
+TOOL_USE = "episode/tool_use_frac"
 
 
 def namespaced(sections: dict[str, dict[str, float]]) -> dict[str, float]:
@@ -121,7 +122,8 @@ def read_metrics(path: Path) -> list[dict]:
 
 
 def plot_run(metrics_path: Path, png_path: Path, title: str = ""):
-    """Reward (per step) and held-out accuracy (where evaluated) against step. The legend sits below the axes, so
+    """Reward (per step), the fraction of episodes calling a tool (episode runs) and held-out accuracy (where
+    evaluated) against step. The legend sits below the axes, so
     it never covers a point. Returns the figure (closed; for inspection)."""
     import matplotlib
 
@@ -133,6 +135,9 @@ def plot_run(metrics_path: Path, png_path: Path, title: str = ""):
     fig, ax = plt.subplots(figsize=(7, 4.4), layout="constrained")
     steps = [r["step"] for r in records if REWARD in r]
     ax.plot(steps, [r[REWARD] for r in records if REWARD in r], label="train reward (mean)", alpha=0.6)
+    tool_use = [(r["step"], r[TOOL_USE]) for r in records if TOOL_USE in r]
+    if tool_use:  # episodes: the fraction that called a tool
+        ax.plot(*zip(*tool_use), label="episodes calling a tool", color="C2", alpha=0.7)
     evals = [(r["step"], r[ACCURACY]) for r in records if ACCURACY in r]
     if evals:
         ax.plot(*zip(*evals), "o-", label="held-out accuracy (greedy)", color="C3")

@@ -52,7 +52,7 @@ def test_resolved_config_round_trips(tmp_path):
         ("algo.preset=reinforce", "algo.preset must be one of grpo, dapo, dr_grpo, ppo; got 'reinforce'"),
         ("algo.aggregation=mean", "algo.aggregation must be one of sequence_mean, token_mean, token_sum_constant"),
         ("algo.kl_estimator=k9", "algo.kl_estimator must be one of k1, k2, k3"),
-        ("task.name=gsm8k", "task.name must be one of arithmetic, word_problems, jsonl"),
+        ("task.name=gsm8k", "task.name must be one of arithmetic, word_problems, tool_problems, jsonl"),
         ("train.steps=many", "train.steps must be int, got 'many'"),
         ("rollout.group_size=0", "rollout.group_size must be >= 1"),
         ("rollout.group_size=1", ("rollout.group_size must be >= 2; got 1: GRPO scores each completion against the "

@@ -72,6 +72,7 @@ class EpisodeStats:
     env_seconds: float = 0.0
     truncated: collections.Counter = field(default_factory=collections.Counter)  # cause -> episodes
     tools: ToolStats = field(default_factory=ToolStats)  # calls and errors per tool (merged by the caller)
+    calling: int = 0  # episodes with at least one tool call
 
     def merge(self, other: EpisodeStats) -> None:
         self.turns += other.turns
@@ -80,12 +81,13 @@ class EpisodeStats:
         self.env_seconds += other.env_seconds
         self.truncated.update(other.truncated)
         self.tools.merge(other.tools)
+        self.calling += other.calling
 
     def as_metrics(self) -> dict[str, float]:
         n = max(len(self.turns), 1)
         tools = self.tools.as_metrics()
         return {"turns_mean": sum(self.turns) / n, "turns_max": max(self.turns, default=0),
-                "tool_call_rate": tools["calls/_all"] / n,
+                "tool_call_rate": tools["calls/_all"] / n, "tool_use_frac": self.calling / n,
                 "observation_tokens": self.observation_tokens, "model_tokens": self.model_tokens,
                 "env_s": self.env_seconds,
                 **{f"truncated/{k}": self.truncated.get(k, 0) for k in TRUNCATION_CAUSES}, **tools}
@@ -169,6 +171,7 @@ def run_episodes(
     logp: list[list[float]] = [[] for _ in range(n)]
     messages: list[list[dict]] = [[] for _ in range(n)]
     truncated = [False] * n
+    called = [False] * n  # the episode made a tool call
     stats = EpisodeStats(turns=[0] * n)
     active = list(range(n))
     for turn in range(limits.max_turns):
@@ -197,6 +200,9 @@ def run_episodes(
             observations = [getattr(o, "text", o) for o in answer]
             if not observations:
                 continue  # no tool call: the episode is over
+            if not called[i]:
+                called[i] = True
+                stats.calling += 1
             if turn + 1 == limits.max_turns:
                 truncated[i] = True
                 stats.truncated["max_turns"] += 1

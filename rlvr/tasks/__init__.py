@@ -11,6 +11,8 @@ from rlvr.tasks.arithmetic import arithmetic_rows
 from rlvr.tasks.columns import STEP_BY_STEP_SYSTEM_PROMPT, ColumnMap, eval_fraction_count, held_out_indices
 from rlvr.tasks.hf import hf_rows
 from rlvr.tasks.jsonl import load_jsonl
+from rlvr.tasks.tool_problems import SYSTEM_PROMPT as TOOL_SYSTEM_PROMPT
+from rlvr.tasks.tool_problems import tool_problem_rows
 from rlvr.tasks.word_problems import REASONING_SYSTEM_PROMPT, word_problem_rows
 from rlvr.verifiers.code_formats import detect_format
 
@@ -37,6 +39,11 @@ def load_task(cfg) -> tuple[list[dict], list[dict], str]:
                                             tuple(cfg.train_steps), tuple(cfg.eval_steps), cfg.few_shot,
                                             cfg.max_number)
         return train, held_out, cfg.eval_reward or "math_correct"
+    if cfg.name == "tool_problems":
+        system = TOOL_SYSTEM_PROMPT if cfg.system_prompt == ARITHMETIC_SYSTEM_PROMPT else cfg.system_prompt
+        train, held_out = tool_problem_rows(cfg.eval_size, cfg.train_size, cfg.seed, cfg.problem_kind, cfg.few_shot,
+                                            cfg.example_kind or None, system)
+        return train, held_out, cfg.eval_reward or "arithmetic_correct"
     if cfg.name in JSONL_TASKS:
         answer_required, system, check = JSONL_TASKS[cfg.name]
         system = system if cfg.system_prompt == ARITHMETIC_SYSTEM_PROMPT else cfg.system_prompt

@@ -85,6 +85,7 @@ _JSONL_FIELDS = ("train_path", "eval_path", "eval_fraction", "seed", *_COLUMN_MA
 TASK_FIELDS: dict[str, tuple[str, ...]] = {
     "arithmetic": ("digits", "operators", "train_size", "seed", "system_prompt"),
     "word_problems": ("train_size", "seed", "system_prompt", "train_steps", "eval_steps", "few_shot", "max_number"),
+    "tool_problems": ("train_size", "seed", "system_prompt", "few_shot", "problem_kind", "example_kind"),
     "jsonl": _JSONL_FIELDS,
     "math_jsonl": _JSONL_FIELDS,
     "code_jsonl": _JSONL_FIELDS,
