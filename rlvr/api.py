@@ -35,6 +35,7 @@ from rlvr.metrics import read_metrics
 from rlvr.models import ALL_LINEAR, resolve_model_dir
 from rlvr.rewards import BUILTINS, WeightedReward, build_reward
 from rlvr.trackers import TRACKERS
+from rlvr.train.rollouts import EnvironmentObjects
 
 __all__ = ["GRPOConfig", "GRPOTrainer", "TrainOutput"]
 
@@ -211,6 +212,9 @@ class GRPOConfig:
     in a YAML config)."""
     push_to_hub: bool = False
     """Accepted at False only: rlvr never uploads."""
+    max_tool_calling_iterations: int | None = None
+    """With tools or environment_factory: tool-calling rounds per episode, at most (env.max_turns is one more: the
+    final answer). None: rlvr's default of 4 model turns (TRL's None is no limit but the length)."""
 
     def __post_init__(self) -> None:
         self.check()
@@ -277,6 +281,9 @@ def _check_config(a: GRPOConfig) -> None:
         value = getattr(a, name)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
             raise _refuse(name, value, "must be None or an int >= 1")
+    value = a.max_tool_calling_iterations
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+        raise _refuse("max_tool_calling_iterations", value, "must be None or an int >= 0")
     for name in ("epsilon_high", "eval_steps", "warmup_ratio"):
         value = getattr(a, name)
         if value is not None and (not _is_number(value) or value < 0):
@@ -495,6 +502,46 @@ def _reward_entry(fn: Any, i: int) -> tuple[str, dict, Any, str]:
     return f"{module}:{qualname}", {}, fn, ""
 
 
+def _callable_name(obj: Any, where: str) -> tuple[str, str]:
+    """(``module:qualname`` for config.yaml, why rlvr could not import it by that name, or '')."""
+    module = getattr(obj, "__module__", None) or type(obj).__module__
+    qualname = getattr(obj, "__qualname__", None)
+    if qualname is None:
+        return f"{module}:{type(obj).__qualname__}()", f"{where} is a callable object"
+    if "<" in qualname or "." in qualname:
+        return f"{module}:{qualname}", f"{where} is a lambda, a nested function or a method"
+    if getattr(sys.modules.get(module), qualname, None) is not obj:
+        return f"{module}:{qualname}", f"{module}.{qualname} is not {where}"
+    return f"{module}:{qualname}", ""
+
+
+def _environment(tools: Any, factory: Any, args: GRPOConfig) -> tuple[EnvironmentObjects | None, dict]:
+    """TRL's ``tools`` and ``environment_factory`` as rlvr's environment objects, and the env section recording
+    them by name."""
+    tools = list(tools or [])
+    if not tools and factory is None:
+        return None, {}
+    if factory is not None and not callable(factory):
+        raise TypeError(f"GRPOTrainer: environment_factory must be a class or function, got {type(factory).__name__}")
+    for i, tool in enumerate(tools):
+        if not callable(tool) or isinstance(tool, str):
+            raise TypeError(f"GRPOTrainer: tools[{i}] must be a function with type hints and a docstring, got "
+                            f"{type(tool).__name__}")
+    named = [_callable_name(t, f"tools[{i}]") for i, t in enumerate(tools)]
+    if factory is not None:
+        named.append(_callable_name(factory, "environment_factory"))
+    unnamed = [f"{name} ({why})" for name, why in named if why]
+    if unnamed:
+        warnings.warn(f"rlvr: config.yaml cannot name {'; '.join(unnamed)} in a form `rlvr train` can import; this "
+                      "run uses them as they are", UserWarning, stacklevel=3)
+    env = {"tools": [name for name, _ in named[: len(tools)]], "max_episode_tokens": args.max_completion_length}
+    if factory is not None:
+        env["factory"] = named[-1][0]
+    if args.max_tool_calling_iterations is not None:
+        env["max_turns"] = args.max_tool_calling_iterations + 1
+    return EnvironmentObjects(factory, tuple(tools)), env
+
+
 def _held_out_check(entries: list[tuple[str, dict, Any, str]]) -> str:
     """The reward whose 1.0 counts as correct in held-out accuracy: the first one rlvr can build again by name."""
     for name, kwargs, _, why in entries:
@@ -536,6 +583,12 @@ class GRPOTrainer:
       target_modules, 'all-linear' included; None takes peft's default modules for the architecture); LoRA options
       rlvr does not implement (use_dora, bias, modules_to_save, ...) are errors. None: full fine-tuning, as TRL.
     - ``processing_class``: None, or the tokenizer saved in the model's directory (rlvr loads it from there).
+    - ``tools`` / ``environment_factory``: TRL's agent training. ``tools`` is a list of functions (type hints and a
+      Google-style docstring: each becomes a tool the model can call); ``environment_factory`` a TRL-style
+      environment class (``reset(**row)``, public methods as tools, optional ``get_reward()``). Each G sample is
+      then an episode (docs/concepts/episodes.md); ``max_completion_length`` bounds each turn and the whole
+      episode. They are recorded in config.yaml as env.factory / env.tools (``module:name``), with the same warning
+      as reward functions when they cannot be imported by that name.
     - ``reward_processing_classes``, ``callbacks``, ``optimizers`` and any other argument: refused unless left unset.
 
     ``trainer.rlvr_config`` is the ``rlvr.config.RunConfig`` that ``train()`` runs and writes to config.yaml.
@@ -543,7 +596,8 @@ class GRPOTrainer:
 
     def __init__(self, model: Any, reward_funcs: Any, args: GRPOConfig | None = None, train_dataset: Any = None,
                  eval_dataset: Any = None, processing_class: Any = None, reward_processing_classes: Any = None,
-                 callbacks: Any = None, optimizers: Any = (None, None), peft_config: Any = None, **kwargs: Any):
+                 callbacks: Any = None, optimizers: Any = (None, None), peft_config: Any = None, tools: Any = None,
+                 environment_factory: Any = None, **kwargs: Any):
         if kwargs:
             raise TypeError(f"GRPOTrainer: rlvr does not support the argument(s) {', '.join(map(repr, kwargs))}")
         for name, value in (("reward_processing_classes", reward_processing_classes), ("callbacks", callbacks),
@@ -595,6 +649,7 @@ class GRPOTrainer:
                 f"can import: {'; '.join(unnamed)}. This run uses them as they are; to rerun it from the CLI, define "
                 "them at the top level of a module (my_rewards.py: my_rewards:my_reward).", UserWarning, stacklevel=2)
         self.rewards = [WeightedReward(name, fn, w) for (name, _, fn, _), w in zip(entries, weights)]
+        self.environment, env = _environment(tools, environment_factory, args)
 
         out = Path(os.path.normpath(args.output_dir))
         out = out if out.name else out.resolve()
@@ -608,7 +663,7 @@ class GRPOTrainer:
         else:
             eval_path, eval_size = self._data_file(data_dir, "eval", _jsonl(eval_rows, "eval_dataset")), len(eval_rows)
         self.rlvr_config = _run_config(args, self.model_name, lora, len(train_rows), str(train_path), str(eval_path),
-                                       eval_size, check, [(e[0], e[1], w) for e, w in zip(entries, weights)])
+                                       eval_size, check, [(e[0], e[1], w) for e, w in zip(entries, weights)], env)
         self._summary: dict | None = None
 
     @staticmethod
@@ -636,7 +691,7 @@ class GRPOTrainer:
             cfg = dataclasses.replace(cfg, resume=resume)
         from rlvr.launch import train
 
-        summary = train(cfg, rewards=self.rewards)
+        summary = train(cfg, rewards=self.rewards, environment=self.environment)
         self._summary = summary
         losses = [r["update/loss"] for r in read_metrics(Path(cfg.output_dir) / "metrics.jsonl")
                   if r.get("step", 0) >= 1 and _is_number(r.get("update/loss"))]
@@ -753,7 +808,7 @@ def _batches(optimizer_steps: float, total: int, mu: int) -> int:
 
 
 def _run_config(a: GRPOConfig, model_name: str, lora: dict | None, n_train: int, train_path: str, eval_path: str,
-                eval_size: int, check: str, rewards: list[tuple[str, dict, float]]) -> RunConfig:
+                eval_size: int, check: str, rewards: list[tuple[str, dict, float]], env: dict) -> RunConfig:
     prompts = a.per_device_train_batch_size * a.gradient_accumulation_steps // a.num_generations
     mu = a.num_iterations
     epoch = max(1, math.ceil(n_train / prompts))  # rlvr steps per pass over train_dataset
@@ -791,4 +846,5 @@ def _run_config(a: GRPOConfig, model_name: str, lora: dict | None, n_train: int,
                  **({"batch_size": a.per_device_eval_batch_size} if a.per_device_eval_batch_size else {})},
         "log": {"trackers": _trackers(a.report_to), "run_name": a.run_name or "", "progress": not a.disable_tqdm,
                 "samples": a.log_completions},
+        "env": env,
     })

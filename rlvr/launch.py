@@ -13,15 +13,18 @@ from rlvr.rewards import WeightedReward
 from rlvr.runtime.source import AsyncSource
 from rlvr.train.collect import SyncSource, group_advantage_fn
 from rlvr.train.loop import run_loop
+from rlvr.train.rollouts import EnvironmentObjects
 from rlvr.train.run import NonFiniteError, fresh_run_dir, open_run
 from rlvr.train.update import GRPOUpdate
 
 __all__ = ["NonFiniteError", "fresh_run_dir", "train"]
 
 
-def train(cfg: RunConfig, rewards: list[WeightedReward] | None = None) -> dict:
+def train(cfg: RunConfig, rewards: list[WeightedReward] | None = None,
+          environment: EnvironmentObjects | None = None) -> dict:
     """Train as configured; returns the summary also written to ``summary.json``. ``rewards``: reward functions
-    built already (Python callables: rlvr.api), used instead of cfg.rewards."""
+    built already (Python callables: rlvr.api), used instead of cfg.rewards; ``environment``: an episode
+    environment's factory and tools as objects, used instead of env.factory / env.tools."""
     algo = cfg.algo
     if algo.name == "ppo":  # advantages come from the critic, inside the update
         update, advantages = PPOUpdate(cfg), None
@@ -29,4 +32,4 @@ def train(cfg: RunConfig, rewards: list[WeightedReward] | None = None) -> dict:
         update = GRPOUpdate(cfg)
         advantages = group_advantage_fn(cfg.rollout.group_size, algo.scale, algo.adv_eps, algo.negative_scale)
     source = AsyncSource(cfg, advantages) if cfg.asynchronous.enabled else SyncSource(cfg, advantages)
-    return run_loop(open_run(cfg, update, rewards), source, update)
+    return run_loop(open_run(cfg, update, rewards, environment), source, update)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from rlvr import GRPOConfig, GRPOTrainer
+from rlvr.cli import main
 from rlvr.config import load_config
 
 # A TRL quickstart in our own words: only the import line names rlvr (with `from trl import ...` it is a TRL script).
@@ -346,3 +347,66 @@ def test_delta_below_the_upper_clip_is_refused():
     with pytest.raises(ValueError, match=r"GRPOConfig\.delta=1\.1: must be >= 1 \+ epsilon_high = 1\.28"):
         GRPOConfig(delta=1.1, epsilon_high=0.28)
     GRPOConfig(delta=1.28, epsilon_high=0.28)
+
+
+# --------------------------------------------------------------------------- agent training (tools, environments)
+
+def multiply(a: int, b: int) -> int:
+    """Multiply two integers.
+
+    Args:
+        a: the first factor
+        b: the second factor
+    """
+    return a * b
+
+
+class Counter:
+    """A TRL-style environment: reset(**row) starts the count at the row's start column; increment is a tool."""
+
+    def reset(self, start, **row):
+        self.count = int(start)
+        return f" (the counter starts at {start})"
+
+    def increment(self, by: int) -> int:
+        """Add to the counter.
+
+        Args:
+            by: how much to add
+        """
+        self.count += by
+        return self.count
+
+    def get_reward(self) -> float:
+        return float(self.count > 0)
+
+
+def counted(completions, environments, **kwargs):
+    """A reward reading the environments, as TRL passes them."""
+    return [float(isinstance(e, Counter)) for e in environments]
+
+
+def test_tools_and_environment_factory_train_and_rerun_from_the_cli(tiny_long_model_dir, tmp_path):
+    out = tmp_path / "agent"
+    rows = [{"prompt": [{"role": "user", "content": f"Count from {s}."}], "start": s} for s in range(6)]
+    args = GRPOConfig(output_dir=str(out), max_steps=2, num_generations=2, per_device_train_batch_size=4,
+                      max_completion_length=12, max_tool_calling_iterations=2, learning_rate=1e-3, report_to="none",
+                      disable_tqdm=True)
+    trainer = GRPOTrainer(str(tiny_long_model_dir), [counted], args=args, train_dataset=rows, eval_dataset=rows[:2],
+                          tools=[multiply], environment_factory=Counter)
+    env = trainer.rlvr_config.env
+    assert env.tools == ("tests.test_api:multiply",) and env.factory == "tests.test_api:Counter"
+    assert env.max_turns == 3 and env.max_episode_tokens == 12
+    trainer.train()
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert records[-1]["rollout/reward/Counter_mean"] == 1.0  # get_reward: start 1..5 > 0 on every row drawn
+    assert records[-1]["rollout/reward/tests.test_api:counted_mean"] == 1.0
+    assert "episode/turns_mean" in records[-1]
+    cli_out = tmp_path / "agent-cli"  # config.yaml names everything: `rlvr train` reruns it
+    assert main(["train", str(out / "config.yaml"), f"output_dir={cli_out}"]) == 0
+    assert (cli_out / "summary.json").is_file()
+
+
+def test_agent_arguments_are_checked():
+    with pytest.raises(ValueError, match="max_tool_calling_iterations"):
+        GRPOConfig(max_tool_calling_iterations=-1)

@@ -1,6 +1,5 @@
-"""Environments and tools for multi-turn episodes (issue 23).
+"""Environments and tools for multi-turn episodes (docs/concepts/episodes.md).
 
-Here today:
 - ``tools``: a tool's JSON schema from its type hints and docstring (transformers' ``get_json_schema``, as TRL
   uses it), the default tool-call format for templates without tool support (a JSON object inside
   ``<tool_call>…</tool_call>``, the Hermes/Qwen convention), running one call with a deadline so that every
@@ -14,12 +13,14 @@ Here today:
   schema; one-line errors naming the class and method); ``EpisodeEnv`` is one instance for one episode
   (``reset`` -> the observation the sampler adds to the prompt with ``prompt_with_observation``, ``step`` per
   model turn -> observations, ``reward``, ``release``; an episode ends on a turn without a tool call).
+- ``http_env``: environments served over HTTP in the OpenEnv style (``env.url``): ``HttpEnvironment`` speaks
+  openenv-core's reset / step over its WebSocket (or plain HTTP), validated and bounded; ``HttpEnvSpec`` makes one
+  per episode.
 
-Later (not here yet): the episode sampler drives the turns (token-in / token-out: sampled tokens are kept as
-sampled, observations are appended as tokens, history is never re-templated) on every rollout path; a client
-for environments served over HTTP in the OpenEnv style (reset / step); TRL's dict of factories (several
-environments in one run).
+The turns are driven by ``rlvr.rollout.episodes.run_episodes`` (token in / token out) on every rollout path, and a
+run's environment is set up by ``rlvr.train.rollouts``. Not here: TRL's dict of factories (several environments in
+one run).
 
 This package imports neither torch nor the rest of rlvr, except ``rlvr.verifiers.sandbox`` (``python_tool``);
-``tool_schema`` imports transformers when called.
+``tool_schema`` imports transformers when called, ``http_env`` needs httpx (and websockets for its WebSocket).
 """

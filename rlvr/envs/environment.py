@@ -39,8 +39,8 @@ rendered by ``tools._as_text`` (JSON for numbers, lists, dicts, None: ``null`` w
 an async ``reset`` is refused as TRL cannot await it either. A ``dict`` of factories (TRL's multi-environment
 mode) is not here yet.
 
-Coming next (not here): a client for environments served over HTTP in the OpenEnv style (``reset`` /
-``step``), and the episode sampler that drives the turns.
+Environments served over HTTP in the OpenEnv style are ``http_env``'s; the turns are driven by
+``rlvr.rollout.episodes.run_episodes``.
 
 NOT protected: the environment is the user's own Python and runs in the trainer's process with its
 permissions; a tool that times out is abandoned in a daemon thread (``tools.run_tool_call``).

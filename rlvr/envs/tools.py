@@ -3,7 +3,7 @@
 A tool is a Python callable with type hints and a Google-style docstring. ``tool_schema`` turns it into the
 function schema chat templates render (transformers' ``get_json_schema``, the function TRL uses, so a TRL tool
 gets the same schema here). Templates without tool support use the default call format below; the episode
-sampler (not here yet) renders results as a ``tool`` turn.
+sampler (``rlvr.rollout.episodes``) renders results as ``tool`` turns.
 
 Call format (Hermes/Qwen): ``<tool_call>{"name": "calculator", "arguments": {"expression": "2*3"}}</tool_call>``.
 Text outside the tags is ignored. ``parse_tool_calls`` reads at most ``MAX_SCAN_CHARS`` characters and

@@ -17,7 +17,7 @@ from rlvr.prompts import plain_text
 from rlvr.rewards import RewardFn, WeightedReward, build_reward
 from rlvr.rollout import LocalSampler, Sampler, SamplingParams
 from rlvr.tasks import fit_prompts, load_task
-from rlvr.train.rollouts import EpisodeSetup, build_episode_setup
+from rlvr.train.rollouts import EnvironmentObjects, EpisodeSetup, build_episode_setup
 
 
 @dataclass
@@ -38,7 +38,7 @@ def lora_spec(model: ModelConfig) -> LoraSpec | None:
                     target_modules=model.lora_targets)
 
 
-def load_data(cfg: RunConfig) -> TaskData:
+def load_data(cfg: RunConfig, environment: EnvironmentObjects | None = None) -> TaskData:
     """Rows, correctness check and tokenizer; prompt lengths are checked here, before any model loads, so bad
     input fails fast."""
     train_rows, eval_rows, check_name = load_task(cfg.task)
@@ -57,7 +57,7 @@ def load_data(cfg: RunConfig) -> TaskData:
         if warning:
             print(f"rlvr: warning: {warning}", file=sys.stderr, flush=True)
     columns = sorted({k for r in train_rows[:1] for k in r})
-    episodes = build_episode_setup(cfg.env, tokenizer, columns)  # the environment is validated before the model loads
+    episodes = build_episode_setup(cfg.env, tokenizer, columns, environment)  # validated before the model loads
     budget = "env.max_episode_tokens" if episodes else "rollout.max_new_tokens"  # the prompt, then this much
     room = model_context(model_dir) - (cfg.env.max_episode_tokens if episodes else cfg.rollout.max_new_tokens)
     encode = episodes.prompt_ids if episodes else None  # episodes: with the tools described

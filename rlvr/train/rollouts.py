@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from rlvr.config import EnvConfig
@@ -113,16 +114,28 @@ class EpisodeSetup:
             env.release()
 
 
-def build_episode_setup(cfg: EnvConfig, tokenizer, columns: list[str] | None = None) -> EpisodeSetup | None:
-    """The run's ``EpisodeSetup`` (None without env.factory or env.tools); the environment is validated here, once,
-    before the model loads."""
-    if not cfg.enabled:
+@dataclass(frozen=True)
+class EnvironmentObjects:
+    """An environment given as Python objects (rlvr.api: TRL's ``environment_factory`` and ``tools``), used instead
+    of the names in env.factory / env.tools."""
+
+    factory: Callable | None = None
+    tools: tuple[Callable, ...] = ()
+
+
+def build_episode_setup(cfg: EnvConfig, tokenizer, columns: list[str] | None = None,
+                        objects: EnvironmentObjects | None = None) -> EpisodeSetup | None:
+    """The run's ``EpisodeSetup`` (None without env.factory, env.tools or env.url); the environment is validated
+    here, once, before the model loads. ``objects``: the factory and tools as objects instead of by name."""
+    if not cfg.enabled and objects is None:
         return None
     if cfg.url:
         if cfg.factory or cfg.tools:
             raise EpisodeError("env.url is an environment of its own: leave env.factory and env.tools empty with it")
         spec = HttpEnvSpec(cfg.url, transport=cfg.transport, api_key=api_key_from_env(cfg.api_key_env),
                            timeout_s=max(cfg.tool_timeout_s, 30.0))
+    elif objects is not None:
+        spec = load_environment(objects.factory or Tools, list(objects.tools), columns)
     else:
         factory = import_object(cfg.factory, "env.factory") if cfg.factory else Tools
         spec = load_environment(factory, [builtin_tool(t) for t in cfg.tools], columns)

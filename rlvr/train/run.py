@@ -39,6 +39,7 @@ from rlvr.train.collect import Collected
 if TYPE_CHECKING:
     from rlvr.train.loop import Update
 from rlvr.train.evaluate import evaluate
+from rlvr.train.rollouts import EnvironmentObjects
 from rlvr.train.run_files import model_card, sample_records, write_config
 
 
@@ -195,17 +196,19 @@ class Run:
         return summary
 
 
-def open_run(cfg: RunConfig, update: Update, rewards: list[WeightedReward] | None = None) -> Run:
-    """Load data, rewards (``rewards``: built already, e.g. Python callables; default: from cfg.rewards), model,
-    optimizer (over what ``update`` trains); resume from a checkpoint if asked (applying the configuration given
-    now and printing what changed); prepare the run directory and metric sinks."""
+def open_run(cfg: RunConfig, update: Update, rewards: list[WeightedReward] | None = None,
+             environment: EnvironmentObjects | None = None) -> Run:
+    """Load data, rewards (``rewards``: built already, e.g. Python callables; default: from cfg.rewards), the
+    episode environment (``environment``: as objects; default: from cfg.env), model, optimizer (over what
+    ``update`` trains); resume from a checkpoint if asked (applying the configuration given now and printing what
+    changed); prepare the run directory and metric sinks."""
     started = time.perf_counter()
     require_trackers(cfg.log.trackers)  # a missing wandb / trackio package fails here, before the model loads
     torch.set_num_threads(cfg.train.threads or torch.get_num_threads())
     if cfg.train.heap_threshold_kb:
         return_freed_memory(cfg.train.heap_threshold_kb << 10)
     seed_everything(cfg.train.seed)
-    data = load_data(cfg)  # rows, rewards and prompt lengths are checked before the model loads
+    data = load_data(cfg, environment)  # rows, environment and prompt lengths are checked before the model loads
     rewards = build_rewards(cfg.rewards) if rewards is None else rewards
     environments = data.episodes.check_environment if data.episodes else None
     check_rewards(rewards, data.train_rows, environments=environments)  # fails here, in seconds, before the model loads
