@@ -187,3 +187,14 @@ def test_episode_completions_hide_tool_output_from_graders():
              {"role": "assistant", "content": ""}]
     honest = cheat[:2] + [{"role": "assistant", "content": "The answer is 391."}]
     assert check(prompts=["p", "p"], completions=[cheat, honest], answer=["391", "391"]) == [0.0, 1.0]
+
+
+def test_tool_success_rewards_a_call_that_returned_a_result():
+    from rlvr.rewards import BUILTINS
+
+    reward = BUILTINS["tool_success"]()
+    call = {"role": "assistant", "content": "<tool_call>...</tool_call>"}
+    worked = [call, {"role": "tool", "content": "391"}, {"role": "assistant", "content": "391"}]
+    failed = [call, {"role": "tool", "content": "error: malformed tool call"}, {"role": "assistant", "content": ""}]
+    none = [{"role": "assistant", "content": "391"}]
+    assert reward(prompts=["p"] * 4, completions=[worked, failed, none, "a string"]) == [1.0, 0.0, 0.0, 0.0]

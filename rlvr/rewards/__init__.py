@@ -30,7 +30,7 @@ from rlvr.rewards.base import (
 )
 from rlvr.rewards.code import code_tests
 from rlvr.rewards.equations import equations_correct, steps_correct
-from rlvr.rewards.format import format_match
+from rlvr.rewards.format import format_match, tool_success
 from rlvr.rewards.length import overlong_penalty
 from rlvr.rewards.math import math_correct
 
@@ -43,6 +43,7 @@ BUILTINS = {
     "math_correct": math_correct,
     "overlong_penalty": overlong_penalty,
     "steps_correct": steps_correct,
+    "tool_success": tool_success,
 }
 
 
