@@ -1,10 +1,11 @@
 """Episode throughput: the same calculator episodes sampled in this process and over `rlvr serve`, in one run.
 
-    python benchmarks/episodes.py --rounds 3
+    python benchmarks/episodes.py --rounds 3 [--adapter runs/tools/adapter]
 
-examples/tools.yaml's setup (SmolLM2-135M-Instruct, the calculator, two-step word problems with one worked example,
-T=0.7, at most 3 turns of 40 tokens): B prompts x G episodes per round, sampled alternately in process (the
-LocalSampler, all active episodes' turns batched) and by one `rlvr serve` process on loopback (each turn a
+examples/tools.yaml's setup (SmolLM2-135M-Instruct, the calculator, word problems over 2-digit products with one
+worked example, T=0.7, at most 3 turns of 40 tokens), with the base model or a trained adapter (``--adapter``: the
+episodes then call the tool and answer, two turns each): B prompts x G episodes per round, sampled alternately in
+process (the LocalSampler, all active episodes' turns batched) and by one `rlvr serve` process on loopback (each turn a
 /v1/completions request with the episode's token ids; the server batches concurrent requests). Both sides get the
 same torch threads (``--threads``). Reported: episodes/s, model tokens/s, turns and tool calls per episode, medians
 over rounds after one warm-up round each.
@@ -51,11 +52,18 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--adapter", default="", help="a trained LoRA adapter directory (default: the base model)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     cfg = load_config(ROOT / "examples" / "tools.yaml")
     train_rows, _, _ = load_task(cfg.task)
-    model, tokenizer = load_policy(cfg.model.name, LoraSpec(r=16, alpha=32))  # as a run samples (B = 0: the base)
+    if args.adapter:
+        from peft import PeftModel
+
+        base, tokenizer = load_policy(cfg.model.name, None)
+        model = PeftModel.from_pretrained(base, args.adapter)
+    else:
+        model, tokenizer = load_policy(cfg.model.name, LoraSpec(r=16, alpha=32))  # as a run samples (B = 0: the base)
     model.eval()
     setup = build_episode_setup(cfg.env, tokenizer)
     params = SamplingParams(temperature=cfg.rollout.temperature, max_new_tokens=cfg.rollout.max_new_tokens)
@@ -80,14 +88,19 @@ def main() -> None:
     med = {name: {key: statistics.median(r[key] for r in rs) for key in rs[0]} for name, rs in results.items()}
     ratio = med["rlvr serve"]["episodes_per_s"] / med["in process"]["episodes_per_s"]
     out = {"rounds": args.rounds, "prompts": args.prompts, "group_size": args.group_size, "threads": args.threads,
+           "adapter": args.adapter,
            "median": med, "serve_over_in_process": ratio, "machine": describe()}
     rows_md = "\n".join(
         f"| {name} | {m['s']:.1f} s | {m['episodes_per_s']:.2f} | {m['model_tokens_per_s']:.0f} | {m['turns']:.2f} | "
         f"{m['calls']:.2f} |" for name, m in med.items())
-    markdown = f"""## Episodes: in process vs over `rlvr serve` (`python benchmarks/episodes.py --rounds {args.rounds}`)
+    command = f"python benchmarks/episodes.py --rounds {args.rounds}" + (f" --adapter {args.adapter}" if args.adapter
+                                                                         else "")
+    policy = "the adapter trained by examples/tools.yaml" if args.adapter else "the base model"
+    markdown = f"""## Episodes: in process vs over `rlvr serve` (`{command}`)
 
-`examples/tools.yaml`'s episodes (SmolLM2-135M-Instruct, the calculator, two-step word problems, T=0.7, at most 3
-turns of 40 tokens): {args.prompts} prompts x {args.group_size} episodes per round, sampled alternately in process
+`examples/tools.yaml`'s episodes ({policy}: SmolLM2-135M-Instruct, the calculator, word problems over 2-digit
+products, T=0.7, at most 3 turns of 40 tokens): {args.prompts} prompts x {args.group_size} episodes per round,
+sampled alternately in process
 and by one `rlvr serve` on loopback (each turn one `/v1/completions` request of the episode's token ids), both with
 {args.threads} torch threads; medians over {args.rounds} rounds after a warm-up round.
 
