@@ -31,11 +31,12 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from rlvr.config import RunConfig, build_config
+from rlvr.envs.environment import load_environment
 from rlvr.metrics import read_metrics
 from rlvr.models import ALL_LINEAR, resolve_model_dir
 from rlvr.rewards import BUILTINS, WeightedReward, build_reward
 from rlvr.trackers import TRACKERS
-from rlvr.train.rollouts import EnvironmentObjects
+from rlvr.train.rollouts import EnvironmentObjects, Tools
 
 __all__ = ["GRPOConfig", "GRPOTrainer", "TrainOutput"]
 
@@ -527,6 +528,7 @@ def _environment(tools: Any, factory: Any, args: GRPOConfig) -> tuple[Environmen
         if not callable(tool) or isinstance(tool, str):
             raise TypeError(f"GRPOTrainer: tools[{i}] must be a function with type hints and a docstring, got "
                             f"{type(tool).__name__}")
+    load_environment(factory or Tools, tools)  # schemas, reset, get_reward: one-line errors now, not at train()
     named = [_callable_name(t, f"tools[{i}]") for i, t in enumerate(tools)]
     if factory is not None:
         named.append(_callable_name(factory, "environment_factory"))
