@@ -148,7 +148,7 @@ class HttpEnvironment:
         if kind != "ok":  # not reached: only a step is rejected or times out
             raise HttpEnvError(f"{self._where('reset')}: {kind}")
         observation, self.done = self._take(answer, "reset")
-        text = self._text(observation) if observation else None
+        text = self._cut(self._text(observation))[0] if observation else None
         self.observation = text
         return text
 
@@ -184,10 +184,7 @@ class HttpEnvironment:
                               seconds)
         else:
             observation, self.done = self._take(answer, "step")
-            body = self._text(observation)
-            cut = max(0, len(body) - self.max_chars)
-            if cut:
-                body = body[: self.max_chars] + f"\n[truncated: {cut} more characters]"
+            body, cut = self._cut(self._text(observation))
             self.observation = body
             obs = Observation(self.name, "ok", body, seconds, cut)
         self.stats.record(obs)
@@ -231,6 +228,11 @@ class HttpEnvironment:
         if not isinstance(text, str):
             raise HttpEnvError(f"{self.base_url}: observation_to_text returned {type(text).__name__}; return a str")
         return text
+
+    def _cut(self, text: str) -> tuple[str, int]:
+        """``text`` bounded by ``max_chars`` (a note says how much was cut), and the characters cut."""
+        cut = max(0, len(text) - self.max_chars)
+        return (text[: self.max_chars] + f"\n[truncated: {cut} more characters]", cut) if cut else (text, 0)
 
     def _take(self, answer: Any, what: str) -> tuple[dict, bool]:
         """Check one ``{"observation", "reward", "done"}`` object; record the reward."""

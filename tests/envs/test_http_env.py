@@ -311,6 +311,10 @@ def test_huge_observation_text_is_cut(hostile_url):
     [obs] = env.step("hi", 5)
     assert obs.text == "y" * 100 + "\n[truncated: 49900 more characters]" and obs.truncated == 49_900
     env.release()
+    SCRIPT["reset"] = (200, json.dumps({"observation": {"text": "z" * 50_000}}).encode())
+    env = HttpEnvironment(hostile_url, transport="http", max_response_bytes=LIMIT, max_chars=100)
+    assert env.reset({}) == "z" * 100 + "\n[truncated: 49900 more characters]"  # it goes into the prompt: bounded too
+    env.release()
 
 
 def test_api_key(hostile_url):
