@@ -22,8 +22,10 @@ def step_batch(batch: Collected, adv, mask_truncated: bool) -> StepBatch:
 
 
 def step_options(cfg: RunConfig) -> dict:
-    """The step's keyword arguments every update shares."""
-    return {"micro_batch_size": cfg.train.micro_batch_size, "max_new_tokens": cfg.rollout.max_new_tokens,
+    """The step's keyword arguments every update shares. ``max_new_tokens`` is the longest a completion can be
+    (Dr. GRPO's constant normaliser): an episode's whole budget when the run has episodes."""
+    longest = cfg.env.max_episode_tokens if cfg.env.enabled else cfg.rollout.max_new_tokens
+    return {"micro_batch_size": cfg.train.micro_batch_size, "max_new_tokens": longest,
             "max_grad_norm": cfg.train.max_grad_norm, "chunk_tokens": cfg.train.logprob_chunk}
 
 
