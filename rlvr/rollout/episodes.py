@@ -74,6 +74,17 @@ class EpisodeStats:
     tools: ToolStats = field(default_factory=ToolStats)  # calls and errors per tool (merged by the caller)
     calling: int = 0  # episodes with at least one tool call
 
+    @classmethod
+    def total(cls, parts: list[EpisodeStats | None]) -> EpisodeStats | None:
+        """The stats of several rounds or groups together (None when none has any: single completions)."""
+        present = [p for p in parts if p is not None]
+        if not present:
+            return None
+        total = cls()
+        for p in present:
+            total.merge(p)
+        return total
+
     def merge(self, other: EpisodeStats) -> None:
         self.turns += other.turns
         self.observation_tokens += other.observation_tokens

@@ -147,7 +147,7 @@ class AsyncSource:
         groups = taken.groups  # one round: the B groups taken for this step
         round_ = Round([g.row_id for g in groups], Groups.concat([g.groups for g in groups]),
                        Scores.concat([g.scores for g in groups]), torch.cat([g.informative for g in groups]),
-                       [g.uid for g in groups], _merged([g.episodes for g in groups]))
+                       [g.uid for g in groups], EpisodeStats.total([g.episodes for g in groups]))
         return scored_batch([round_], [(round_, torch.arange(len(groups)))], self.advantages,
                             sum(g.time_generate_s for g in groups), sum(g.time_reward_s for g in groups))
 
@@ -183,14 +183,3 @@ def async_metrics(taken: Taken, before: dict, now: dict, busy: dict, now_busy: d
         out["server_busy_frac"] = busy_frac
         out["server_idle_s"] = (1 - busy_frac) * wall_s
     return out
-
-
-def _merged(stats: list[EpisodeStats | None]) -> EpisodeStats | None:
-    """The episode stats of a batch's groups, together (None for single completions)."""
-    present = [s for s in stats if s is not None]
-    if not present:
-        return None
-    total = EpisodeStats()
-    for s in present:
-        total.merge(s)
-    return total

@@ -179,13 +179,8 @@ def collect_metrics(c: Collected, version: int) -> dict[str, float]:
 def episode_metrics(c: Collected) -> dict[str, float]:
     """Turns, tool calls and errors per tool, environment time, observation vs model tokens and truncations by
     cause, over every episode sampled this step (empty for single completions)."""
-    rounds = [r.episodes for r in c.rounds if r.episodes is not None]
-    if not rounds:
-        return {}
-    total = EpisodeStats()
-    for stats in rounds:
-        total.merge(stats)
-    return total.as_metrics()
+    total = EpisodeStats.total([r.episodes for r in c.rounds])
+    return total.as_metrics() if total else {}
 
 
 def warn_unscored(batch: Collected, step: int, warned: bool) -> bool:
