@@ -198,3 +198,16 @@ def test_tool_success_rewards_a_call_that_returned_a_result():
     failed = [call, {"role": "tool", "content": "error: malformed tool call"}, {"role": "assistant", "content": ""}]
     none = [{"role": "assistant", "content": "391"}]
     assert reward(prompts=["p"] * 4, completions=[worked, failed, none, "a string"]) == [1.0, 0.0, 0.0, 0.0]
+
+
+def test_the_python_tools_sandbox_is_closed_with_the_run(tokenizer):
+    from rlvr.verifiers.sandbox import SandboxUnavailable
+
+    try:
+        setup = build_episode_setup(EnvConfig(tools=("calculator", "python")), tokenizer)
+    except SandboxUnavailable as err:
+        pytest.skip(f"no isolation on this machine: {err}")
+    sandbox = setup.spec.extra_tools["python"].__self__.sandbox
+    assert not sandbox._pool._shutdown
+    setup.close()
+    assert sandbox._pool._shutdown  # its slots are released now, not at exit

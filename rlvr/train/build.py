@@ -30,6 +30,11 @@ class TaskData:
     tokenizer: object
     episodes: EpisodeSetup | None = None  # multi-turn episodes (env.factory or env.tools set)
 
+    def close(self) -> None:
+        """Release what the episodes' tools hold (nothing without episodes)."""
+        if self.episodes is not None:
+            self.episodes.close()
+
 
 def lora_spec(model: ModelConfig) -> LoraSpec | None:
     if not model.lora:

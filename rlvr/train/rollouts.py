@@ -49,12 +49,15 @@ class Tools:
         return None
 
 
-def builtin_tool(name: str):
-    """A tool of env.tools: a built-in by name, or an imported 'package.module:function'."""
+def builtin_tool(name: str, closers: list[Callable[[], None]]):
+    """A tool of env.tools: a built-in by name, or an imported 'package.module:function'; what must be closed at
+    the end of the run (the python tool's sandbox) is added to ``closers``."""
     if name == "calculator":
         return calculator.calculator
     if name == "python":
-        return PythonTool().python
+        tool = PythonTool()
+        closers.append(tool.close)
+        return tool.python
     return import_object(name, "env.tools")
 
 
@@ -67,6 +70,12 @@ class EpisodeSetup:
     tokenizer: object
     template_tools: bool  # the chat template renders tools= itself
     stop_after_call: bool
+    closers: tuple[Callable[[], None], ...] = ()  # run at the end of the run: sandboxes, the async tools' loop
+
+    def close(self) -> None:
+        """Release what the run's tools hold (the python tool's sandbox, the event loop of async tools)."""
+        for close in self.closers:
+            close()
 
     def params(self, params: SamplingParams) -> SamplingParams:
         """The sampling parameters of a model turn: a turn ends at ``</tool_call>`` when stop_after_call."""
@@ -129,6 +138,7 @@ def build_episode_setup(cfg: EnvConfig, tokenizer, columns: list[str] | None = N
     here, once, before the model loads. ``objects``: the factory and tools as objects instead of by name."""
     if not cfg.enabled and objects is None:
         return None
+    closers: list[Callable[[], None]] = []
     if cfg.url:
         if cfg.factory or cfg.tools:
             raise EpisodeError("env.url is an environment of its own: leave env.factory and env.tools empty with it")
@@ -138,11 +148,20 @@ def build_episode_setup(cfg: EnvConfig, tokenizer, columns: list[str] | None = N
         spec = load_environment(objects.factory or Tools, list(objects.tools), columns)
     else:
         factory = import_object(cfg.factory, "env.factory") if cfg.factory else Tools
-        spec = load_environment(factory, [builtin_tool(t) for t in cfg.tools], columns)
+        tools = [builtin_tool(t, closers) for t in cfg.tools]
+        try:
+            spec = load_environment(factory, tools, columns)
+        except BaseException:
+            for close in closers:
+                close()
+            raise
         if not spec.tool_names:
             raise EpisodeError(f"environment {spec.name} has no tools: give it public methods or set env.tools")
     limits = EpisodeLimits(cfg.max_turns, cfg.max_episode_tokens, cfg.tool_timeout_s)
-    return EpisodeSetup(spec, limits, tokenizer, template_renders_tools(tokenizer), cfg.stop_after_call)
+    if isinstance(spec, EnvironmentSpec):
+        closers.append(spec.close)
+    return EpisodeSetup(spec, limits, tokenizer, template_renders_tools(tokenizer), cfg.stop_after_call,
+                        tuple(closers))
 
 
 @dataclass
