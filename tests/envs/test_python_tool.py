@@ -80,7 +80,9 @@ def test_prints_and_exceptions(tool):
 
 def test_fork_bomb_is_contained(tool):
     text = run(tool, "import os\nwhile True:\n    os.fork()")
-    assert "BlockingIOError" in text  # the process cap refuses forks
+    # the process cap refuses forks: the processes die of BlockingIOError, their tracebacks interleaved in the
+    # (bounded) tail of stderr, so the name itself may be cut from what is kept
+    assert text.startswith("stderr:") and ("BlockingIOError" in text or "Traceback (most recent call last)" in text)
     text = run(tool, "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass")
     assert text == f"[timed out after {TIMEOUT:g} s: the code was stopped]"
     if tool.sandbox.mode == "root":
