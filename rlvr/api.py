@@ -24,19 +24,17 @@ import json
 import math
 import os
 import shutil
-import sys
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from rlvr.api_inputs import dataset_jsonl, dataset_rows, environment_objects, held_out_check, reward_entry
 from rlvr.config import RunConfig, build_config
-from rlvr.envs.environment import load_environment
 from rlvr.metrics import read_metrics
 from rlvr.models import ALL_LINEAR, resolve_model_dir
-from rlvr.rewards import BUILTINS, WeightedReward, build_reward
+from rlvr.rewards import WeightedReward
 from rlvr.trackers import TRACKERS
-from rlvr.train.rollouts import EnvironmentObjects, Tools
 
 __all__ = ["GRPOConfig", "GRPOTrainer", "TrainOutput"]
 
@@ -45,8 +43,6 @@ LOSS_TYPES = {"grpo": "sequence_mean", "dapo": "token_mean", "bnpo": "token_mean
 SCALE_REWARDS = {"group": "group", "batch": "batch", "none": "none"}
 STRATEGIES = ("no", "steps", "epoch")
 NO_EVAL_DATASET_EVAL_SIZE = 100  # training prompts measured before and after when there is no eval_dataset
-IN_MAIN = "it is defined in the script (or notebook) that is running"
-
 # Fields of TRL's GRPOConfig (or of transformers' TrainingArguments) that users often set and rlvr does not support,
 # with what to do instead; any other unknown field gets the generic message.
 _HINTS = {
@@ -400,162 +396,6 @@ def _trackers(report_to: Any) -> list[str]:
     return names
 
 
-# ---------------------------------------------------------------- datasets
-
-
-def _dataset_rows(dataset: Any, what: str, prompt_only: bool) -> list[dict]:
-    """Rows of a ``datasets.Dataset`` or a list of dicts, checked as TRL's GRPOTrainer reads them."""
-    datasets = sys.modules.get("datasets")
-    if datasets is not None and isinstance(dataset, (datasets.IterableDataset, datasets.IterableDatasetDict)):
-        raise ValueError(f"GRPOTrainer: {what} is an IterableDataset; rlvr writes the rows to a file first: pass a "
-                         "datasets.Dataset (e.g. without streaming=True) or a list of dicts")
-    if isinstance(dataset, dict):
-        splits = f" (its splits: {', '.join(map(str, dataset))})" if datasets and isinstance(
-            dataset, datasets.DatasetDict) else ""
-        raise TypeError(f"GRPOTrainer: {what} is a mapping{splits}; pass one split, e.g. dataset['train']")
-    if hasattr(dataset, "to_list") and hasattr(dataset, "column_names"):
-        rows = dataset.to_list()
-    elif isinstance(dataset, (list, tuple)):
-        rows = list(dataset)
-    else:
-        raise ValueError(f"GRPOTrainer: {what} must be a datasets.Dataset or a list of dicts; got "
-                         f"{type(dataset).__name__}")
-    if not rows:
-        raise ValueError(f"GRPOTrainer: {what} has no rows")
-    columns = None
-    for i, row in enumerate(rows):
-        if not isinstance(row, dict):
-            raise ValueError(f"GRPOTrainer: {what} row {i} is a {type(row).__name__}, not a dict")  # noqa: TRY004
-        if "prompt" not in row:
-            raise ValueError(f"GRPOTrainer: {what} row {i} has no 'prompt' column (columns: {', '.join(row)}); "
-                             "GRPO reads the prompt from it: a string, or chat messages [{'role', 'content'}, ...]")
-        if columns is None:
-            columns = list(row)
-        elif set(row) != set(columns):
-            missing, extra = sorted(set(columns) - set(row)), sorted(set(row) - set(columns))
-            raise ValueError(f"GRPOTrainer: {what} row {i} has other columns than row 0 (missing {missing}, extra "
-                             f"{extra}); every row needs the same columns, since reward functions receive them all")
-        _check_prompt(row["prompt"], f"{what} row {i}")
-    return [{"prompt": r["prompt"]} for r in rows] if prompt_only else rows
-
-
-def _check_prompt(prompt: Any, where: str) -> None:
-    if isinstance(prompt, str) and prompt.strip():
-        return
-    if isinstance(prompt, list) and prompt and all(
-        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in prompt
-    ):
-        return
-    raise ValueError(f"GRPOTrainer: {where}: the prompt must be a non-empty string or chat messages "
-                     f"[{{'role': ..., 'content': '...'}}, ...] with text content; got {prompt!r:.80}")
-
-
-def _jsonl(rows: list[dict], what: str) -> str:
-    lines = []
-    for i, row in enumerate(rows):
-        try:
-            lines.append(json.dumps(row, ensure_ascii=False))
-        except (TypeError, ValueError):
-            bad = next((k for k, v in row.items() if not _json_ok(v)), "?")
-            raise ValueError(f"GRPOTrainer: {what} row {i}, column {bad!r}: a {type(row.get(bad)).__name__} cannot be "
-                             "written to JSON; rlvr writes the dataset to a JSONL file, so columns must hold text, "
-                             "numbers, booleans, None, lists or dicts of them") from None
-    return "\n".join(lines) + "\n"
-
-
-def _json_ok(value: Any) -> bool:
-    try:
-        json.dumps(value)
-    except (TypeError, ValueError):
-        return False
-    return True
-
-
-# ---------------------------------------------------------------- reward functions
-
-
-def _reward_entry(fn: Any, i: int) -> tuple[str, dict, Any, str]:
-    """(name for config.yaml, kwargs, the function to call, why it cannot be imported by that name or '')."""
-    where = f"reward_funcs[{i}]"
-    if isinstance(fn, str):  # an unknown built-in, a module that does not import, a missing function: one line now
-        return fn, {}, build_reward(fn), ""
-    if isinstance(fn, functools.partial) and not fn.args:
-        name, kwargs, _, why = _reward_entry(fn.func, i)
-        if not why and not _json_ok(fn.keywords):
-            why = "its bound keyword arguments cannot be written to config.yaml"
-        return name, {**kwargs, **fn.keywords}, fn, why
-    if hasattr(fn, "forward") and hasattr(fn, "parameters"):
-        raise ValueError(f"GRPOTrainer: {where} is a model; rlvr has no reward models: a reward is a function "
-                         "f(prompts, completions, **columns) -> list[float | None] (a verifier)")
-    if not callable(fn):
-        raise TypeError(f"GRPOTrainer: {where} must be a function, a built-in reward's name "
-                        f"({', '.join(sorted(BUILTINS))}) or 'module:function'; got {type(fn).__name__}")
-    module = getattr(fn, "__module__", None) or type(fn).__module__
-    qualname = getattr(fn, "__qualname__", None)
-    if qualname is None:  # a callable object
-        return f"{module}:{type(fn).__qualname__}()", {}, fn, "it is a callable object, not a function"
-    if "<" in qualname or "." in qualname:
-        return f"{module}:{qualname}", {}, fn, "it is a lambda, a nested function or a method"
-    if getattr(sys.modules.get(module), qualname, None) is not fn:
-        return f"{module}:{qualname}", {}, fn, f"{module}.{qualname} is not that function"
-    if module == "__main__":
-        return f"{module}:{qualname}", {}, fn, IN_MAIN
-    return f"{module}:{qualname}", {}, fn, ""
-
-
-def _callable_name(obj: Any, where: str) -> tuple[str, str]:
-    """(``module:qualname`` for config.yaml, why rlvr could not import it by that name, or '')."""
-    module = getattr(obj, "__module__", None) or type(obj).__module__
-    qualname = getattr(obj, "__qualname__", None)
-    if qualname is None:
-        return f"{module}:{type(obj).__qualname__}()", f"{where} is a callable object"
-    if "<" in qualname or "." in qualname:
-        return f"{module}:{qualname}", f"{where} is a lambda, a nested function or a method"
-    if getattr(sys.modules.get(module), qualname, None) is not obj:
-        return f"{module}:{qualname}", f"{module}.{qualname} is not {where}"
-    return f"{module}:{qualname}", ""
-
-
-def _environment(tools: Any, factory: Any, args: GRPOConfig) -> tuple[EnvironmentObjects | None, dict]:
-    """TRL's ``tools`` and ``environment_factory`` as rlvr's environment objects, and the env section recording
-    them by name."""
-    tools = list(tools or [])
-    if not tools and factory is None:
-        return None, {}
-    if factory is not None and not callable(factory):
-        raise TypeError(f"GRPOTrainer: environment_factory must be a class or function, got {type(factory).__name__}")
-    for i, tool in enumerate(tools):
-        if not callable(tool) or isinstance(tool, str):
-            raise TypeError(f"GRPOTrainer: tools[{i}] must be a function with type hints and a docstring, got "
-                            f"{type(tool).__name__}")
-    load_environment(factory or Tools, tools)  # schemas, reset, get_reward: one-line errors now, not at train()
-    named = [_callable_name(t, f"tools[{i}]") for i, t in enumerate(tools)]
-    if factory is not None:
-        named.append(_callable_name(factory, "environment_factory"))
-    unnamed = [f"{name} ({why})" for name, why in named if why]
-    if unnamed:
-        warnings.warn(f"rlvr: config.yaml cannot name {'; '.join(unnamed)} in a form `rlvr train` can import; this "
-                      "run uses them as they are", UserWarning, stacklevel=3)
-    env = {"tools": [name for name, _ in named[: len(tools)]], "max_episode_tokens": args.max_completion_length}
-    if factory is not None:
-        env["factory"] = named[-1][0]
-    if args.max_tool_calling_iterations is not None:
-        env["max_turns"] = args.max_tool_calling_iterations + 1
-    return EnvironmentObjects(factory, tuple(tools)), env
-
-
-def _held_out_check(entries: list[tuple[str, dict, Any, str]]) -> str:
-    """The reward whose 1.0 counts as correct in held-out accuracy: the first one rlvr can build again by name."""
-    for name, kwargs, _, why in entries:
-        if not kwargs and why in ("", IN_MAIN):  # __main__:fn imports in this process, where the run evaluates
-            return name
-    raise ValueError(
-        "GRPOTrainer: rlvr measures accuracy before and after training with a reward function it can import by name "
-        "(the first of reward_funcs that it can: a completion is correct when it scores 1.0), and none of "
-        f"{[e[0] for e in entries]} can be (lambdas, nested functions, callable objects and functools.partial cannot); "
-        "define your correctness reward at the top level of a module or script and list it first")
-
-
 # ---------------------------------------------------------------- the trainer
 
 
@@ -622,8 +462,8 @@ class GRPOTrainer:
         if train_dataset is None:
             raise ValueError("GRPOTrainer: train_dataset is required (a datasets.Dataset or a list of dicts with a "
                              "prompt column)")
-        train_rows = _dataset_rows(train_dataset, "train_dataset", args.remove_unused_columns)
-        eval_rows = None if eval_dataset is None else _dataset_rows(eval_dataset, "eval_dataset",
+        train_rows = dataset_rows(train_dataset, "train_dataset", args.remove_unused_columns)
+        eval_rows = None if eval_dataset is None else dataset_rows(eval_dataset, "eval_dataset",
                                                                     args.remove_unused_columns)
         if eval_rows is None and _plain(args.eval_strategy) != "no":
             raise ValueError(f"GRPOConfig.eval_strategy={_plain(args.eval_strategy)!r} needs an eval_dataset (as in "
@@ -634,7 +474,7 @@ class GRPOTrainer:
         funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
         if not funcs:
             raise ValueError("GRPOTrainer: reward_funcs is empty; pass at least one reward function")
-        entries = [_reward_entry(fn, i) for i, fn in enumerate(funcs)]
+        entries = [reward_entry(fn, i) for i, fn in enumerate(funcs)]
         names = [e[0] for e in entries]
         twice = sorted({n for n in names if names.count(n) > 1})
         if twice:
@@ -643,7 +483,7 @@ class GRPOTrainer:
         weights = [1.0] * len(funcs) if args.reward_weights is None else [float(w) for w in args.reward_weights]
         if len(weights) != len(funcs):
             raise ValueError(f"GRPOConfig.reward_weights has {len(weights)} weights for {len(funcs)} reward functions")
-        check = _held_out_check(entries)
+        check = held_out_check(entries)
         unnamed = [f"{name} ({why})" for name, _, _, why in entries if why]
         if unnamed:
             warnings.warn(
@@ -651,19 +491,21 @@ class GRPOTrainer:
                 f"can import: {'; '.join(unnamed)}. This run uses them as they are; to rerun it from the CLI, define "
                 "them at the top level of a module (my_rewards.py: my_rewards:my_reward).", UserWarning, stacklevel=2)
         self.rewards = [WeightedReward(name, fn, w) for (name, _, fn, _), w in zip(entries, weights)]
-        self.environment, env = _environment(tools, environment_factory, args)
+        self.environment, env = environment_objects(tools, environment_factory, args.max_completion_length,
+                                                    args.max_tool_calling_iterations)
 
         out = Path(os.path.normpath(args.output_dir))
         out = out if out.name else out.resolve()
         data_dir = out.with_name(f"{out.name}.data")  # beside the run: a fresh run moves what is inside aside
-        train_path = self._data_file(data_dir, "train", _jsonl(train_rows, "train_dataset"))
+        train_path = self._data_file(data_dir, "train", dataset_jsonl(train_rows, "train_dataset"))
         if eval_rows is None:
             eval_path, eval_size = train_path, min(len(train_rows), NO_EVAL_DATASET_EVAL_SIZE)
             print(f"rlvr: no eval_dataset: accuracy before and after training is measured on the first {eval_size} "
                   "rows of train_dataset, which are trained on (not held out); pass eval_dataset for a held-out "
                   "measure")
         else:
-            eval_path, eval_size = self._data_file(data_dir, "eval", _jsonl(eval_rows, "eval_dataset")), len(eval_rows)
+            eval_path = self._data_file(data_dir, "eval", dataset_jsonl(eval_rows, "eval_dataset"))
+            eval_size = len(eval_rows)
         self.rlvr_config = _run_config(args, self.model_name, lora, len(train_rows), str(train_path), str(eval_path),
                                        eval_size, check, [(e[0], e[1], w) for e, w in zip(entries, weights)], env)
         self._summary: dict | None = None

@@ -17,7 +17,7 @@ TIERS = (
     ("train",),
     ("serve", "baselines"),
     ("runtime",),
-    ("launch",),
+    ("launch", "api_inputs"),
     ("api",),
     ("cli", "__init__"),
     ("__main__",),
