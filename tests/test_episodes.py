@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from rlvr.core import LossSettings
-from rlvr.rollout import SamplingParams
-from rlvr.rollout.episodes import EpisodeLimits, observation_ids, sample_episodes
+from rlvr.prompts import prompt_token_ids
+from rlvr.rollout import LocalSampler, SamplingParams
+from rlvr.rollout.episodes import EpisodeLimits, observation_ids
 from rlvr.train.batch import StepBatch
 from rlvr.train.step import train_step
 from tests.conftest import make_model
@@ -35,9 +36,10 @@ def _model(tokenizer, eos_every=5):
 
 
 def _episodes(model, tokenizer, envs, limits=None, seed=0, max_new_tokens=6):
-    generators = [torch.Generator().manual_seed(seed * 100 + i) for i in range(len(envs))]
-    out = sample_episodes(model, tokenizer, PROMPTS, envs, G, SamplingParams(max_new_tokens=max_new_tokens),
-                          generators, limits or EpisodeLimits())
+    """Episodes in process (LocalSampler: one generator per episode, seeded from ``seed`` and its position)."""
+    prompt_ids = [prompt_token_ids(tokenizer, p) for p in PROMPTS]
+    out = LocalSampler(model, tokenizer).sample_episodes(prompt_ids, envs, G, SamplingParams(
+        max_new_tokens=max_new_tokens), seed, limits or EpisodeLimits())
     return out.groups, out.stats
 
 

@@ -30,7 +30,7 @@ from torch import nn
 
 from rlvr.envs.tools import ToolStats
 from rlvr.models import backbone_and_head
-from rlvr.prompts import Prompt, left_pad, prompt_token_ids
+from rlvr.prompts import left_pad
 from rlvr.rollout.engine import SamplingParams, generate_groups
 from rlvr.rollout.groups import Groups, eos_token_ids, stop_string_checker
 
@@ -235,33 +235,6 @@ def run_episodes(
             stats.tools.merge(env.stats)
     groups = _as_groups(tokenizer, prompt_ids, group_size, tokens, sampled, logp, truncated, params, version)
     return Episodes(groups, stats, messages)
-
-
-def sample_episodes(
-    model: nn.Module,
-    tokenizer,
-    prompts: list[Prompt],
-    envs: list[Environment],
-    group_size: int,
-    params: SamplingParams,
-    generators: list[torch.Generator],
-    limits: EpisodeLimits = EpisodeLimits(),
-    version: int = 0,
-) -> Episodes:
-    """``group_size`` episodes per prompt from an in-process model; ``envs[i]`` and ``generators[i]`` belong to
-    episode i (prompt i // group_size), so each episode's tokens depend only on its own generator and
-    environment."""
-    n = len(prompts) * group_size
-    if len(generators) != n:
-        raise ValueError(f"{n} episodes need {n} generators, got {len(generators)}")
-    encoded = [prompt_token_ids(tokenizer, p) for p in prompts]  # once per prompt, shared by its G episodes
-    was_training = model.training
-    model.eval()
-    try:
-        return run_episodes(local_turns(model, tokenizer, params, generators), tokenizer, encoded, envs, group_size,
-                            params, limits, eos_token_ids(model, tokenizer), version)
-    finally:
-        model.train(was_training)
 
 
 def _as_groups(tokenizer, encoded, group_size, tokens, sampled, logp, truncated, params, version) -> Groups:
