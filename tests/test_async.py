@@ -76,20 +76,24 @@ def _run_cli(args, env=None):
                             env={**os.environ, **(env or {})})
 
 
+def _kill_a_server_mid_run(proc, out: Path, after_records: int, server: int) -> None:
+    """SIGKILL started server ``server`` once the run has logged ``after_records`` records; the run must end well."""
+    deadline = time.monotonic() + 120
+    while len(_records(out)) < after_records:
+        assert proc.poll() is None, proc.stdout.read()[-3000:]
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    os.kill(_server_pids(out)[server], signal.SIGKILL)
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, output[-3000:]
+
+
 def test_killed_servers_are_restarted_and_no_group_is_lost_or_trained_twice(tiny_model_dir, tmp_path):
     """One server dies in its 3rd adapter load (injected), the other is SIGKILLed mid-run: both restart, rejoin
     with the current adapter, and training goes on."""
     out = tmp_path / "run"
     args = _overrides(tiny_model_dir, out) + ASYNC + ["train.steps=14", "log.progress=false"]
-    proc = _run_cli(args, {"RLVR_FAULT": "adapter_load@3"})
-    deadline = time.monotonic() + 120
-    while len(_records(out)) < 6:
-        assert proc.poll() is None, proc.stdout.read()[-3000:]
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
-    os.kill(_server_pids(out)[1], signal.SIGKILL)
-    output, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 0, output[-3000:]
+    _kill_a_server_mid_run(_run_cli(args, {"RLVR_FAULT": "adapter_load@3"}), out, after_records=6, server=1)
     last = _records(out)[-1]
     assert last["async/servers_restarted"] >= 2 and last["sampler/servers_revived"] >= 2
     uids = _trained_uids(out)
@@ -220,15 +224,7 @@ def test_async_episodes_with_a_killed_server_lose_no_group_and_train_none_twice(
         "train.steps=8", "log.progress=false", "env.factory=tests.helpers:Notebook", "env.max_turns=2",
         "env.max_episode_tokens=64",
         "rewards=[{name: 'tests.helpers:length_reward'}, {name: 'tests.helpers:environments_reward'}]"]
-    proc = _run_cli(args)
-    deadline = time.monotonic() + 120
-    while len(_records(out)) < 4:
-        assert proc.poll() is None, proc.stdout.read()[-3000:]
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
-    os.kill(_server_pids(out)[0], signal.SIGKILL)
-    output, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 0, output[-3000:]
+    _kill_a_server_mid_run(_run_cli(args), out, after_records=4, server=0)
     records = _records(out)[1:]
     assert records[-1]["async/servers_restarted"] >= 1
     uids = _trained_uids(out)
