@@ -12,6 +12,7 @@ from pathlib import Path
 from rlvr.config import ConfigError, load_config
 from rlvr.launch import NonFiniteError, train
 from rlvr.rewards import RewardError, reward_search_path
+from rlvr.rollout.decode_weights import PRECISIONS
 from rlvr.rollout.remote import AdapterSyncError, NoServerError, ServerRequestError
 
 
@@ -66,7 +67,7 @@ def _serve(args: argparse.Namespace) -> int:
           allowed_adapter_roots=tuple(r for r in args.allowed_adapter_roots.split(",") if r),
           allowed_protocols=tuple(p for p in args.allowed_protocols.split(",") if p),
           max_batch_tokens=args.max_batch_tokens, max_queued_rows=args.max_queued_rows, max_body_mb=args.max_body_mb,
-          body_timeout_s=args.body_timeout_s)
+          body_timeout_s=args.body_timeout_s, precision=args.precision)
     return 0
 
 
@@ -162,6 +163,9 @@ def main(argv: list[str] | None = None) -> int:
                          help="how long a batch waits for requests sent together to arrive")
     p_serve.add_argument("--parent-pid", type=int, default=0, help="exit when this process dies (Linux)")
     p_serve.add_argument("--cores", default="", help="run on these CPU cores only, e.g. 1,2")
+    p_serve.add_argument("--precision", choices=PRECISIONS, default="auto",
+                         help="decoding matmuls: fp32, bf16, or auto (bf16 for a model of 50M+ parameters where the "
+                              "hardware has bf16 units: AMX, AVX512-BF16, CUDA; fp32 otherwise)")
     p_serve.set_defaults(run=_serve)
     p_plan = sub.add_parser("plan", help="peak training memory per device, PPO vs GRPO, component by component")
     p_plan.add_argument("model", help="1.5b, 7b, 8b, 70b, smollm2-135m, a built-in alias or a local model directory")

@@ -186,6 +186,11 @@ class RolloutConfig:
     """Completion length cap; a completion without EOS by then counts as truncated."""
     stop: tuple[str, ...] = ()
     """Stop strings: a completion ends with the token that completes one of them (kept in the completion)."""
+    precision: str = "auto"
+    """Decoding matmuls (the in-process sampler, and the rollout servers the run starts): fp32; bf16 (bf16 copies of
+    the weights, activations and the sampled distribution fp32; the importance weight corrects the log-prob gap); or
+    auto: bf16 for a model of 50M+ parameters where the hardware has bf16 matmul units (AMX, AVX512-BF16, CUDA), fp32
+    otherwise. LoRA adapters are folded into the decoding weights either way."""
     backend: str = "local"
     """local: sample from the training model in this process; server: sample on rollout servers (rlvr serve or
     vLLM) over HTTP, with the LoRA adapter published to rollout.bucket and loaded by every server after each
@@ -448,6 +453,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "task.answer_format": ("raw", "gsm8k", "math"),
     "task.problem_kind": ("products", "word", "two_step"),
     "model.autocast": ("none", "bf16"),
+    "rollout.precision": ("auto", "fp32", "bf16"),
     "algo.name": ALGORITHMS,
     "algo.preset": tuple(PRESETS),
     "algo.scale": SCALES,

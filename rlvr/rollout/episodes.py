@@ -29,10 +29,9 @@ import torch
 from torch import nn
 
 from rlvr.envs.tools import ToolStats
-from rlvr.models import backbone_and_head
 from rlvr.prompts import left_pad
 from rlvr.rollout.engine import SamplingParams, generate_groups
-from rlvr.rollout.groups import Groups, eos_token_ids, stop_string_checker
+from rlvr.rollout.groups import Groups, stop_string_checker
 
 
 class Environment(Protocol):
@@ -140,11 +139,12 @@ def observation_ids(tokenizer, texts: list[str], turn_closed: bool = True) -> li
     return tokenizer(after[end:], add_special_tokens=False)["input_ids"]
 
 
-def local_turns(model: nn.Module, tokenizer, params: SamplingParams, generators: list[torch.Generator]) -> TurnSampler:
-    """Model turns sampled in this process; ``generators[i]`` is episode i's randomness. Call with the model in
-    eval mode."""
-    backbone, head = backbone_and_head(model)
-    eos, pad = eos_token_ids(model, tokenizer), tokenizer.pad_token_id
+def local_turns(decoder: tuple[nn.Module, Callable], tokenizer, eos: list[int], params: SamplingParams,
+                generators: list[torch.Generator]) -> TurnSampler:
+    """Model turns sampled in this process from ``decoder`` (backbone, head: rlvr.rollout.decode_weights.decoding,
+    entered for the whole episode run); ``generators[i]`` is episode i's randomness."""
+    backbone, head = decoder
+    pad = tokenizer.pad_token_id
     stop = stop_string_checker(tokenizer, params.stop)
 
     def turns(contexts: list[list[int]], episodes: list[int]) -> list[Turn]:

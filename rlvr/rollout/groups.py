@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from rlvr.models import backbone_and_head
 from rlvr.prompts import Prompt, encode_prompts
+from rlvr.rollout.decode_weights import decoding
 from rlvr.rollout.engine import SamplingParams, generate_groups
 
 
@@ -132,25 +132,20 @@ def sample_groups(
     params: SamplingParams,
     generator: torch.Generator | None = None,
     version: int = 0,
+    dtype: torch.dtype = torch.float32,
 ) -> Groups:
-    """G completions per prompt from an in-process model, tagged with ``version``."""
+    """G completions per prompt from an in-process model, tagged with ``version``; decoded with LoRA folded into
+    the weights and the matmuls in ``dtype`` (rlvr.rollout.decode_weights)."""
     prompt_ids, prompt_mask = encode_prompts(tokenizer, prompts)
-    backbone, head = backbone_and_head(model)
     was_training = model.training
     model.eval()
     try:
-        out = generate_groups(
-            backbone,
-            head,
-            prompt_ids,
-            prompt_mask,
-            group_size,
-            params,
-            eos_ids=eos_token_ids(model, tokenizer),
-            pad_id=tokenizer.pad_token_id,
-            generator=generator,
-            stop=stop_string_checker(tokenizer, params.stop),
-        )
+        with decoding(model, dtype) as (backbone, head):
+            out = generate_groups(
+                backbone, head, prompt_ids, prompt_mask, group_size, params,
+                eos_ids=eos_token_ids(model, tokenizer), pad_id=tokenizer.pad_token_id, generator=generator,
+                stop=stop_string_checker(tokenizer, params.stop),
+            )
     finally:
         model.train(was_training)
     texts = tokenizer.batch_decode(

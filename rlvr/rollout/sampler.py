@@ -13,6 +13,7 @@ from torch import nn
 
 from rlvr.models import autocast
 from rlvr.prompts import Prompt
+from rlvr.rollout.decode_weights import decode_dtype, decoding
 from rlvr.rollout.engine import SamplingParams
 from rlvr.rollout.episodes import Environment, EpisodeLimits, Episodes, local_turns, run_episodes
 from rlvr.rollout.groups import Groups, eos_token_ids, sample_groups
@@ -53,15 +54,20 @@ class Sampler(Protocol):
 
 class LocalSampler:
     """Samples from the training model itself, in this process (it shares the weights, so ``sync`` only
-    records the version)."""
+    records the version). Each generation decodes with the LoRA adapter folded into a copy of the weights, made
+    when it starts, with the matmuls in ``precision`` (fp32, bf16, or auto: bf16 where the hardware has bf16 units;
+    rlvr.rollout.decode_weights)."""
 
-    def __init__(self, model: nn.Module, tokenizer, autocast_mode: str = "none", version: int = 0):
+    def __init__(self, model: nn.Module, tokenizer, autocast_mode: str = "none", version: int = 0,
+                 precision: str = "fp32"):
         self.model, self.tokenizer, self.autocast_mode, self.version = model, tokenizer, autocast_mode, version
+        self.dtype = decode_dtype(precision, model)
 
     def sample(self, prompts: list[Prompt], group_size: int, params: SamplingParams, seed: int) -> Groups:
         generator = torch.Generator().manual_seed(seed)
         with autocast(self.model, self.autocast_mode):
-            return sample_groups(self.model, self.tokenizer, prompts, group_size, params, generator, self.version)
+            return sample_groups(self.model, self.tokenizer, prompts, group_size, params, generator, self.version,
+                                 self.dtype)
 
     def sample_episodes(self, prompt_ids: list[list[int]], envs: list[Environment], group_size: int,
                         params: SamplingParams, seed: int, limits: EpisodeLimits) -> Episodes:
@@ -70,10 +76,10 @@ class LocalSampler:
         was_training = self.model.training
         self.model.eval()
         try:
-            with autocast(self.model, self.autocast_mode):
-                return run_episodes(local_turns(self.model, self.tokenizer, params, generators), self.tokenizer,
-                                    prompt_ids, envs, group_size, params, limits,
-                                    eos_token_ids(self.model, self.tokenizer), self.version)
+            eos = eos_token_ids(self.model, self.tokenizer)
+            with autocast(self.model, self.autocast_mode), decoding(self.model, self.dtype) as decoder:
+                return run_episodes(local_turns(decoder, self.tokenizer, eos, params, generators), self.tokenizer,
+                                    prompt_ids, envs, group_size, params, limits, eos, self.version)
         finally:
             self.model.train(was_training)
 

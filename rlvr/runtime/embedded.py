@@ -60,7 +60,8 @@ class _Server:
 class EmbeddedServers:
     def __init__(self, model: str, count: int, threads: int, run_dir: Path, *, cores: list[list[int]] | None = None,
                  restarts: int = 3, max_loras: int = 4, env: dict | None = None, api_key: str | None = None,
-                 adapter_roots: tuple[str, ...] = (), adapter_protocols: tuple[str, ...] = ("file",)):
+                 adapter_roots: tuple[str, ...] = (), adapter_protocols: tuple[str, ...] = ("file",),
+                 precision: str = "auto"):
         self.model, self.threads, self.run_dir, self.restarts_allowed = model, threads, run_dir, restarts
         self.max_loras = max_loras
         self.env = dict(os.environ if env is None else env)
@@ -70,9 +71,9 @@ class EmbeddedServers:
         if any("," in r for r in (*adapter_roots, *adapter_protocols)):
             raise ValueError(f"rlvr serve takes adapter roots as a comma-separated list: {adapter_roots} cannot be "
                              "passed (use a bucket path without commas)")
-        self.adapter_flags = []
+        self.adapter_flags = ["--precision", precision]
         if adapter_roots:  # the servers load adapters from the run's bucket and nowhere else
-            self.adapter_flags = ["--allowed-adapter-roots", ",".join(adapter_roots),
+            self.adapter_flags += ["--allowed-adapter-roots", ",".join(adapter_roots),
                                   "--allowed-protocols", ",".join(adapter_protocols)]
         self.servers = [_Server(i, _free_port(), cores[i] if cores else None) for i in range(count)]
         self._stop = threading.Event()

@@ -28,12 +28,13 @@ def serve(model: str, host: str = "127.0.0.1", port: int = 8000, max_loras: int 
           parent_pid: int = 0, cores: tuple[int, ...] = (), *, api_key: str | None = None,
           allowed_adapter_roots: tuple[str, ...] = (), allowed_protocols: tuple[str, ...] = ("file",),
           max_batch_tokens: int = 0, max_queued_rows: int = DEFAULT_QUEUED_ROWS,
-          max_body_mb: float = 4.0, body_timeout_s: float = 30.0) -> None:
+          max_body_mb: float = 4.0, body_timeout_s: float = 30.0, precision: str = "auto") -> None:
     """Listen on host:port (0: any free port) and serve until interrupted. The first line printed names the URL;
     the model loads in the background (requests get 503 until it is ready). ``parent_pid``: exit when that
     process dies; ``cores``: run on these CPU cores only. ``api_key`` None: the ``RLVR_API_KEY`` environment
     variable (if set). Without ``allowed_adapter_roots``, a loopback server loads adapters from any local
-    directory and any other refuses every adapter path (rlvr.serve.security)."""
+    directory and any other refuses every adapter path (rlvr.serve.security). ``precision``: the decoding matmuls'
+    (rlvr.rollout.decode_weights: fp32, bf16, or auto)."""
     import os
 
     import uvicorn
@@ -56,7 +57,8 @@ def serve(model: str, host: str = "127.0.0.1", port: int = 8000, max_loras: int 
     from rlvr.serve.app import create_app
 
     engine = Engine(model, max_loras, max_model_len, max_num_seqs, batch_wait_ms / 1000, threads,
-                    max_batch_tokens=max_batch_tokens, max_queued_rows=max_queued_rows, adapter_policy=policy).start()
+                    max_batch_tokens=max_batch_tokens, max_queued_rows=max_queued_rows, adapter_policy=policy,
+                    precision=precision).start()
     app = create_app(engine, served_model_name or model, api_key=api_key, max_body_bytes=int(max_body_mb * 2**20),
                      body_timeout_s=body_timeout_s)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET

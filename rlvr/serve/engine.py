@@ -44,8 +44,9 @@ import torch
 
 from rlvr.bucket import fetch_version
 from rlvr.faults import fault_point
-from rlvr.models import backbone_and_head, load_causal_lm, load_tokenizer, model_context, resolve_model_dir
+from rlvr.models import load_causal_lm, load_tokenizer, model_context, resolve_model_dir
 from rlvr.prompts import left_pad
+from rlvr.rollout.decode_weights import DecodeCache, decode_dtype, decoding
 from rlvr.rollout.engine import SamplingParams, generate_groups
 from rlvr.rollout.groups import eos_token_ids, stop_string_checker
 from rlvr.seeds import completion_seed
@@ -155,7 +156,10 @@ class Engine:
 
     def __init__(self, model: str, max_loras: int = 4, max_model_len: int = 0, max_num_seqs: int = 256,
                  batch_wait_s: float = 0.01, threads: int = 0, *, max_batch_tokens: int = 0,
-                 max_queued_rows: int = DEFAULT_QUEUED_ROWS, adapter_policy: AdapterPolicy | None = None):
+                 max_queued_rows: int = DEFAULT_QUEUED_ROWS, adapter_policy: AdapterPolicy | None = None,
+                 precision: str = "fp32"):
+        decode_dtype(precision)  # an unknown precision fails here, before the model loads
+        self.precision = precision
         self.model_dir = resolve_model_dir(model)
         self.tokenizer = load_tokenizer(self.model_dir)
         context = model_context(self.model_dir)
@@ -181,6 +185,7 @@ class Engine:
         self.load_error: str | None = None
         self._cache = Path(tempfile.mkdtemp(prefix="rlvr-serve-adapters-"))
         self._base = self._peft = None
+        self._decode_cache = DecodeCache()  # the last batch's folded weights; emptied on every adapter change
         self.busy_s = 0.0  # time spent generating
         self.batches = self.requests = self.rows = 0  # batches run, requests served in them, completions
         self.cancelled = 0  # requests dropped because their client went away
@@ -239,6 +244,7 @@ class Engine:
             if self.threads:
                 torch.set_num_threads(self.threads)
             self._base = load_causal_lm(self.model_dir).eval()
+            self.dtype = decode_dtype(self.precision, self._base)
             self.eos_ids = eos_token_ids(self._base, self.tokenizer)
         except Exception as err:  # noqa: BLE001 (reported by /health and every request)
             self.load_error = f"{type(err).__name__}: {err}"
@@ -310,6 +316,7 @@ class Engine:
         self.cancelled += sum(job.future.cancelled() for job in jobs)
 
     def _adapter_job(self, job: AdapterJob) -> None:
+        self._decode_cache.clear()  # peft may reuse or rewrite the tensors of a replaced adapter
         try:
             result = self._unload(job.name) if job.action == "unload" else self._load(job.name, job.path, job.inplace)
         except Exception as err:  # noqa: BLE001 (the request fails, the engine goes on)
@@ -409,8 +416,8 @@ class Engine:
                 if all(job.future.cancelled() for job in jobs):
                     raise _Abandoned
 
-            with torch.no_grad(), self._policy(first.adapter) as model:
-                backbone, head = backbone_and_head(model)
+            with torch.no_grad(), self._policy(first.adapter) as model, \
+                    decoding(model, self.dtype, self._decode_cache) as (backbone, head):
                 hook = backbone.register_forward_pre_hook(abandoned)
                 try:
                     out = generate_groups(backbone, head, ids, mask, first.n, first.params, self.eos_ids,

@@ -118,7 +118,7 @@ def sampling_params(rollout: RolloutConfig, max_new_tokens: int | None = None, g
 
 def build_local_sampler(cfg: RunConfig, model: nn.Module, tokenizer) -> Sampler:
     """Completions from ``model`` itself, in this process."""
-    return LocalSampler(model, tokenizer, cfg.model.autocast)
+    return LocalSampler(model, tokenizer, cfg.model.autocast, precision=cfg.rollout.precision)
 
 
 def build_sampler(cfg: RunConfig, model: nn.Module, tokenizer, run_dir: Path) -> Sampler:

@@ -1,0 +1,207 @@
+"""The weights a generation decodes with: LoRA folded into the base weights, in the precision chosen for sampling.
+
+peft computes a LoRA layer as ``base(x) + scale * B(A(x))``: three matmuls, an add and the adapter's bookkeeping per
+layer and token. Nothing trains while sampling, so the adapter can be folded into a copy of the weight,
+``W + scale * B @ A``, and a decode step pays one matmul per layer. The copy is made when a generation starts and
+dropped when it ends (one rank-r product per layer: tens of milliseconds at 135M), so it always holds the latest
+update and costs no memory during the train step; a server, which decodes batch after batch with the same adapter,
+keeps it (``DecodeCache``) until the adapter's tensors change.
+
+bf16: a decode step at a few dozen rows reads every weight once and does little with it, so on CPUs it is bound by
+memory bandwidth as much as by FLOPs; bf16 copies of the weights halve what it reads and run on bf16 units where
+the CPU has them (AMX, AVX512-BF16). Only the matmuls run in bf16; activations, norms, attention and the sampled
+distribution stay fp32. The behaviour log-probs are those of the weights actually used, so the trainer's importance
+weight pi / pi_behav corrects the difference (benchmarks/decoding.py reports its size).
+
+Layers left as they are (decoded through peft, in the model's dtype): LoRA variants (DoRA), adapters with a bias,
+adapters on stacked expert parameters, and layers whose adapters are disabled (the reference policy).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from rlvr.core.head import OutputLayer
+from rlvr.models import backbone_and_head
+
+PRECISIONS = ("auto", "fp32", "bf16")
+
+
+class FrozenLinear(nn.Module):
+    """``x @ W.T + b`` with W [out, in] held in the decoding dtype; inputs and outputs keep their own dtype."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__()
+        self.weight, self.bias = weight, bias  # plain tensors: nothing here is a parameter
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x.to(self.weight.dtype), self.weight, self.bias).to(x.dtype)
+
+
+@dataclass(frozen=True)
+class DecodeHead:
+    """The output layer with its weight in the decoding dtype; logits [A, V] come back in fp32."""
+
+    layer: OutputLayer
+
+    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
+        z = self.layer.linear(hidden.to(self.layer.weight.dtype)).float()
+        return self.layer.transform(z, inplace=True)
+
+
+def _lora_linear_class():
+    try:
+        from peft.tuners.lora.layer import Linear
+    except ImportError:  # peft missing: no LoRA layers to fold
+        return None
+    return Linear
+
+
+def _foldable(module: nn.Module) -> list[str] | None:
+    """The active adapters of a peft LoRA linear layer that can be folded into its weight; None: leave it as it is."""
+    lora_linear = _lora_linear_class()
+    if lora_linear is None or not isinstance(module, lora_linear) or module.merged:
+        return None
+    if module.disable_adapters:
+        return []  # the base layer alone
+    adapters = [a for a in module.active_adapters if a in module.lora_A]
+    for a in adapters:
+        if module.lora_variant.get(a) is not None or module.lora_bias.get(a, False):
+            return None
+        if not isinstance(module.base_layer, nn.Linear):
+            return None
+    return adapters
+
+
+@torch.no_grad()
+def _frozen_weights(module: nn.Module, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """(weight [out, in], bias) of ``module`` as it computes while decoding, in ``dtype``; None: keep the module."""
+    adapters = _foldable(module)
+    if adapters is not None:
+        base = module.base_layer
+        weight = base.weight.detach()
+        if adapters:
+            weight = weight.clone()
+            for a in adapters:
+                weight += module.get_delta_weight(a).to(weight.dtype)
+        bias = None if base.bias is None else base.bias.detach()
+    elif type(module) is nn.Linear and dtype != module.weight.dtype:
+        weight, bias = module.weight.detach(), None if module.bias is None else module.bias.detach()
+    else:
+        return None
+    return weight.to(dtype), None if bias is None else bias.to(dtype)
+
+
+def _key(module: nn.Module) -> tuple:
+    """What a folded weight depends on: its source tensors, by identity and in-place version."""
+    tensors = [t for t in module.parameters()]
+    return tuple((id(t), t._version) for t in tensors) + (getattr(module, "disable_adapters", None),
+                                                         tuple(getattr(module, "active_adapters", ()) or ()))
+
+
+class DecodeCache:
+    """Folded weights kept between generations (a server's), rebuilt per layer when its tensors change."""
+
+    def __init__(self):
+        self.layers: dict[tuple[str, torch.dtype], tuple[tuple, FrozenLinear]] = {}
+        self.head: tuple[tuple, DecodeHead] | None = None
+
+    def clear(self) -> None:
+        self.layers.clear()
+        self.head = None
+
+
+def _replacements(backbone: nn.Module, dtype: torch.dtype, cache: DecodeCache | None) -> list[tuple[str, nn.Module]]:
+    out, taken = [], []
+    for name, module in backbone.named_modules():
+        if not name or any(name.startswith(t + ".") for t in taken):
+            continue
+        key = _key(module) if cache is not None else None
+        cached = cache.layers.get((name, dtype)) if cache is not None else None
+        if cached is not None and cached[0] == key:
+            out.append((name, cached[1]))
+            taken.append(name)
+            continue
+        frozen = _frozen_weights(module, dtype)
+        if frozen is None:
+            continue
+        layer = FrozenLinear(*frozen)
+        if cache is not None:
+            cache.layers[(name, dtype)] = (key, layer)
+        out.append((name, layer))
+        taken.append(name)
+    return out
+
+
+def _swap(root: nn.Module, name: str, module: nn.Module) -> nn.Module:
+    parent, _, child = name.rpartition(".")
+    holder = root.get_submodule(parent) if parent else root
+    old = getattr(holder, child)
+    setattr(holder, child, module)
+    return old
+
+
+@contextlib.contextmanager
+def decoding(model: nn.Module, dtype: torch.dtype = torch.float32,
+             cache: DecodeCache | None = None) -> Iterator[tuple[nn.Module, object]]:
+    """(backbone, head) to decode with: the model's own body with its LoRA layers folded (and, for bf16, every
+    linear layer cast), and its output layer. The model is restored on exit; do not train it meanwhile."""
+    backbone, head = backbone_and_head(model)
+    swaps = _replacements(backbone, dtype, cache)
+    if dtype != head.weight.dtype:
+        key = (id(head.weight), head.weight._version, dtype)
+        if cache is not None and cache.head is not None and cache.head[0] == key:
+            head = cache.head[1]
+        else:
+            head = DecodeHead(replace(head, weight=head.weight.detach().to(dtype),
+                                      bias=None if head.bias is None else head.bias.detach().to(dtype)))
+            if cache is not None:
+                cache.head = (key, head)
+    originals = [(name, _swap(backbone, name, layer)) for name, layer in swaps]
+    try:
+        yield backbone, head
+    finally:
+        for name, module in reversed(originals):
+            _swap(backbone, name, module)
+
+
+# ----------------------------------------------------------------------------------------------- precision
+@functools.cache
+def bf16_matmul_hardware(device: str = "cpu") -> bool:
+    """Whether ``device`` has bf16 matmul units: CUDA with bf16 support, or a CPU with AMX-BF16 or AVX512-BF16
+    (without them bf16 is emulated, ~100x slower than fp32 on AVX2-only CPUs)."""
+    if device.startswith("cuda"):
+        return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split()
+    except OSError:  # not Linux: do not guess
+        return False
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
+AUTO_BF16_MIN_PARAMETERS = 50_000_000
+"""auto picks bf16 only from this size on: below it the weights sit in the CPU's caches, a decode step is bound by
+per-kernel overhead, and bf16 only adds casts."""
+
+
+def decode_dtype(precision: str, model: nn.Module | None = None) -> torch.dtype:
+    """The dtype decoding matmuls run in: fp32, bf16, or auto: bf16 for an fp32 model of at least
+    AUTO_BF16_MIN_PARAMETERS on hardware with bf16 matmul units, else fp32. Without a model, auto means fp32."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"decode precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if precision != "auto":
+        return torch.bfloat16 if precision == "bf16" else torch.float32
+    if model is None:
+        return torch.float32
+    weight = next(model.parameters())
+    big = sum(p.numel() for p in model.parameters()) >= AUTO_BF16_MIN_PARAMETERS
+    bf16 = weight.dtype == torch.float32 and big and bf16_matmul_hardware(weight.device.type)
+    return torch.bfloat16 if bf16 else torch.float32
