@@ -53,7 +53,8 @@ def _engines(model, tokenizer, prompts, g, tokens):
                                  pad_token_id=tokenizer.pad_token_id)
         new = out[:, ids.shape[1]:]
         ended = torch.isin(new, torch.tensor(eos))
-        lengths = torch.where(ended.any(-1), ended.float().argmax(-1) + 1, torch.full_like(ended[:, 0], tokens, dtype=torch.long))
+        first_eos = ended.float().argmax(-1) + 1
+        lengths = torch.where(ended.any(-1), first_eos, torch.full_like(first_eos, tokens))
         return int(lengths.sum()), None
 
     def unmerged(seed):
@@ -145,7 +146,8 @@ def _bigger_model(tokenizer) -> dict:
     for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
         sample_groups(model, tokenizer, prompts[:1], 2, SamplingParams(max_new_tokens=4), dtype=dtype)  # warm-up
         started = time.perf_counter()
-        groups[name] = sample_groups(model, tokenizer, prompts, 8, params, torch.Generator().manual_seed(1), dtype=dtype)
+        groups[name] = sample_groups(model, tokenizer, prompts, 8, params, torch.Generator().manual_seed(1),
+                                     dtype=dtype)
         out[f"decode_{name}_tokens_per_s"] = float(groups[name].completion_mask.sum()) / (time.perf_counter() - started)
     out["decode_bf16_gap"] = _gap(model, groups["bf16"])
     batch = StepBatch.from_groups(groups["fp32"], torch.zeros(32))
@@ -207,12 +209,13 @@ def main() -> None:
 
 
 def _markdown(r: dict) -> str:
-    rows = ["| workload | HF generate | rlvr, adapter unmerged | folded fp32 | folded bf16 | base model fp32 / bf16 | "
-            "best ÷ HF | adapter ÷ base (same precision) |", "|---|---|---|---|---|---|---|---|"]
+    rows = [("| workload | HF generate | rlvr, adapter unmerged | folded fp32 | folded bf16 | base model fp32 / bf16 | "
+             "best ÷ HF | adapter ÷ base (same precision) |"), "|---|---|---|---|---|---|---|---|"]
     for name, w in r["workloads"].items():
         best = "bf16" if w["rlvr folded bf16"] > w["rlvr folded fp32"] else "fp32"
         rows.append(
-            f"| {name} | {w['hf generate']:.0f} | {w['rlvr unmerged']:.0f} ({w['rlvr unmerged'] / w['hf generate']:.2f}×) | "
+            f"| {name} | {w['hf generate']:.0f} | "
+            f"{w['rlvr unmerged']:.0f} ({w['rlvr unmerged'] / w['hf generate']:.2f}×) | "
             f"{w['rlvr folded fp32']:.0f} ({w['rlvr folded fp32'] / w['hf generate']:.2f}×) | "
             f"{w['rlvr folded bf16']:.0f} ({w['rlvr folded bf16'] / w['hf generate']:.2f}×) | "
             f"{w['base model fp32']:.0f} / {w['base model bf16']:.0f} | "
@@ -238,9 +241,10 @@ Log-prob gap, behaviour vs the fp32 trainer's recomputation (4 × 8 × 32 sample
     if "bigger" in r:
         b = r["bigger"]
         text += f"""
-A random {b['parameters'] / 1e6:.0f}M-parameter Llama (hidden 1280, 20 layers, SmolLM2's vocabulary), LoRA r=16, 4 × G=8
-× 32 tokens: decoding {b['decode_fp32_tokens_per_s']:.0f} tokens/s fp32 vs {b['decode_bf16_tokens_per_s']:.0f} bf16
-({b['decode_bf16_tokens_per_s'] / b['decode_fp32_tokens_per_s']:.2f}×; bf16 gap mean {b['decode_bf16_gap']['mean_abs']:.1e});
+A random {b['parameters'] / 1e6:.0f}M-parameter Llama (hidden 1280, 20 layers, SmolLM2's vocabulary), LoRA r=16,
+4 × G=8 × 32 tokens: decoding {b['decode_fp32_tokens_per_s']:.0f} tokens/s fp32 vs {b['decode_bf16_tokens_per_s']:.0f}
+bf16 ({b['decode_bf16_tokens_per_s'] / b['decode_fp32_tokens_per_s']:.2f}×; bf16 gap mean
+{b['decode_bf16_gap']['mean_abs']:.1e});
 a LoRA forward + backward of the 32 completions {b['train_fp32_s']:.2f} s fp32 vs {b['train_bf16_s']:.2f} s under bf16
 autocast ({b['train_bf16_s'] / b['train_fp32_s']:.2f}×; log-prob gap mean {b['train_bf16_gap_mean']:.1e}).
 """

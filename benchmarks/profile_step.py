@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm")
+N_PARAMS = 134.5e6  # SmolLM2-135M (tied embedding counted once), as benchmarks/flops.py
 
 
 def _top_ops(prof, total_s: float, count: int = 6) -> tuple[list[dict], dict]:
@@ -44,21 +45,24 @@ def main() -> None:
     from rlvr.core import LossSettings
     from rlvr.models import LoraSpec, ReferencePolicy, load_policy, trainable_parameters
     from rlvr.rollout import SamplingParams, sample_groups
+    from rlvr.rollout.decode_weights import decode_dtype
     from rlvr.train.batch import StepBatch
     from rlvr.train.step import completion_logprobs, train_step
 
     torch.set_num_threads(os.cpu_count())
-    peak = child_matmul_peak()["fp32_gflops"]
+    peaks = child_matmul_peak()
+    peak = peaks["fp32_gflops"]
     model, tokenizer = load_policy("smollm2-135m-instruct", LoraSpec(r=16, alpha=32.0), gradient_checkpointing=True)
     reference = ReferencePolicy(model)
     optimizer = torch.optim.AdamW(trainable_parameters(model), lr=LR["lora"])
     settings = LossSettings(beta=BETA)
     rows = _rows()  # the speed benchmark's prompts
     params = SamplingParams(temperature=1.0, max_new_tokens=NEW_TOKENS)
+    dtype = decode_dtype("auto", model)  # what rollout.precision's default picks on this machine
 
     def generate(step: int):
         prompts = [r["prompt"] for r in rows[step * B : (step + 1) * B]]
-        return sample_groups(model, tokenizer, prompts, G, params, torch.Generator().manual_seed(step))
+        return sample_groups(model, tokenizer, prompts, G, params, torch.Generator().manual_seed(step), dtype=dtype)
 
     def batch_of(groups) -> StepBatch:
         adv = torch.randn(B * G, generator=torch.Generator().manual_seed(0))  # any advantages cost the same
@@ -83,8 +87,14 @@ def main() -> None:
     ref_s, _ = timed(reference_pass, batch)
     train_s, _ = timed(train, batch)
     tokens = int(groups.completion_mask.sum())
-    result = {"machine": describe(), "matmul_fp32_gflops": peak, "generated_tokens": tokens,
-              "train_tokens": tokens + int(groups.prompt_mask.sum()),
+    train_tokens = tokens + int(groups.prompt_mask.sum())
+    n = N_PARAMS
+    decode_peak = peaks["bf16_gflops"] if dtype == torch.bfloat16 else peak
+    floor = {"generation": 2 * n * tokens / decode_peak / 1e9, "reference_pass": 2 * n * train_tokens / peak / 1e9,
+             "policy_forward_backward_update": 4 * n * train_tokens / peak / 1e9}
+    result = {"machine": describe(), "matmul_fp32_gflops": peak, "matmul_bf16_gflops": peaks["bf16_gflops"],
+              "decode_dtype": str(dtype).removeprefix("torch."), "generated_tokens": tokens, "floor_s": floor,
+              "train_tokens": train_tokens,
               "phases_s": {"generation": gen_s, "reference_pass": ref_s,
                            "policy_forward_backward_update": train_s - ref_s}}
     for name, fn, arg in (("generation", generate, 1), ("training", train, batch)):
@@ -99,7 +109,11 @@ def main() -> None:
 def _markdown(r: dict) -> str:
     phases = r["phases_s"]
     total = sum(phases.values())
-    phase_rows = "\n".join(f"| {k.replace('_', ' ')} | {v:.1f} s | {v / total:.0%} |" for k, v in phases.items())
+    floor = r["floor_s"]
+    phase_rows = "\n".join(f"| {k.replace('_', ' ')} | {v:.1f} s | {v / total:.0%} | {floor[k]:.2f} s | "
+                           f"{v / floor[k]:.1f}× |" for k, v in phases.items())
+    phase_rows += (f"\n| step | {total:.1f} s | | {sum(floor.values()):.2f} s | "
+                   f"**{total / sum(floor.values()):.1f}×** |")
     parts = []
     for name in ("generation", "training"):
         ops = ", ".join(f"`{o['op']}` {o['share']:.0%}" for o in r[name]["top_ops"])
@@ -111,10 +125,14 @@ def _markdown(r: dict) -> str:
 
 Machine: {r['machine']}; measured fp32 matmul peak {r['matmul_fp32_gflops']:.0f} GFLOP/s. One LoRA step at the
 speed table's settings (4 prompts × G=8, 32 new tokens, β=0.04, checkpointing on): {r['generated_tokens']}
-generated tokens, {r['train_tokens']} training tokens (each prompt once per group).
+generated tokens, {r['train_tokens']} training tokens (each prompt once per group); decoding in
+{r['decode_dtype']} (`rollout.precision=auto` on this machine). FLOP floor: 2N per generated token at the measured
+{r['decode_dtype']} peak ({r['matmul_bf16_gflops'] if r['decode_dtype'] == 'bfloat16' else r['matmul_fp32_gflops']:.0f}
+GFLOP/s), 2N per training token for the reference pass and 4N for the LoRA forward and backward at the fp32 peak
+(N = {N_PARAMS / 1e6:.1f} M).
 
-| phase | time | share |
-|---|---|---|
+| phase | time | share | FLOP floor | time ÷ floor |
+|---|---|---|---|---|
 {phase_rows}
 
 {chr(10).join(parts)}

@@ -88,10 +88,14 @@ def _frozen_weights(module: nn.Module, dtype: torch.dtype) -> tuple[torch.Tensor
     if adapters is not None:
         base = module.base_layer
         weight = base.weight.detach()
-        if adapters:
-            weight = weight.clone()
-            for a in adapters:
-                weight += module.get_delta_weight(a).to(weight.dtype)
+        for i, a in enumerate(adapters):
+            lora_b, lora_a = module.lora_B[a].weight, module.lora_A[a].weight  # [out, r], [r, in]
+            if module.fan_in_fan_out or lora_a.dtype != weight.dtype:
+                weight = weight + module.get_delta_weight(a).to(weight.dtype)
+            elif i == 0:  # one pass: W + scale * B @ A into a new tensor
+                weight = torch.addmm(weight, lora_b, lora_a, alpha=module.scaling[a])
+            else:
+                weight.addmm_(lora_b, lora_a, alpha=module.scaling[a])
         bias = None if base.bias is None else base.bias.detach()
     elif type(module) is nn.Linear and dtype != module.weight.dtype:
         weight, bias = module.weight.detach(), None if module.bias is None else module.bias.detach()

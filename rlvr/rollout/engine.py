@@ -76,22 +76,29 @@ def _uniforms(rows: torch.Tensor, generator: Generators) -> torch.Tensor:
 
 
 def _next_tokens(
-    logits: torch.Tensor, params: SamplingParams, generator: Generators, rows: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Pick one token per row of logits [A, V]; return tokens [A], their recorded log-probs [A], and the
-    log-probs of the whole distribution sampled from [A, V]."""
+    logits: torch.Tensor, params: SamplingParams, generator: Generators, rows: torch.Tensor, full: bool = False
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Pick one token per row of logits [A, V]; return tokens [A], their recorded log-probs [A], and (``full``) the
+    log-probs of the whole distribution sampled from [A, V], else None.
+
+    Three passes over the vocabulary: max, exp(x - max) cumulated, and the search; a token's log-prob is
+    x_token - max - log(sum exp(x - max)), the log-softmax without materialising it."""
     logits = logits.float()
     if params.temperature == 0:
         tokens = logits.argmax(dim=-1)
-        logp_all = torch.log_softmax(logits, dim=-1)
-        return tokens, logp_all.gather(-1, tokens[:, None]).squeeze(-1), logp_all
-    scaled = _filter_logits(logits / params.temperature, params.top_k, params.top_p)
-    logp_all = torch.log_softmax(scaled, dim=-1)  # the distribution sampled from (-inf outside top-k / top-p)
+        chosen = logits.gather(-1, tokens[:, None]).squeeze(-1)
+        logp = chosen - torch.logsumexp(logits, dim=-1)
+        return tokens, logp, torch.log_softmax(logits, dim=-1) if full else None
+    scaled = logits / params.temperature if params.temperature != 1.0 else logits
+    scaled = _filter_logits(scaled, params.top_k, params.top_p)  # -inf outside top-k / top-p
+    top = scaled.max(dim=-1, keepdim=True).values  # [A, 1]
     # Inverse-CDF sampling: one uniform per row (torch.multinomial draws one per vocabulary entry).
-    cdf = torch.softmax(scaled, dim=-1).cumsum(dim=-1)  # [A, V]
-    u = _uniforms(rows, generator).to(cdf.device) * cdf[:, -1:]
+    cdf = (scaled - top).exp_().cumsum_(dim=-1)  # [A, V] unnormalised
+    total = cdf[:, -1:]  # [A, 1] sum of exp(x - max)
+    u = _uniforms(rows, generator).to(cdf.device) * total
     tokens = torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp(max=cdf.shape[-1] - 1)
-    return tokens, logp_all.gather(-1, tokens[:, None]).squeeze(-1), logp_all
+    logp = (scaled.gather(-1, tokens[:, None]) - top - total.log()).squeeze(-1)
+    return tokens, logp, torch.log_softmax(scaled, dim=-1) if full else None
 
 
 def common_prefix_length(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> int:
@@ -191,7 +198,7 @@ def generate_groups(
     top_ids = torch.zeros((n, params.max_new_tokens, k), dtype=torch.long, device=device) if k else None
     top_logp = torch.zeros((n, params.max_new_tokens, k), dtype=torch.float32, device=device) if k else None
     for t in range(params.max_new_tokens):
-        tokens, token_logp, logp_all = _next_tokens(logits, params, generator, active)
+        tokens, token_logp, logp_all = _next_tokens(logits, params, generator, active, full=bool(k))
         ids[active, t] = tokens
         logps[active, t] = token_logp
         if k:
