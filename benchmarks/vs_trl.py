@@ -53,13 +53,24 @@ def _step_order(steps: int, seed: int) -> list[dict]:
     return [rows[i] for i in data_order(len(rows), seed, 0, steps * B)]
 
 
-def child_rlvr(mode: str, steps: int, checkpointing: str = "on", seed: str = str(SEED)) -> dict:
+VARIANTS = {  # rlvr's settings besides the mode: checkpointing, then what else differs from the defaults
+    "on": ("on", []), "off": ("off", []),
+    "on-glibc": ("on", ["train.heap_threshold_kb=0"]),  # glibc's allocator: freed memory is kept, not re-faulted
+    "on-bf16": ("on", ["train.heap_threshold_kb=0", "model.autocast=bf16"]),
+}
+VARIANT_LABELS = {"on": "checkpointing on", "off": "checkpointing off",
+                  "on-glibc": "checkpointing on, `train.heap_threshold_kb=0`",
+                  "on-bf16": "checkpointing on, `heap_threshold_kb=0`, bf16 autocast training"}
+
+
+def child_rlvr(mode: str, steps: int, variant: str = "on", seed: str = str(SEED)) -> dict:
     from rlvr.config import load_config
     from rlvr.launch import train
     from rlvr.metrics import read_metrics
 
     out = Path(tempfile.mkdtemp(prefix="bench-rlvr-"))
-    cfg = load_config(None, [
+    checkpointing, extra = VARIANTS[variant]
+    cfg = load_config(None, [*extra,
         f"output_dir={out}", f"model.lora={str(mode == 'lora').lower()}", "model.lora_r=16", "model.lora_alpha=32",
         f"model.gradient_checkpointing={str(checkpointing == 'on').lower()}",
         "task.operators=[+, '*']", f"task.system_prompt={SYSTEM}",
@@ -143,17 +154,19 @@ def child_generation(repeats: int) -> dict:
 
     from rlvr.models import load_policy
     from rlvr.rollout import SamplingParams, encode_prompts, sample_groups
+    from rlvr.rollout.decode_weights import decode_dtype
 
     torch.set_num_threads(os.cpu_count())
     model, tokenizer = load_policy("smollm2-135m-instruct", None)
     model.eval()
+    dtype = decode_dtype("auto", model)  # what a run samples with here (rollout.precision=auto)
     prompts = [r["prompt"] for r in _rows()[:B]]
     ids, mask = encode_prompts(tokenizer, prompts)
     params = SamplingParams(temperature=1.0, max_new_tokens=NEW_TOKENS)
     ours, theirs = [], []
     for i in range(repeats):
         started = time.perf_counter()
-        groups = sample_groups(model, tokenizer, prompts, G, params, torch.Generator().manual_seed(i))
+        groups = sample_groups(model, tokenizer, prompts, G, params, torch.Generator().manual_seed(i), dtype=dtype)
         ours.append(float(groups.completion_mask.sum()) / (time.perf_counter() - started))
         torch.manual_seed(i)
         started = time.perf_counter()
@@ -165,7 +178,8 @@ def child_generation(repeats: int) -> dict:
         eos = tokenizer.eos_token_id
         lengths = [(row == eos).nonzero()[0].item() + 1 if (row == eos).any() else row.numel() for row in new]
         theirs.append(sum(lengths) / (time.perf_counter() - started))
-    return {"rlvr_tokens_per_s": statistics.median(ours), "hf_generate_tokens_per_s": statistics.median(theirs)}
+    return {"rlvr_tokens_per_s": statistics.median(ours), "hf_generate_tokens_per_s": statistics.median(theirs),
+            "rlvr_dtype": str(dtype).removeprefix("torch.")}
 
 
 def child_bf16() -> dict:
@@ -270,16 +284,17 @@ def main() -> None:
     results["generation"] = _run_child("generation", "3")
     results["bf16"] = _run_child("bf16")
     runs = [(mode, "rlvr", "on") for mode in args.modes] + [(mode, "trl", "on") for mode in args.modes]
-    runs += [("lora", "rlvr", "off")] if "lora" in args.modes else []
+    runs += [("lora", "rlvr", v) for v in ("off", "on-glibc", "on-bf16")] if "lora" in args.modes else []
     for mode, trainer, ckpt in runs:
         print(f"running {trainer} ({mode}, checkpointing {ckpt}) ...", flush=True)
         extra = (ckpt,) if trainer == "rlvr" else ()
-        key = f"{trainer}_{mode}" + ("_nockpt" if ckpt == "off" else "")
+        key = f"{trainer}_{mode}" + ("" if ckpt == "on" else "_" + ckpt)
         results[key] = _run_child(trainer, mode, str(args.steps), *extra)
     rows = []
     peak32, peak16 = results["matmul"]["fp32_gflops"], results["matmul"]["bf16_gflops"]
-    variants = [(m, f"rlvr_{m}") for m in args.modes] + ([("lora", "rlvr_lora_nockpt")] if "lora" in args.modes else [])
-    for mode, key in variants:
+    variants = [(m, f"rlvr_{m}", "on") for m in args.modes]
+    variants += [("lora", f"rlvr_lora_{v}", v) for v in ("off", "on-glibc", "on-bf16")] if "lora" in args.modes else []
+    for mode, key, variant in variants:
         ours, theirs = _summary(results[key]), _summary(results[f"trl_{mode}"])
         flops = training_flops(results[key], mode, B, G, BETA)
         results[f"ratios_{key}"] = {
@@ -288,7 +303,7 @@ def main() -> None:
             "train_mfu_vs_fp32_peak": flops / peak32 / 1e9,
             "train_mfu_vs_bf16_peak": flops / peak16 / 1e9,
         }
-        label = f"{mode}, checkpointing {'off' if key.endswith('nockpt') else 'on'}"
+        label = f"{mode}, {VARIANT_LABELS[variant]}"
         rows.append(
             f"| {label} | {ours['first_step_s']:.1f} / {theirs['first_step_s']:.1f} | {ours['steady_step_s']:.1f} / "
             f"{theirs['steady_step_s']:.1f} (**{ours['steady_step_s'] / theirs['steady_step_s']:.2f}×**) | "
@@ -318,8 +333,9 @@ bf16 autocast on this CPU: trainer log-probs of {bf16['tokens']} sampled tokens 
 {bf16['bf16_forward_s']:.1f} s in bf16 vs {bf16['fp32_forward_s']:.2f} s in fp32. Sampler vs trainer log-probs in
 fp32: mean |Δ| = {bf16['sampler_vs_trainer_fp32_abs_diff_mean']:.1e}.
 
-Generation alone ({B} prompts × G={G}, {NEW_TOKENS} tokens, temperature 1, median of 3): rlvr's group sampler
-{gen['rlvr_tokens_per_s']:.0f} tokens/s vs Hugging Face `generate(num_return_sequences={G})`
+Generation alone (base model, {B} prompts × G={G}, {NEW_TOKENS} tokens, temperature 1, median of 3): rlvr's group
+sampler ({gen['rlvr_dtype']} decoding, `rollout.precision=auto`) {gen['rlvr_tokens_per_s']:.0f} tokens/s vs Hugging Face
+`generate(num_return_sequences={G})`
 {gen['hf_generate_tokens_per_s']:.0f} tokens/s (**{gen['rlvr_tokens_per_s'] / gen['hf_generate_tokens_per_s']:.2f}×**).
 """
     publish("vs_trl", results, md)

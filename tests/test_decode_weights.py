@@ -8,7 +8,9 @@ from torch import nn
 from rlvr.models import LoraSpec, add_lora, backbone_and_head
 from rlvr.rollout import LocalSampler, SamplingParams, encode_prompts, generate_groups
 from rlvr.rollout import decode_weights as dw
-from rlvr.rollout.decode_weights import DecodeCache, FrozenLinear, decode_dtype, decoding
+from rlvr.rollout.decode_weights import DecodeCache, FrozenLinear, FusedLinear, decode_dtype, decoding
+
+DECODING = (FrozenLinear, FusedLinear)
 from rlvr.train.batch import StepBatch
 from rlvr.train.step import completion_logprobs
 from tests.conftest import make_model
@@ -60,9 +62,11 @@ def test_every_lora_layer_is_folded_and_the_model_is_restored(tokenizer):
     model = _lora_model(tokenizer)
     before = {name: m for name, m in model.named_modules()}
     with decoding(model) as (backbone, _):
-        frozen = [m for m in backbone.modules() if isinstance(m, FrozenLinear)]
+        frozen = [m for m in backbone.modules() if isinstance(m, DECODING)]
         lora = [m for m in before.values() if type(m).__name__ == "Linear" and hasattr(m, "lora_A")]
         assert len(frozen) == len(lora) > 0
+        fused = [m for m in frozen if isinstance(m, FusedLinear)]  # q, k, v and gate, up of each layer
+        assert len(fused) == 5 * len({id(m.group) for m in fused}) // 2 > 0
     assert {name: m for name, m in model.named_modules()} == before
     with pytest.raises(RuntimeError, match="boom"), decoding(model):
         raise RuntimeError("boom")
@@ -103,7 +107,7 @@ def test_layers_that_cannot_be_folded_decode_through_peft(tokenizer):
     model = get_peft_model(make_model(len(tokenizer)), LoraConfig(r=4, target_modules=["q_proj", "v_proj"],
                                                                   use_dora=True)).eval()
     with decoding(model) as (backbone, _):
-        assert not any(isinstance(m, FrozenLinear) for m in backbone.modules())
+        assert not any(isinstance(m, DECODING) for m in backbone.modules())
     a, b = _unmerged(model, tokenizer, GREEDY), _folded(model, tokenizer, GREEDY)
     assert a.ids.tolist() == b.ids.tolist()
 
@@ -111,7 +115,7 @@ def test_layers_that_cannot_be_folded_decode_through_peft(tokenizer):
 def test_full_fine_tuning_in_fp32_decodes_with_the_weights_themselves(tokenizer):
     model = make_model(len(tokenizer)).eval()
     with decoding(model) as (backbone, head):
-        assert not any(isinstance(m, FrozenLinear) for m in backbone.modules())
+        assert not any(isinstance(m, DECODING) for m in backbone.modules())
         assert head.weight is model.lm_head.weight
 
 
@@ -148,16 +152,16 @@ def test_a_cache_keeps_folded_layers_until_their_tensors_change(tokenizer):
     model = _lora_model(tokenizer)
     cache = DecodeCache()
     with decoding(model, cache=cache) as (backbone, _):
-        first = [m for m in backbone.modules() if isinstance(m, FrozenLinear)]
+        first = [m for m in backbone.modules() if isinstance(m, DECODING)]
     with decoding(model, cache=cache) as (backbone, _):
-        again = [m for m in backbone.modules() if isinstance(m, FrozenLinear)]
+        again = [m for m in backbone.modules() if isinstance(m, DECODING)]
     assert all(a is b for a, b in zip(first, again))
     q = next(m for n, m in model.named_modules() if n.endswith("layers.0.self_attn.q_proj"))
     with torch.no_grad():
         q.lora_B["default"].weight.add_(1.0)
     with decoding(model, cache=cache) as (backbone, _):
-        changed = [m for m in backbone.modules() if isinstance(m, FrozenLinear)]
-    assert sum(a is not b for a, b in zip(first, changed)) == 1
+        changed = [m for m in backbone.modules() if isinstance(m, DECODING)]
+    assert sum(a is not b for a, b in zip(first, changed)) == 3  # q_proj's group: q, k, v
     a, b = _unmerged(model, tokenizer, GREEDY), None
     with torch.no_grad(), decoding(model, cache=cache) as (backbone, head):
         b = _generate(backbone, head, tokenizer, GREEDY)
@@ -176,3 +180,18 @@ def test_decode_dtype_choice(tokenizer, monkeypatch):
     assert decode_dtype("auto", model.double()) == torch.float32  # only fp32 models get bf16 copies
     monkeypatch.setattr(dw, "bf16_matmul_hardware", lambda device="cpu": False)
     assert decode_dtype("auto", model.float()) == torch.float32
+
+
+def test_fused_siblings_compute_each_input_once_and_any_input_correctly():
+    from rlvr.rollout.decode_weights import _Fused
+
+    torch.manual_seed(0)
+    w = [torch.randn(3, 4), torch.randn(5, 4)]
+    group = _Fused(w, [None, torch.ones(5)])
+    a, b = FusedLinear(group, 0), FusedLinear(group, 1)
+    x, y = torch.randn(2, 4), torch.randn(2, 4)
+    assert torch.allclose(a(x), x @ w[0].T) and torch.allclose(b(x), x @ w[1].T + 1)
+    assert group.x is x
+    assert torch.allclose(b(y), y @ w[1].T + 1)  # another input: recomputed, not the cached output
+    y.mul_(2)  # the same tensor changed in place: recomputed too
+    assert torch.allclose(a(y), y @ w[0].T)

@@ -111,37 +111,98 @@ def _key(module: nn.Module) -> tuple:
                                                          tuple(getattr(module, "active_adapters", ()) or ()))
 
 
+SHARED_INPUT = ({"q_proj", "k_proj", "v_proj"}, {"gate_proj", "up_proj"})
+"""Sibling projections that read the same input in the common decoder families: folded into one weight, they run as
+one matmul (``FusedLinear``)."""
+
+
+class _Fused:
+    """Weights [sum of outputs, in] of sibling projections, and the last input's output (read by each sibling)."""
+
+    def __init__(self, weights: list[torch.Tensor], biases: list[torch.Tensor | None]):
+        self.weight = torch.cat(weights)
+        self.bias = None if all(b is None for b in biases) else torch.cat(
+            [b if b is not None else w.new_zeros(w.shape[0]) for w, b in zip(weights, biases)])
+        self.sizes = [w.shape[0] for w in weights]
+        self.forget()
+
+    def forget(self) -> None:
+        self.x, self.version, self.outputs = None, -1, ()
+
+    def outputs_for(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if self.x is not x or self.version != x._version:
+            y = F.linear(x.to(self.weight.dtype), self.weight, self.bias).to(x.dtype)  # [..., sum of outputs]
+            self.x, self.version, self.outputs = x, x._version, y.split(self.sizes, dim=-1)
+        return self.outputs
+
+
+class FusedLinear(nn.Module):
+    """One projection of a ``_Fused`` group: the first sibling called with an input computes every sibling's output
+    in one matmul; the others read theirs. A sibling called with another input recomputes (always correct)."""
+
+    def __init__(self, group: _Fused, index: int):
+        super().__init__()
+        self.group, self.index = group, index
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.group.outputs_for(x)[self.index]
+
+
 class DecodeCache:
-    """Folded weights kept between generations (a server's), rebuilt per layer when its tensors change."""
+    """Folded weights kept between generations (a server's), rebuilt per group when its tensors change."""
 
     def __init__(self):
-        self.layers: dict[tuple[str, torch.dtype], tuple[tuple, FrozenLinear]] = {}
+        self.groups: dict[tuple[tuple[str, ...], torch.dtype], tuple[tuple, list[nn.Module]]] = {}
         self.head: tuple[tuple, DecodeHead] | None = None
 
     def clear(self) -> None:
-        self.layers.clear()
+        self.groups.clear()
         self.head = None
 
 
-def _replacements(backbone: nn.Module, dtype: torch.dtype, cache: DecodeCache | None) -> list[tuple[str, nn.Module]]:
-    out, taken = [], []
+def _groups(backbone: nn.Module, dtype: torch.dtype) -> list[tuple[str, ...]]:
+    """The layers decoding replaces, by name, siblings that share their input together."""
+    names, skip = [], None
     for name, module in backbone.named_modules():
-        if not name or any(name.startswith(t + ".") for t in taken):
+        if not name or (skip and name.startswith(skip)):
             continue
-        key = _key(module) if cache is not None else None
-        cached = cache.layers.get((name, dtype)) if cache is not None else None
+        if _foldable(module) is not None or (type(module) is nn.Linear and dtype != module.weight.dtype):
+            names.append(name)
+            skip = name + "."
+    by_parent: dict[tuple, list[str]] = {}
+    for name in names:
+        parent, _, child = name.rpartition(".")
+        kind = next((i for i, siblings in enumerate(SHARED_INPUT) if child in siblings), None)
+        by_parent.setdefault((parent, kind) if kind is not None else (name,), []).append(name)
+    return [tuple(group) for group in by_parent.values()]
+
+
+def _build(backbone: nn.Module, group: tuple[str, ...], dtype: torch.dtype) -> list[nn.Module] | None:
+    frozen = [_frozen_weights(backbone.get_submodule(name), dtype) for name in group]
+    if any(f is None for f in frozen):
+        return None
+    if len(group) == 1:
+        return [FrozenLinear(*frozen[0])]
+    if len({w.shape[1] for w, _ in frozen}) != 1:
+        return [FrozenLinear(*f) for f in frozen]
+    fused = _Fused([w for w, _ in frozen], [b for _, b in frozen])
+    return [FusedLinear(fused, i) for i in range(len(group))]
+
+
+def _replacements(backbone: nn.Module, dtype: torch.dtype, cache: DecodeCache | None) -> list[tuple[str, nn.Module]]:
+    out = []
+    for group in _groups(backbone, dtype):
+        key = tuple(_key(backbone.get_submodule(name)) for name in group) if cache is not None else None
+        cached = cache.groups.get((group, dtype)) if cache is not None else None
         if cached is not None and cached[0] == key:
-            out.append((name, cached[1]))
-            taken.append(name)
-            continue
-        frozen = _frozen_weights(module, dtype)
-        if frozen is None:
-            continue
-        layer = FrozenLinear(*frozen)
-        if cache is not None:
-            cache.layers[(name, dtype)] = (key, layer)
-        out.append((name, layer))
-        taken.append(name)
+            layers = cached[1]
+        else:
+            layers = _build(backbone, group, dtype)
+            if layers is None:
+                continue
+            if cache is not None:
+                cache.groups[(group, dtype)] = (key, layers)
+        out += list(zip(group, layers))
     return out
 
 
@@ -175,6 +236,9 @@ def decoding(model: nn.Module, dtype: torch.dtype = torch.float32,
     finally:
         for name, module in reversed(originals):
             _swap(backbone, name, module)
+        for _, layer in swaps:  # the last inputs and outputs are not kept
+            if isinstance(layer, FusedLinear):
+                layer.group.forget()
 
 
 # ----------------------------------------------------------------------------------------------- precision
