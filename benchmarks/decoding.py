@@ -70,8 +70,15 @@ def _engines(model, tokenizer, prompts, g, tokens):
             return int(groups.completion_mask.sum()), groups
         return run
 
+    def base(dtype):  # the base model through the same path: what an adapter should cost nothing against
+        def run(seed):
+            with model.disable_adapter():
+                return folded(dtype)(seed)
+        return run
+
     return {"hf generate": hf, "rlvr unmerged": unmerged, "rlvr folded fp32": folded(torch.float32),
-            "rlvr folded bf16": folded(torch.bfloat16)}
+            "rlvr folded bf16": folded(torch.bfloat16), "base model fp32": base(torch.float32),
+            "base model bf16": base(torch.bfloat16)}
 
 
 def _rounds(engines: dict, rounds: int) -> dict:
@@ -107,7 +114,7 @@ def _gap(model, groups) -> dict:
 def _fold_cost(model) -> dict:
     import torch
 
-    from rlvr.rollout.decode_weights import FrozenLinear, decoding
+    from rlvr.rollout.decode_weights import FrozenLinear, FusedLinear, decoding
 
     out = {}
     for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
@@ -116,8 +123,10 @@ def _fold_cost(model) -> dict:
             started = time.perf_counter()
             with decoding(model, dtype) as (backbone, head):
                 times.append(time.perf_counter() - started)
-                layers = [m for m in backbone.modules() if isinstance(m, FrozenLinear)]
-                copied = sum(m.weight.numel() * m.weight.element_size() for m in layers)
+                layers = [m for m in backbone.modules() if isinstance(m, (FrozenLinear, FusedLinear))]
+                weights = {id(w): w for w in (m.group.weight if isinstance(m, FusedLinear) else m.weight
+                                              for m in layers)}
+                copied = sum(w.numel() * w.element_size() for w in weights.values())
                 if head.__class__.__name__ == "DecodeHead":
                     copied += head.layer.weight.numel() * head.layer.weight.element_size()
         out[name] = {"s": statistics.median(times), "bytes": copied, "layers": len(layers)}
@@ -195,10 +204,6 @@ def main() -> None:
     for name, (b, g, t) in WORKLOADS.items():
         engines = _engines(model, tokenizer, _prompts(b), g, t)
         rates, last = _rounds(engines, args.rounds if t <= 32 else max(1, args.rounds - 2))
-        with model.disable_adapter():  # the base model, folded path (what an adapter should cost nothing against)
-            for dtype_name in ("fp32", "bf16"):
-                base, _ = _rounds({"base": engines[f"rlvr folded {dtype_name}"]}, 1)
-                rates[f"base model {dtype_name}"] = base["base"]
         results["workloads"][name] = rates
         if t <= 32:
             results["gaps"] = {k: _gap(model, last[f"rlvr folded {k}"]) for k in ("fp32", "bf16")}

@@ -67,7 +67,7 @@ def main() -> None:
     model.eval()
     setup = build_episode_setup(cfg.env, tokenizer)
     params = SamplingParams(temperature=cfg.rollout.temperature, max_new_tokens=cfg.rollout.max_new_tokens)
-    local = LocalSampler(model, tokenizer)
+    local = LocalSampler(model, tokenizer, precision="auto")  # as rlvr serve decodes by default
     server = ServerProcess(resolve_model_dir(cfg.model.name), threads=args.threads).wait_ready(timeout_s=180)
     results: dict[str, list[dict]] = {"in process": [], "rlvr serve": []}
     try:

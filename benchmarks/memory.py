@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 B, G, T, MICRO = 4, 8, 64, 16
-HEAP_THRESHOLD_KB = 256  # train.heap_threshold_kb for the leanest peak (rlvr/memory.py; the default is 512)
+HEAP_THRESHOLD_KB = 256  # train.heap_threshold_kb for the leanest peak (rlvr/memory.py; the default 0 keeps it)
 CONFIGS = {  # name: (algo, lora, beta or PPO's kl_coef, lean step)
     "PPO full": ("ppo", False, 0.05, False),
     "GRPO full β>0": ("grpo", False, 0.04, False),
@@ -364,7 +364,7 @@ def _markdown(r: dict) -> str:
 Machine: {r['machine']}. SmolLM2-135M-Instruct fp32, {b['B']} prompts × G={b['G']}, prompts of {b['P']} tokens, \\
 {b['T']} completion tokens, micro-batches of {b['micro']}, AdamW; one process per configuration. Peak = resident set \\
 during the step minus before the model loaded; breakdown by tensor accounting (module docstring). glibc mmap \\
-threshold {r.get('heap_threshold_kb', 256)} KiB (`train.heap_threshold_kb`; at the default, 512 KiB, the lean \\
+threshold {r.get('heap_threshold_kb', 256)} KiB (`train.heap_threshold_kb`; at 512 KiB the lean \\
 step keeps ~170 MB more freed heap, measured apart: rlvr/memory.py). Step times: one step each, shared VM.
 
 {chr(10).join(lines)}

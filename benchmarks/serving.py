@@ -97,7 +97,7 @@ def main() -> None:
     results: dict = {"machine": describe(), "workloads": {}, "sync": {}}
     bucket = AdapterBucket(tempfile.mkdtemp(prefix="bench-bucket-"))
 
-    local = LocalSampler(model, tokenizer)
+    local = LocalSampler(model, tokenizer, precision="auto")  # as rlvr serve decodes by default
     for name, (b, g, t) in WORKLOADS.items():
         results["workloads"][name] = {"in-process": _timed(local.sample, _prompts(b), g, t)}
     results["logp_gap"] = {"in-process": _logp_gap(local.sample, model)}

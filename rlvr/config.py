@@ -282,10 +282,12 @@ class TrainConfig:
     """Seeds data order, sampling and initialisation."""
     threads: int = 0
     """torch intra-op threads (0: all cores)."""
-    heap_threshold_kb: int = 512
+    heap_threshold_kb: int = 0
     """glibc only: allocations of at least this many KiB are mmapped and go back to the system when freed
-    (rlvr/memory.py). 256 cuts the lean step's peak RSS by a further ~6 % (no freed heap held between
-    its many sub-MiB tensors) at up to ~20 % step time on small batches; 0 leaves glibc's defaults."""
+    (rlvr/memory.py); 0 leaves glibc's defaults (freed memory is kept for the next step). 512 cuts a LoRA step's peak
+    RSS from 2.8 to 1.6 GB (benchmarks/vs_trl.py); it costs no time where page faults are cheap (the Xeon of the
+    earlier measurements) and 1.45-1.7x step time where they are not (a VM that maps fresh memory at ~2 GB/s). 256
+    cuts the lean step's peak by a further ~6 %, at up to ~20 % step time on small batches."""
     logprob_chunk: int = 512
     """Tokens per output-layer chunk when computing log-probs; fewer for a large vocabulary, so one chunk's logits
     stay within 32M elements (128 MB in fp32; Gemma 3's 262k vocabulary gets 128)."""

@@ -6,8 +6,8 @@ long after the step. Pinning the threshold keeps large tensors mmapped, returned
 Measured on SmolLM2-135M + LoRA (4 x 8 completions, 32 tokens), threshold 1 MiB: peak RSS 4.4 GB -> 3.5 GB,
 RSS between steps 3.8 GB -> 1.5 GB, same speed.
 
-Default 512 KiB (``train.heap_threshold_kb``), not 1 MiB: the lean step splits a micro-batch into per-group
-pieces, so many of its tensors are 0.25-1 MiB (per layer: the prompt's keys/values copied to every row,
+512 KiB (``train.heap_threshold_kb``) rather than 1 MiB for a lean run: the lean step splits a micro-batch into
+per-group pieces, so many of its tensors are 0.25-1 MiB (per layer: the prompt's keys/values copied to every row,
 mb x P x H_kv x 4 bytes; completion keys/values; prompt-pass MLP outputs). Below the threshold they come
 from the heap, and the holes they leave keep freed heap resident. Measured, lean GRPO LoRA step, peak RSS
 and step time at thresholds 1 MiB / 512 KiB / 256 KiB / 128 KiB:
@@ -15,7 +15,12 @@ and step time at thresholds 1 MiB / 512 KiB / 256 KiB / 128 KiB:
   2,570 MB; 21-23 / 23-24 / 22-24 / 25-27 s;
 - the demo's batch (8 x 8 completions of 12 tokens, micro-batch 32): 2,482-2,540 / 2,082 / 2,001-2,007 MB;
   4-5 / 5 / 6 / - s.
-512 KiB takes most of the saving at no measurable cost; 256 KiB the rest, at ~20 % on small batches.
+512 KiB takes most of the saving at no measurable cost there; 256 KiB the rest, at ~20 % on small batches.
+
+Where page faults are slow that saving costs time, since every step faults its activations in again: on a 2-core VM
+that maps fresh memory at ~2 GB/s (vs 10-20 GB/s to rewrite mapped memory), a LoRA step with checkpointing took
+1.45-1.7x as long at 512 KiB as with glibc's defaults (benchmarks/vs_trl.py; peak RSS 1.6 vs 2.8 GB). The default is
+therefore glibc's (``train.heap_threshold_kb: 0``); 512 is the setting for a lean run.
 """
 
 from __future__ import annotations
@@ -37,3 +42,4 @@ def return_freed_memory(threshold_bytes: int = 512 << 10) -> bool:
         return mmap_set and bool(libc.mallopt(M_TRIM_THRESHOLD, threshold_bytes))
     except (OSError, AttributeError):
         return False
+

@@ -64,6 +64,8 @@ def test_resolved_config_round_trips(tmp_path):
         ("train.warmup_steps=-1", "train.warmup_steps must be >= 0; got -1"),
         ("eval.every=-5", "eval.every must be >= 0; got -5"),
         ("task.eval_size=-1", "task.eval_size must be >= 0; got -1"),
+        ("train.heap_threshold_kb=-2", "train.heap_threshold_kb must be >= 0; got -2"),
+        ("rollout.precision=fp16", "rollout.precision must be one of auto, fp32, bf16; got 'fp16'"),
         ("model.lora_r=0", "model.lora_r must be >= 1; got 0"),
         ("model.lora_dropout=1", "model.lora_dropout must be in [0, 1); got 1.0"),
         ("rewards=[{name: format, timeout_s: -1}]", "rewards[0].timeout_s must be >= 0"),
