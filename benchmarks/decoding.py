@@ -182,7 +182,15 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--skip-bigger", action="store_true", help="leave out the ~0.4B model")
+    parser.add_argument("--render", action="store_true", help="rewrite the section from results/decoding.json")
     args = parser.parse_args()
+    if args.render:
+        import json
+
+        from benchmarks.report import publish
+
+        results = json.loads((ROOT / "benchmarks" / "results" / "decoding.json").read_text())
+        return publish("decoding", results, _markdown(results))
     import torch
 
     from benchmarks.machine import describe
@@ -226,7 +234,7 @@ def _markdown(r: dict) -> str:
             f"{w['base model fp32']:.0f} / {w['base model bf16']:.0f} | "
             f"**{w[f'rlvr folded {best}'] / w['hf generate']:.2f}×** ({best}) | "
             f"{w[f'rlvr folded {best}'] / w[f'base model {best}']:.2f}× |")
-    gaps = "; ".join(f"{k}: mean {v['mean_abs']:.1e}, max {v['max_abs']:.2f}, importance weights outside "
+    gaps = "; ".join(f"{k}: mean {v['mean_abs']:.1e}, max {v['max_abs']:.1e}, importance weights outside "
                      f"[0.5, 2]: {100 * v['beyond_cap_2']:.2f} % of {v['tokens']} tokens" for k, v in r["gaps"].items())
     fold = "; ".join(f"{k}: {1000 * v['s']:.0f} ms, {v['bytes'] / 1e6:.0f} MB for {v['layers']} layers"
                      + (" and the output layer" if k == "bf16" else "") for k, v in r["fold"].items())

@@ -189,8 +189,9 @@ temperature 1; median of 3 after a warm-up; each engine alone on the cores (the 
 
 HTTP path overhead (client wall time minus the server's generation time, per request batch): {overhead}.
 
-Behaviour vs trainer log-probs (mean |Δ| per token, fp32, the trainer's own recomputation of each engine's
-sample): {"; ".join(f"{k} {v:.1e}" for k, v in r["logp_gap"].items())}.
+Behaviour vs trainer log-probs (mean |Δ| per token against the fp32 trainer's recomputation of each engine's sample;
+rlvr decodes at `rollout.precision=auto`, bf16 on machines with bf16 units, as `rlvr serve --precision auto` does):
+{"; ".join(f"{k} {v:.1e}" for k, v in r["logp_gap"].items())}.
 
 What crosses the network per update: the adapter, not the model ({r['full_model_bytes'] / 1e6:.0f} MB):
 
