@@ -115,11 +115,15 @@ def _markdown(r: dict) -> str:
     phase_rows += (f"\n| step | {total:.1f} s | | {sum(floor.values()):.2f} s | "
                    f"**{total / sum(floor.values()):.1f}×** |")
     parts = []
+    bf16 = r.get("decode_dtype") == "bfloat16"
+    peak_of = {"generation": r["matmul_bf16_gflops"] if bf16 else r["matmul_fp32_gflops"],
+               "training": r["matmul_fp32_gflops"]}
+    label_of = {"generation": "bf16" if bf16 else "fp32", "training": "fp32"}
     for name in ("generation", "training"):
         ops = ", ".join(f"`{o['op']}` {o['share']:.0%}" for o in r[name]["top_ops"])
         mm = r[name]["matmul"]
         parts.append(f"- **{name}**: matrix products take {mm['share']:.0%} of the phase at {mm['gflops']:.0f} GFLOP/s "
-                     f"({mm['gflops'] / r['matmul_fp32_gflops']:.0%} of the measured peak). "
+                     f"({mm['gflops'] / peak_of[name]:.0%} of the measured {label_of[name]} peak). "
                      f"Top operators by self time: {ops}.")
     return f"""## Where a step's time goes (`python benchmarks/profile_step.py`)
 
