@@ -127,13 +127,16 @@ class _Fused:
         self.forget()
 
     def forget(self) -> None:
-        self.x, self.version, self.outputs = None, -1, ()
+        self.x, self.version, self.outputs, self.taken = None, -1, (), set()
 
-    def outputs_for(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        if self.x is not x or self.version != x._version:
+    def output(self, x: torch.Tensor, index: int) -> torch.Tensor:
+        """Sibling ``index``'s output for ``x``; each computed output is handed out once (a second call recomputes,
+        so an output changed in place by its reader is never handed out again)."""
+        if self.x is not x or self.version != x._version or index in self.taken:
             y = F.linear(x.to(self.weight.dtype), self.weight, self.bias).to(x.dtype)  # [..., sum of outputs]
-            self.x, self.version, self.outputs = x, x._version, y.split(self.sizes, dim=-1)
-        return self.outputs
+            self.x, self.version, self.outputs, self.taken = x, x._version, y.split(self.sizes, dim=-1), set()
+        self.taken.add(index)
+        return self.outputs[index]
 
 
 class FusedLinear(nn.Module):
@@ -145,7 +148,7 @@ class FusedLinear(nn.Module):
         self.group, self.index = group, index
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.group.outputs_for(x)[self.index]
+        return self.group.output(x, self.index)
 
 
 class DecodeCache:
