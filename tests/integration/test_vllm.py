@@ -87,7 +87,8 @@ def vllm(model_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def rlvr_server(model_dir):
-    proc = ServerProcess(model_dir, "--threads", "2", api_key=KEY).wait_ready(timeout_s=120)
+    # fp32 as vLLM runs here (--dtype float32): greedy text and log-probs are compared with it
+    proc = ServerProcess(model_dir, "--threads", "2", "--precision", "fp32", api_key=KEY).wait_ready(timeout_s=120)
     yield proc.url
     proc.stop()
 
@@ -100,6 +101,7 @@ def trained(tmp_path_factory):
     out = tmp_path_factory.mktemp("trained") / "run"
     cfg = load_config(Path(__file__).resolve().parents[2] / "examples" / "demo.yaml", [
         f"output_dir={out}", "train.steps=2", "train.lr=5e-3", "train.prompts_per_step=4", "eval.every=0",
+        "rollout.precision=fp32",  # the same adapter on every machine (auto samples in bf16 where the CPU has it)
         "task.eval_size=4", "log.progress=false", "log.tensorboard=false", "log.plot=false"])
     train(cfg)
     model, tokenizer = load_policy("smollm2-135m-instruct", None)
