@@ -116,6 +116,19 @@ class TaskConfig:
     to ramble)."""
     max_number: int = 40
     """word_problems: largest starting amount (added amounts up to 3/4 of it; multipliers 2-5)."""
+    curriculum: tuple[int, ...] = ()
+    """word_problems (or any task whose rows have a steps column): train first on problems with this many
+    operations, stage by stage, e.g. [1, 2]: one-operation problems, then two, then task.train_steps; a stage ends
+    when the first reward's mean reaches task.curriculum_pass_rate on 3 steps in a row, or after
+    task.curriculum_stage_steps steps (the synchronous loop only; () for none)."""
+    curriculum_pass_rate: float = 0.5
+    """task.curriculum: the pass rate (first reward's mean over the step's samples) that ends a stage."""
+    curriculum_stage_steps: int = 20
+    """task.curriculum: the most steps a stage lasts."""
+    grammar: str = "varied"
+    """word_problems: varied (groups, prices, units, two events in a sentence, events out of order, distractors,
+    differences; 1-4 operations; held out by setting and by phrasing) or simple (one operation per sentence, 1-3;
+    held out by story; the grammar of docs/experiments/word_problems.md runs A-K)."""
     train_path: str = ""
     """jsonl tasks: training rows, one JSON object per line (prompt or messages, or the columns the column map
     names: prompt_column, answer_column; docs/data.md)."""
@@ -307,6 +320,11 @@ class EvalConfig:
     """Prompts per evaluation batch."""
     max_new_tokens: int = 0
     """Completion cap during evaluation (0: rollout.max_new_tokens)."""
+    extra_path: str = ""
+    """A second held-out set, evaluated beside the task's at every evaluation (eval/extra_accuracy): a JSONL file.
+    word_problems: rows of question and answer, each question put into the task's prompt (system message and
+    worked examples), e.g. examples/data/word_problems_independent.jsonl; jsonl tasks: rows like
+    task.eval_path's."""
 
 
 @dataclass(frozen=True)
@@ -454,6 +472,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "task.name": TASKS,
     "task.answer_format": ("raw", "gsm8k", "math"),
     "task.problem_kind": ("products", "word", "two_step"),
+    "task.grammar": ("varied", "simple"),
     "model.autocast": ("none", "bf16"),
     "rollout.precision": ("auto", "fp32", "bf16"),
     "algo.name": ALGORITHMS,
@@ -598,6 +617,13 @@ def _validate(cfg: RunConfig) -> None:
     if t.eval_fraction and t.name not in ("jsonl", "math_jsonl", "code_jsonl", "hf"):
         raise ConfigError(f"task.eval_fraction splits the rows of a file or split (jsonl tasks, hf); task.name="
                           f"{t.name} makes its own held-out set (task.eval_size)")
+    if t.curriculum:
+        if a.enabled or cfg.algo.name == "ppo":
+            raise ConfigError("task.curriculum runs in the synchronous GRPO loop; set async.enabled=false (or drop the "
+                              "curriculum)")
+        if not 0 < t.curriculum_pass_rate <= 1 or t.curriculum_stage_steps < 1:
+            raise ConfigError(f"task.curriculum_pass_rate must be in (0, 1] and task.curriculum_stage_steps >= 1; got "
+                              f"{t.curriculum_pass_rate} and {t.curriculum_stage_steps}")
     if t.name.endswith("jsonl"):
         _validate_jsonl(t)
     if t.name in ("jsonl", "math_jsonl", "code_jsonl", "hf"):

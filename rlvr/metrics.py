@@ -12,6 +12,7 @@ from rlvr.trackers import TrackedRun, open_trackers
 
 REWARD = "rollout/reward_mean"  # the names a run's plot and progress bar read
 ACCURACY = "eval/accuracy"
+EXTRA_ACCURACY = "eval/extra_accuracy"  # eval.extra_path's held-out set
 TOOL_USE = "episode/tool_use_frac"
 
 
@@ -141,6 +142,9 @@ def plot_run(metrics_path: Path, png_path: Path, title: str = ""):
     evals = [(r["step"], r[ACCURACY]) for r in records if ACCURACY in r]
     if evals:
         ax.plot(*zip(*evals), "o-", label="held-out accuracy (greedy)", color="C3")
+    extra = [(r["step"], r[EXTRA_ACCURACY]) for r in records if EXTRA_ACCURACY in r]
+    if extra:
+        ax.plot(*zip(*extra), "s--", label="eval.extra_path accuracy (greedy)", color="C4")
     ax.set_xlabel("step")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylim(-0.02, 1.02)

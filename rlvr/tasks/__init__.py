@@ -10,10 +10,10 @@ from rlvr.seeds import epoch_seed
 from rlvr.tasks.arithmetic import arithmetic_rows
 from rlvr.tasks.columns import STEP_BY_STEP_SYSTEM_PROMPT, ColumnMap, eval_fraction_count, held_out_indices
 from rlvr.tasks.hf import hf_rows
-from rlvr.tasks.jsonl import load_jsonl
+from rlvr.tasks.jsonl import load_jsonl, read_jsonl
 from rlvr.tasks.tool_problems import SYSTEM_PROMPT as TOOL_SYSTEM_PROMPT
 from rlvr.tasks.tool_problems import tool_problem_rows
-from rlvr.tasks.word_problems import REASONING_SYSTEM_PROMPT, word_problem_rows
+from rlvr.tasks.word_problems import REASONING_SYSTEM_PROMPT, prompt_head, word_problem_rows
 from rlvr.verifiers.code_formats import detect_format
 
 # JSONL task flavours: whether a gold answer is required (task.answer_column, on every row), the system message of
@@ -35,9 +35,9 @@ def load_task(cfg) -> tuple[list[dict], list[dict], str]:
         return train, held_out, cfg.eval_reward or "arithmetic_correct"
     if cfg.name == "word_problems":
         system = REASONING_SYSTEM_PROMPT if cfg.system_prompt == ARITHMETIC_SYSTEM_PROMPT else cfg.system_prompt
-        train, held_out = word_problem_rows(cfg.eval_size, cfg.train_size, cfg.seed, system,
-                                            tuple(cfg.train_steps), tuple(cfg.eval_steps), cfg.few_shot,
-                                            cfg.max_number)
+        train_steps = tuple(sorted({*cfg.train_steps, *cfg.curriculum}))  # rows for every stage of a curriculum
+        train, held_out = word_problem_rows(cfg.eval_size, cfg.train_size, cfg.seed, system, train_steps,
+                                            tuple(cfg.eval_steps), cfg.few_shot, cfg.max_number, cfg.grammar)
         return train, held_out, cfg.eval_reward or "math_correct"
     if cfg.name == "tool_problems":
         system = TOOL_SYSTEM_PROMPT if cfg.system_prompt == ARITHMETIC_SYSTEM_PROMPT else cfg.system_prompt
@@ -63,6 +63,28 @@ def load_task(cfg) -> tuple[list[dict], list[dict], str]:
         train, held_out = hf_rows(cfg, system)
         return train, held_out, cfg.eval_reward or "math_correct"
     raise ValueError(f"task.name must be one of {', '.join(TASKS)}, got {cfg.name!r}")
+
+
+def load_extra_eval(cfg, path: str) -> list[dict]:
+    """``eval.extra_path``'s rows for the task ``cfg``: word_problems reads ``question`` and ``answer`` and puts each
+    question into the task's prompt; the JSONL tasks read the file like their eval_path."""
+    if cfg.name == "word_problems":
+        system = REASONING_SYSTEM_PROMPT if cfg.system_prompt == ARITHMETIC_SYSTEM_PROMPT else cfg.system_prompt
+        head = prompt_head(system, cfg.few_shot, cfg.grammar)
+        rows = []
+        for lineno, row in read_jsonl(path):
+            question, answer = row.get("question"), row.get("answer")
+            if not isinstance(question, str) or not question.strip() or not isinstance(answer, (str, int)):
+                raise ValueError(f"{path}:{lineno}: eval.extra_path rows for word_problems need a 'question' string "
+                                 "and an 'answer' (a string or a whole number)")
+            rows.append({"prompt": [*head, {"role": "user", "content": question}], "answer": str(answer)})
+        return rows
+    if cfg.name in JSONL_TASKS:
+        answer_required, system, _ = JSONL_TASKS[cfg.name]
+        system = system if cfg.system_prompt == ARITHMETIC_SYSTEM_PROMPT else cfg.system_prompt
+        return load_jsonl(path, columns=ColumnMap.of(cfg, system, answer_required))
+    raise ValueError(f"eval.extra_path works with task.name word_problems or a JSONL task ({', '.join(JSONL_TASKS)}); "
+                     f"task.name is {cfg.name!r}")
 
 
 def split_off(rows: list[dict], fraction: float, seed: int, where: str) -> tuple[list[dict], list[dict]]:
@@ -131,5 +153,5 @@ def data_order(num_rows: int, seed: int, start: int, count: int) -> list[int]:
     return out
 
 
-__all__ = ["ColumnMap", "arithmetic_rows", "data_order", "fit_prompts", "hf_rows", "load_jsonl", "load_task",
+__all__ = ["ColumnMap", "arithmetic_rows", "data_order", "fit_prompts", "hf_rows", "load_jsonl", "load_extra_eval", "load_task",
            "reward_columns", "split_off"]

@@ -1,6 +1,7 @@
-"""The built-in word-problem task: one- to three-step stories generated from a seed, held out by *story*.
+"""The built-in word-problem task: stories generated from a seed, held out by story (and, in the default
+``varied`` grammar, by phrasing: ``rlvr.tasks.varied_problems``).
 
-A problem is a starting amount followed by 0-2 further events, each one operation (+, -, x, /), told in
+In the ``simple`` grammar (this module) a problem is a starting amount followed by 0-2 further events, each one operation (+, -, x, /), told in
 the words of one story template (a baker's loaves, a library's books, ...). Every template phrases every
 operation several ways, so wording varies within a template too. Numbers are drawn so every intermediate
 amount is a whole, non-negative number (divisions are exact).
@@ -15,12 +16,26 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from rlvr.tasks.varied_problems import varied_problem
+
 REASONING_SYSTEM_PROMPT = "Solve the problem. Write one calculation per sentence, then the answer."
 
 # Worked examples, shown before each question as earlier chat turns (``few_shot``): each line restates one
-# sentence and does its calculation, which a 135M model copies far more reliably than an instruction
-# (measured: docs/experiments/word_problems.md). Their stories (pens, cakes) are in neither split.
+# sentence and does its calculations, which a 135M model copies far more reliably than an instruction
+# (measured: docs/experiments/word_problems.md). Their stories (pens, cakes) are in neither split. The varied
+# grammar's show a group ("2 boxes of 4"), two events in one sentence, a distractor and a difference, still
+# one calculation per line (two on a line, the trained model ran them together: docs/experiments/word_problems.md).
 WORKED_EXAMPLES = (
+    ("Tom has 3 pens. He buys 2 boxes of 4 pens and then gives 5 pens to his sister. How many pens does Tom have "
+     "now?",
+     "Tom has 3 pens.\nHe buys 2 boxes of 4 pens: 2 * 4 = 8\nNow he has 3 + 8 = 11\nHe gives 5 pens to his sister: "
+     "11 - 5 = 6\nThe answer is 6."),
+    ("Sue is 9 years old. She bakes 12 cakes, and her friends eat 4 of them. Her brother bakes 5 cakes. How many "
+     "more cakes does Sue have than her brother?",
+     "Sue bakes 12 cakes.\nHer friends eat 4 of them: 12 - 4 = 8\nSue has 8 and her brother has 5: 8 - 5 = 3\n"
+     "The answer is 3."),
+)
+SIMPLE_WORKED_EXAMPLES = (  # the simple grammar's (runs A-K of docs/experiments/word_problems.md)
     ("Tom has 3 pens. He buys 4 more. He gives away 2. How many pens does Tom have?",
      "Tom has 3 pens.\nHe buys 4 more: 3 + 4 = 7\nHe gives away 2: 7 - 2 = 5\nThe answer is 5."),
     (("Sue bakes 12 cakes. She puts them equally on 3 plates; count one plate. She ends up with 5 times as many "
@@ -170,47 +185,68 @@ def word_problem_rows(
     eval_steps: tuple[int, ...] = (2,),
     few_shot: int = 0,
     max_number: int = 40,
+    grammar: str = "varied",
 ) -> tuple[list[dict], list[dict]]:
-    """Train rows from the training stories, held-out rows from ``HELD_OUT``: ``{"prompt", "answer", "chain"}``
-    (``chain``: the amount after each step, for partial credit), plus ``story`` and ``steps``.
-    Each prompt is the system message, ``few_shot`` worked examples as user/assistant turns, the question.
+    """Train rows from the training stories, held-out rows from the held-out ones: ``{"prompt", "answer",
+    "chain"}`` (``chain``: the amount after each operation, for partial credit), plus ``story`` and ``steps``
+    (operations). Each prompt is the system message, ``few_shot`` worked examples as user/assistant turns, the
+    question. ``grammar``: ``varied`` (``rlvr.tasks.varied_problems``: 1-4 operations, held out by setting and
+    phrasing) or ``simple`` (one operation per sentence, 1-3, held out by story).
 
     ``train_size`` 0 means 2,000 rows. Questions are distinct within each split; the splits cannot share
     one, since no story is in both.
     """
-    bad = [s for s in (*train_steps, *eval_steps) if s not in (1, 2, 3)]
+    if grammar not in GRAMMARS:
+        raise ValueError(f"word_problems grammar must be one of {', '.join(GRAMMARS)}; got {grammar!r}")
+    allowed = (1, 2, 3) if grammar == "simple" else (1, 2, 3, 4)
+    bad = [s for s in (*train_steps, *eval_steps) if s not in allowed]
     if bad or not train_steps or not eval_steps:
-        raise ValueError(f"word_problems steps must be among 1, 2, 3; got train {train_steps}, eval {eval_steps}")
-    if not 0 <= few_shot <= len(WORKED_EXAMPLES):
-        raise ValueError(f"word_problems few_shot must be 0-{len(WORKED_EXAMPLES)}; got {few_shot}")
+        raise ValueError(f"word_problems steps must be among {', '.join(map(str, allowed))} in the {grammar} "
+                         f"grammar; got train {train_steps}, eval {eval_steps}")
+    examples = WORKED_EXAMPLES if grammar == "varied" else SIMPLE_WORKED_EXAMPLES
+    if not 0 <= few_shot <= len(examples):
+        raise ValueError(f"word_problems few_shot must be 0-{len(examples)}; got {few_shot}")
     if max_number < 4:
         raise ValueError(f"word_problems max_number must be at least 4; got {max_number}")
-    head = [{"role": "system", "content": system_prompt}] if system_prompt else []
-    for question, answer in WORKED_EXAMPLES[:few_shot]:
-        head += [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
+    head = prompt_head(system_prompt, few_shot, grammar)
     rng = random.Random(seed)
-    train_stories = [s for s in STORIES if s.name not in HELD_OUT]
-    held_stories = [s for s in STORIES if s.name in HELD_OUT]
-    held_out = _rows(held_stories, eval_steps, eval_size, rng, head, max_number)
-    train = _rows(train_stories, train_steps, train_size or 2000, rng, head, max_number)
+    if grammar == "varied":
+        def draw(held_out: bool, steps: tuple[int, ...]):
+            while True:
+                question, chain, story = varied_problem(rng, held_out, max_number)
+                if len(chain) in steps:
+                    return question, chain, story
+    else:
+        def draw(held_out: bool, steps: tuple[int, ...]):
+            story = rng.choice([s for s in STORIES if (s.name in HELD_OUT) == held_out])
+            return (*_problem(story, rng.choice(steps), rng, NAMES, max_number), story.name)
+    held_out = _rows(lambda: draw(True, eval_steps), eval_size, head)
+    train = _rows(lambda: draw(False, train_steps), train_size or 2000, head)
     return train, held_out
 
 
-def _rows(
-    stories: list[Story], steps: tuple[int, ...], count: int, rng: random.Random, head: list[dict], max_number: int
-) -> list[dict]:
+GRAMMARS = ("varied", "simple")
+
+
+def prompt_head(system_prompt: str, few_shot: int, grammar: str = "varied") -> list[dict]:
+    """The chat turns before each question: the system message (if any) and ``few_shot`` worked examples."""
+    head = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    for question, answer in (WORKED_EXAMPLES if grammar == "varied" else SIMPLE_WORKED_EXAMPLES)[:few_shot]:
+        head += [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
+    return head
+
+
+def _rows(draw, count: int, head: list[dict]) -> list[dict]:
     rows, seen = [], set()
     attempts = 0
     while len(rows) < count:
         attempts += 1
         if attempts > 50 * count + 1000:
             raise ValueError(f"cannot generate {count} distinct word problems; ask for fewer")
-        story = rng.choice(stories)
-        n = rng.choice(steps)
-        question, chain = _problem(story, n, rng, NAMES, max_number)
+        question, chain, story = draw()
         if question in seen:
             continue
         seen.add(question)
         rows.append({"prompt": [*head, {"role": "user", "content": question}], "answer": str(chain[-1]),
-                     "chain": [str(v) for v in chain], "story": story.name, "steps": n})
+                     "chain": [str(v) for v in chain], "story": story, "steps": len(chain)})
     return rows

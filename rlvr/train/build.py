@@ -5,7 +5,7 @@ Each takes the config section it needs and returns a ready object; none of them 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -16,7 +16,7 @@ from rlvr.models import LoraSpec, load_tokenizer, load_trainable, model_context,
 from rlvr.prompts import plain_text
 from rlvr.rewards import RewardFn, WeightedReward, build_reward
 from rlvr.rollout import LocalSampler, Sampler, SamplingParams
-from rlvr.tasks import fit_prompts, load_task
+from rlvr.tasks import fit_prompts, load_extra_eval, load_task
 from rlvr.train.rollouts import EnvironmentObjects, EpisodeSetup, build_episode_setup
 
 
@@ -29,6 +29,7 @@ class TaskData:
     model_dir: Path
     tokenizer: object
     episodes: EpisodeSetup | None = None  # multi-turn episodes (env.factory or env.tools set)
+    extra_rows: list[dict] = field(default_factory=list)  # eval.extra_path's held-out rows (none: [])
 
     def close(self) -> None:
         """Release what the episodes' tools hold (nothing without episodes)."""
@@ -47,9 +48,10 @@ def load_data(cfg: RunConfig, environment: EnvironmentObjects | None = None) -> 
     """Rows, correctness check and tokenizer; prompt lengths are checked here, before any model loads, so bad
     input fails fast."""
     train_rows, eval_rows, check_name = load_task(cfg.task)
+    extra_rows = load_extra_eval(cfg.task, cfg.eval.extra_path) if cfg.eval.extra_path else []
     if not cfg.task.chat_template:  # base models: chat messages become a plain Q:/A: transcript
-        train_rows, eval_rows = ([{**r, "prompt": plain_text(r["prompt"])} for r in rows]
-                                 for rows in (train_rows, eval_rows))
+        train_rows, eval_rows, extra_rows = ([{**r, "prompt": plain_text(r["prompt"])} for r in rows]
+                                             for rows in (train_rows, eval_rows, extra_rows))
     check = build_reward(check_name)
     model_dir = resolve_model_dir(cfg.model.name)
     tokenizer = load_tokenizer(model_dir)
@@ -70,7 +72,12 @@ def load_data(cfg: RunConfig, environment: EnvironmentObjects | None = None) -> 
                                             encode, budget)
     eval_rows, dropped_eval = fit_prompts(tokenizer, eval_rows, room, cfg.task.drop_long_prompts, "eval", encode,
                                           budget)
-    return TaskData(train_rows, eval_rows, check, dropped_train + dropped_eval, model_dir, tokenizer, episodes)
+    dropped_extra = 0
+    if extra_rows:
+        extra_rows, dropped_extra = fit_prompts(tokenizer, extra_rows, room, cfg.task.drop_long_prompts,
+                                                "eval.extra_path", encode, budget)
+    return TaskData(train_rows, eval_rows, check, dropped_train + dropped_eval + dropped_extra, model_dir, tokenizer,
+                    episodes, extra_rows)
 
 
 def build_rewards(rewards: tuple[RewardConfig, ...]) -> list[WeightedReward]:

@@ -25,6 +25,7 @@ from rlvr.rollout.episodes import EpisodeStats
 from rlvr.seeds import round_seed, step_seed
 from rlvr.tasks import data_order
 from rlvr.train.build import build_sampler, sampling_params
+from rlvr.train.curriculum import Curriculum, stage_row_ids
 from rlvr.train.rollouts import EpisodeSetup, sample_scored
 
 if TYPE_CHECKING:
@@ -200,6 +201,8 @@ class SyncSource:
 
     def __init__(self, cfg: RunConfig, advantages: Advantages | None):
         self.cfg, self.advantages = cfg, advantages
+        self.curriculum = Curriculum.of(cfg.task)
+        self.stage = 0
 
     def open(self, run: Run, stack: contextlib.ExitStack) -> Sampler:
         sampler = build_sampler(self.cfg, run.model, run.data.tokenizer, run.run_dir)
@@ -209,18 +212,30 @@ class SyncSource:
     def next(self, run: Run, step: int) -> Collected:
         cfg, B = self.cfg, self.cfg.train.prompts_per_step
 
+        rows = run.data.train_rows
+
         def next_row_ids() -> list[int]:
-            ids = data_order(len(run.data.train_rows), cfg.train.seed, run.state["cursor"], B)
+            if self.curriculum:
+                return stage_row_ids(rows, self.curriculum.allowed(run.state), B, run.state,
+                                     lambda start, n: data_order(len(rows), cfg.train.seed, start, n))
+            ids = data_order(len(rows), cfg.train.seed, run.state["cursor"], B)
             run.state["cursor"] += B
             return ids
 
-        return collect(run.sampler, next_row_ids, run.data.train_rows, cfg.rollout.group_size,
-                       sampling_params(cfg.rollout), run.rewards, self.advantages,
-                       seed=step_seed(cfg.train.seed, step), dynamic_sampling=cfg.algo.dynamic_sampling,
-                       max_extra_rounds=cfg.algo.max_resample_rounds, episodes=run.data.episodes)
+        c = collect(run.sampler, next_row_ids, rows, cfg.rollout.group_size, sampling_params(cfg.rollout),
+                    run.rewards, self.advantages, seed=step_seed(cfg.train.seed, step),
+                    dynamic_sampling=cfg.algo.dynamic_sampling, max_extra_rounds=cfg.algo.max_resample_rounds,
+                    episodes=run.data.episodes)
+        if self.curriculum:  # the pass rate: the first reward's mean over everything sampled this step
+            first = Scores.concat([r.scores for r in c.rounds]).per_function[run.rewards[0].name]
+            self.curriculum.record(run.state, float(first[~torch.isnan(first)].mean()) if (~torch.isnan(first)).any()
+                                   else 0.0)
+            self.stage = run.state["curriculum_stage"]
+        return c
 
     def report(self) -> dict[str, float]:
-        return {}
+        """data/curriculum_stage: the stage the next step draws from (with task.curriculum)."""
+        return {"curriculum_stage": self.stage} if self.curriculum else {}
 
     def state(self) -> dict:
-        return {}  # the cursor lives in run.state already
+        return {}  # the cursor (and the curriculum's stage) live in run.state already

@@ -97,7 +97,7 @@ def run_loop(run: Run, source: BatchSource, update: Update) -> dict:
                 sections["episode"] = episodes
             report = source.report()
             if report:
-                sections["async"] = report
+                sections[source.name.strip() or "data"] = report  # async: the servers'; sync: the curriculum's
             metrics = namespaced(sections)
             run.after_step(step, metrics, batch, source.state(), started=t0)
             bar.set_postfix(reward=f"{metrics[REWARD]:.3f}", acc=f"{run.state['eval_accuracy']:.3f}")

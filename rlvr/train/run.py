@@ -19,7 +19,7 @@ import torch
 from rlvr.checkpoint import latest_valid, load_training_state, read_text, save_training_state
 from rlvr.config import RunConfig, config_changes, to_dict, to_yaml
 from rlvr.memory import return_freed_memory
-from rlvr.metrics import ACCURACY, MetricsWriter, plot_run
+from rlvr.metrics import ACCURACY, EXTRA_ACCURACY, MetricsWriter, plot_run
 from rlvr.models import ReferencePolicy, save_policy
 from rlvr.offline_models import original_name
 from rlvr.rewards import WeightedReward, check_rewards
@@ -131,11 +131,19 @@ class Run:
     started: float = field(default_factory=time.perf_counter)
     sampler: Sampler | None = None
 
-    def evaluate(self) -> float:
+    def evaluate(self, rows: list[dict] | None = None) -> float:
+        """Greedy accuracy on the task's held-out rows (or ``rows``)."""
         cfg = self.cfg
-        return evaluate(self.sampler, self.data.eval_rows, self.data.check, cfg.eval.batch_size,
-                        cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens, tuple(cfg.rollout.stop),
-                        self.data.episodes)
+        return evaluate(self.sampler, self.data.eval_rows if rows is None else rows, self.data.check,
+                        cfg.eval.batch_size, cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
+                        tuple(cfg.rollout.stop), self.data.episodes)
+
+    def evaluate_extra(self, metrics: dict) -> None:
+        """eval.extra_path's accuracy into ``metrics`` (nothing without one)."""
+        if self.data.extra_rows:
+            t0 = time.perf_counter()
+            metrics[EXTRA_ACCURACY] = self.evaluate(self.data.extra_rows)
+            metrics["eval/extra_time_s"] = time.perf_counter() - t0
 
     def checkpoint(self, step: int) -> Path:
         elapsed = self.state["elapsed_s"] + time.perf_counter() - self.started
@@ -146,8 +154,9 @@ class Run:
         """Held-out accuracy of the starting weights (a fresh run only)."""
         if self.start == 0:
             self.state["eval_accuracy_before"] = self.state["eval_accuracy"] = self.evaluate()
-            self.writer.log(0, {ACCURACY: self.state["eval_accuracy"],
-                                "eval/dropped_prompts": self.state["dropped_prompts"]})
+            metrics = {ACCURACY: self.state["eval_accuracy"], "eval/dropped_prompts": self.state["dropped_prompts"]}
+            self.evaluate_extra(metrics)
+            self.writer.log(0, metrics)
 
     def after_step(self, step: int, metrics: dict, c: Collected, source_state: dict, started: float) -> None:
         """Evaluate when due, log (with the step's wall time since ``started``), guard against non-finite updates,
@@ -157,6 +166,7 @@ class Run:
             t0 = time.perf_counter()
             self.state["eval_accuracy"] = metrics[ACCURACY] = self.evaluate()
             metrics["eval/time_s"] = time.perf_counter() - t0
+            self.evaluate_extra(metrics)
         metrics["time/step_s"] = time.perf_counter() - started
         self.writer.log(step, metrics)
         self.writer.log_samples(step, sample_records(c, self.data.train_rows, cfg.log.sample_token_ids))

@@ -84,7 +84,8 @@ _COLUMN_MAP = ("system_prompt", "prompt_column", "prompt_template", "answer_colu
 _JSONL_FIELDS = ("train_path", "eval_path", "eval_fraction", "seed", *_COLUMN_MAP)
 TASK_FIELDS: dict[str, tuple[str, ...]] = {
     "arithmetic": ("digits", "operators", "train_size", "seed", "system_prompt"),
-    "word_problems": ("train_size", "seed", "system_prompt", "train_steps", "eval_steps", "few_shot", "max_number"),
+    "word_problems": ("train_size", "seed", "system_prompt", "train_steps", "eval_steps", "few_shot", "max_number",
+                      "grammar", "curriculum", "curriculum_pass_rate", "curriculum_stage_steps"),
     "tool_problems": ("train_size", "seed", "system_prompt", "few_shot", "problem_kind", "example_kind"),
     "jsonl": _JSONL_FIELDS,
     "math_jsonl": _JSONL_FIELDS,
