@@ -213,7 +213,8 @@ _TENSES = re.compile(r"\[([^|\]]*)\|([^\]]*)\]")  # "[present|past]"
 
 
 def varied_problem(rng: random.Random, held_out: bool, max_number: int) -> tuple[str, list[int], str]:
-    """(question, chain, setting name) of one problem; the chain has 1-4 operations."""
+    """(question, chain, setting name) of one problem; the chain has 1-6 operations (callers keep the counts they
+    want)."""
     phrase = _Phrases(rng, held_out)
     kind = rng.choices(("story", "measure", "price"), weights=(10, 1, 1))[0]
     for _ in range(100):  # a draw whose amounts leave the allowed range is drawn again
@@ -243,13 +244,15 @@ def _story(rng, phrase, held_out, max_number):
     where = {"items": setting.items, "groups": setting.groups, "box": setting.box, "place": setting.place}
     inverse = rng.random() < 0.12  # the end amount is told, the start asked for ("How many did she have at first?")
     phrase.past = phrase.past or inverse
-    if rng.random() < 0.2 and not inverse:
+    if inverse:  # (its start is not told: no phrasing is drawn for it)
+        value, start, chain = rng.randint(2, max_number), "", []
+    elif rng.random() < 0.2:
         x, y = rng.randint(2, 5), rng.randint(2, max(2, min(6, max_number // 2)))
         start, value, chain = _say(phrase(START_GROUPS), **who, **where, x=x, y=y), x * y, [x * y]
     else:
         value = rng.randint(2, max_number)
         start, chain = _say(phrase(START), **who, **where, x=value), []
-    first, events, undo = value, [], []  # undo: the amounts met when working back from the end
+    events, undo = [], []  # undo: the amounts met when working back from the end
     for _ in range(rng.choice((1, 2, 2))):
         made = _event(rng, phrase, value, max_number)
         if made is None:
@@ -282,7 +285,6 @@ def _story(rng, phrase, held_out, max_number):
     else:
         taken = op in ("sub", "sub_groups", "half", "div")  # the last event took some away: "How many are left?"
         sentences.append(_say(phrase(QUESTION_LEFT if taken and rng.random() < 0.5 else QUESTION), **who, **where))
-    assert first == value or chain  # (the start amount is the answer only of an inverse problem)
     return " ".join(sentences), chain, setting.name
 
 

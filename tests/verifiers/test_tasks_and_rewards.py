@@ -94,3 +94,23 @@ def test_math_task_from_the_cli(tiny_model_dir, tmp_path):
                        "task.eval_path=examples/data/word_problems_eval.jsonl", "task.eval_size=4",
                        "rewards=[{name: math_correct, kwargs: {timeout_s: 3}}, {name: format, weight: 0.1}]")
     assert records[1]["rollout/reward/math_correct_missing"] == 0 and "rollout/reward/format_mean" in records[1]
+
+
+def test_extra_eval_set_of_a_jsonl_task_reads_like_its_eval_path(tmp_path):
+    """eval.extra_path with a JSONL task: the rows come through the task's column map (the question column and
+    the step-by-step system message, GSM8K's answer format); any other task refuses it."""
+    from rlvr.config import load_config
+    from rlvr.tasks import load_extra_eval
+
+    extra = tmp_path / "extra.jsonl"
+    extra.write_text('{"question": "What is 2 + 3?", "answer": "Add them.\\n#### 5"}\n')
+    cfg = load_config(None, ["task.name=math_jsonl", "task.train_path=examples/data/math_train.jsonl",
+                             "task.eval_path=examples/data/math_eval.jsonl", "task.prompt_column=question",
+                             "task.answer_column=answer", "task.answer_format=gsm8k",
+                             "rewards=[{name: math_correct}]"])
+    (row,) = load_extra_eval(cfg.task, str(extra))
+    assert row["prompt"][-1] == {"role": "user", "content": "What is 2 + 3?"} and row["answer"] == "5"
+    assert row["prompt"][0]["role"] == "system"
+    arithmetic = load_config(None, [])
+    with pytest.raises(ValueError, match="eval.extra_path works with task.name word_problems or a JSONL task"):
+        load_extra_eval(arithmetic.task, str(extra))
