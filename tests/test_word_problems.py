@@ -117,7 +117,7 @@ def test_reasoning_example_runs_two_steps(tiny_model_dir, tmp_path):
     args = [f"model.name={tiny_model_dir}", "model.lora_r=4", f"output_dir={out}", "train.steps=2",
             "rollout.group_size=2", "rollout.max_new_tokens=8", "train.prompts_per_step=2", "task.eval_size=4",
             "eval.batch_size=4", "log.progress=false", "task.system_prompt=Be brief.",
-            "task.few_shot=0"]  # a 256-token context
+            "task.few_shot=0", "task.drop_long_prompts=true"]  # a 256-token context
     assert main(["train", "examples/reasoning.yaml", *args]) == 0
     records = read_metrics(out / "metrics.jsonl")
     assert [r["step"] for r in records] == [0, 1, 2]
@@ -140,6 +140,7 @@ def test_curriculum_and_a_second_eval_set_in_a_run(tiny_model_dir, tmp_path, cap
             "rollout.group_size=2", "rollout.max_new_tokens=8", "train.prompts_per_step=3", "task.eval_size=4",
             "eval.batch_size=4", "log.progress=false", "task.system_prompt=Be brief.", "task.few_shot=0",
             "task.train_steps=[2, 3]", "task.curriculum=[1]", "task.curriculum_stage_steps=1",
+            "task.drop_long_prompts=true",
             f"eval.extra_path={extra}"]
     assert main(["train", "examples/reasoning.yaml", *args]) == 0
     records = read_metrics(out / "metrics.jsonl")
