@@ -1,6 +1,6 @@
 """Before/after on the independently written word problems: accuracy by kind of problem, and greedy samples.
 
-    python benchmarks/reasoning_samples.py RUN_DIR [--rows 8] [--out docs/reasoning_samples.md]
+    python benchmarks/reasoning_samples.py RUN_DIR [--rows 8] [--out benchmarks/results/reasoning_samples.md]
 
 Decodes every row of the run's eval.extra_path set greedily with the base model and with the run's adapter (the
 run's own config: prompt, stop strings, precision) and writes a markdown page: accuracy per ``kind`` column before
@@ -43,7 +43,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("run", type=Path)
     parser.add_argument("--rows", type=int, default=8)
-    parser.add_argument("--out", default="docs/reasoning_samples.md")
+    parser.add_argument("--out", default="benchmarks/results/reasoning_samples.md")
     args = parser.parse_args()
     import torch
     from peft import PeftModel
@@ -75,7 +75,7 @@ def main() -> None:
     shown = 0
     for row, b, a, rb, ra in zip(raw, before, after, right_before, right_after):
         if rb != ra and shown < args.rows:
-            cell = lambda text, ok: text.strip().replace("\n", " / ").replace("|", "\\|") + (" **right**" if ok else "")  # noqa: E731
+            cell = lambda text, ok: text.strip().replace("\n", " / ").replace("|", "\\|") + (" **right**" if ok else "")
             lines.append(f"| {row['question']} ({row['answer']}) | {cell(b, rb)} | {cell(a, ra)} |")
             shown += 1
     (ROOT / args.out).write_text("\n".join(lines) + "\n")

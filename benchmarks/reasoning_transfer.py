@@ -3,7 +3,8 @@
 
     python benchmarks/reasoning_transfer.py LABEL=RUN_DIR [LABEL=RUN_DIR ...] --out docs/reasoning_transfer
 
-writes OUT.png (both curves of every run) and OUT.md (before, after, gain and minutes per run). Each RUN_DIR is a
+writes OUT.png (both curves of every run) and benchmarks/results/reasoning_transfer.md (before, after, gain and
+minutes per run). Each RUN_DIR is a
 finished `rlvr train` run whose config set eval.extra_path (examples/data/word_problems_independent.jsonl).
 """
 
@@ -54,7 +55,7 @@ def main() -> None:
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("greedy accuracy (%)")
     axes[1].legend(fontsize=8, loc="upper left")
-    fig.suptitle("SmolLM2-135M-Instruct + LoRA on word problems, 2 CPU cores", fontsize=10)
+    fig.suptitle("word problems, LoRA, GRPO (DAPO) on 2 CPU cores", fontsize=10)
     out = ROOT / args.out
     fig.savefig(out.with_suffix(".png"), dpi=110)
 
@@ -64,7 +65,7 @@ def main() -> None:
         (_, g0, i0), (_, g1, i1) = run["evals"][0], run["evals"][-1]
         lines.append(f"| {run['label']} | {run['steps']} | {run['minutes']:.1f} | {g0:.0f} → {g1:.0f} % "
                      f"({g1 - g0:+.0f}) | {i0:.0f} → {i1:.0f} % ({i1 - i0:+.0f}) |")
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    (ROOT / "benchmarks" / "results" / "reasoning_transfer.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

@@ -35,7 +35,7 @@ def test_stage_ends_after_three_passing_steps_or_the_cap():
 
 def test_rows_of_other_stages_are_skipped_in_stream_order():
     rows = [{"steps": s} for s in (1, 2, 2, 1, 3, 2, 1, 2, 3, 1)]
-    order = lambda start, n: data_order(len(rows), 5, start, n)  # noqa: E731
+    order = lambda start, n: data_order(len(rows), 5, start, n)
     stream = data_order(len(rows), 5, 0, 30)
     state = {"cursor": 0}
     got = stage_row_ids(rows, (2,), 3, state, order) + stage_row_ids(rows, (2,), 3, state, order)

@@ -1,5 +1,5 @@
-"""The word-problem task's simple grammar: deterministic per seed, every answer re-derived here from the question text by an
-independent parser, held-out stories never in training."""
+"""The word-problem task's simple grammar: deterministic per seed, every answer re-derived here from the question
+text by an independent parser, held-out stories never in training."""
 
 import re
 

@@ -153,5 +153,15 @@ def data_order(num_rows: int, seed: int, start: int, count: int) -> list[int]:
     return out
 
 
-__all__ = ["ColumnMap", "arithmetic_rows", "data_order", "fit_prompts", "hf_rows", "load_jsonl", "load_extra_eval", "load_task",
-           "reward_columns", "split_off"]
+__all__ = [
+    "ColumnMap",
+    "arithmetic_rows",
+    "data_order",
+    "fit_prompts",
+    "hf_rows",
+    "load_extra_eval",
+    "load_jsonl",
+    "load_task",
+    "reward_columns",
+    "split_off",
+]

@@ -60,7 +60,8 @@ class Lexicon:
 
 # "[present|past]": a problem is told in one tense, drawn per problem (people write word problems in both).
 START = Lexicon(
-    ("{w} [has|had] {x} {items}.", "There [are|were] {x} {items} in {p} {place}.", "{w} [starts|started] with {x} {items}.",
+    ("{w} [has|had] {x} {items}.", "There [are|were] {x} {items} in {p} {place}.",
+     "{w} [starts|started] with {x} {items}.",
      "{w} had {x} {items} this morning.", "{w} [collects|collected] {x} {items}."),
     ("{w} [owns|owned] {x} {items}.", "{p} {place} [holds|held] {x} {items}.", "At first, {w} [has|had] {x} {items}."),
 )
@@ -71,9 +72,11 @@ START_GROUPS = Lexicon(  # x groups of y
 ADD = Lexicon(
     ("{w} [buys|bought] {x} more {items}.", "{f} [gives|gave] {o} {x} more {items}.", "{w} [finds|found] {x} more.",
      "{w} [gets|got] {x} {items} as a present.", "{w} [wins|won] {x} {items} at the fair.",
-     "{w} [picks|picked] up {x} more {items}.", "{w} [is|was] given {x} more.", "{f} [brings|brought] {x} more {items}.",
+     "{w} [picks|picked] up {x} more {items}.", "{w} [is|was] given {x} more.",
+     "{f} [brings|brought] {x} more {items}.",
      "{w} [makes|made] {x} more."),
-    ("{w} [receives|received] another {x}.", "{f} [hands|handed] {o} {x} extra {items}.", "{w} [collects|collected] {x} more.",
+    ("{w} [receives|received] another {x}.", "{f} [hands|handed] {o} {x} extra {items}.",
+     "{w} [collects|collected] {x} more.",
      "{x} more {items} [are|were] added."),
 )
 SUB = Lexicon(
@@ -82,7 +85,8 @@ SUB = Lexicon(
      "{w} [gives|gave] away {x}.", "A dog [runs|ran] off with {x}.", "{w} [trades|traded] away {x} {items}.",
      "{w} [eats|ate] {x} of them.", "{x} of them [break|broke]."),
     ("{w} [donates|donated] {x} {items} to the school.", "{f} [borrows|borrowed] {x} and [keeps|kept] them.",
-     "{w} [throws|threw] away {x} {items}.", "A fox [takes|took] {x}.", "{x} {items} [are|were] left behind at the park."),
+     "{w} [throws|threw] away {x} {items}.", "A fox [takes|took] {x}.",
+     "{x} {items} [are|were] left behind at the park."),
 )
 ADD_GROUPS = Lexicon(  # + x groups of y
     ("{w} [buys|bought] {x} {groups} of {y} {items}.", "{w} [gets|got] {x} more {groups} with {y} {items} in each.",
@@ -106,7 +110,8 @@ DIV = Lexicon(  # split into x equal groups, one kept
      "{w} [shares|shared] the {items} equally among {x} friends, {o} included; count {p} share."),
     ("{w} [divides|divided] the {items} evenly into {x} {groups}; count one {box}.",),
 )
-HALF = Lexicon(("{w} [gives|gave] away half of them.", "{w} [keeps|kept] half of the {items} and [gives|gave] the rest away."),
+HALF = Lexicon(("{w} [gives|gave] away half of them.",
+                "{w} [keeps|kept] half of the {items} and [gives|gave] the rest away."),
                ("Half of the {items} [are|were] sold.",))
 DISTRACTOR = Lexicon(
     ("{w} is {x} years old.", "{f} [has|had] {x} {items} of {f_p} own.", "It [is|was] {x} o'clock.",
@@ -155,7 +160,8 @@ MEASURES = (
             Lexicon(("{w} ties on another {x} metres.",), ("{w} adds {x} metres of ribbon.",)),
             Lexicon(("{w} cuts off {x} metres.",), ("{x} metres are used for a bow.",)),
             Lexicon(("{w} ties on {x} pieces of {y} metres each.",), ("{w} adds {x} pieces, each {y} metres long.",)),
-            Lexicon(("{w} cuts off {x} pieces of {y} metres each.",), ("{w} snips {x} pieces that are {y} metres each.",)),
+            Lexicon(("{w} cuts off {x} pieces of {y} metres each.",),
+                    ("{w} snips {x} pieces that are {y} metres each.",)),
             Lexicon(("How many metres of ribbon are left?",), ("How long is the ribbon now, in metres?",))),
     Measure("piano", Lexicon(("{w} plans to practise the piano for {x} minutes.",),
                              ("{w} sets aside {x} minutes for piano practice.",)),
@@ -169,17 +175,19 @@ MEASURES = (
     Measure("tank", Lexicon(("A tank holds {x} litres of water.",), ("There are {x} litres of water in a tank.",)),
             Lexicon(("{w} pours in {x} more litres.",), ("Rain adds {x} litres.",)),
             Lexicon(("{x} litres leak out.",), ("{w} drains {x} litres.",)),
-            Lexicon(("{w} pours in {x} buckets of {y} litres each.",), ("{x} jugs holding {y} litres each are emptied in.",)),
-            Lexicon(("{w} fills {x} bottles of {y} litres each from it.",), ("{x} pots of {y} litres each are taken out.",)),
+            Lexicon(("{w} pours in {x} buckets of {y} litres each.",),
+                    ("{x} jugs holding {y} litres each are emptied in.",)),
+            Lexicon(("{w} fills {x} bottles of {y} litres each from it.",),
+                    ("{x} pots of {y} litres each are taken out.",)),
             Lexicon(("How many litres are in the tank now?",), ("How much water, in litres, is in the tank now?",))),
 )
 HELD_OUT_MEASURES = ("tank",)
 PRICE = Lexicon(  # money: x dollars, buys y items at z dollars each
     ("{w} has {x} dollars. {w} buys {y} {items} at {z} dollars each. How many dollars does {w} have left?",
-     "Each of the {items} costs {z} dollars. {w} buys {y} of them and pays with {x} dollars. How much change does "
-     "{w} get, in dollars?"),
-    ("{w} takes {x} dollars to the shop, where {items} cost {z} dollars apiece. After buying {y}, how many dollars "
-     "are left?",),
+     ("Each of the {items} costs {z} dollars. {w} buys {y} of them and pays with {x} dollars. How much change does "
+      "{w} get, in dollars?")),
+    (("{w} takes {x} dollars to the shop, where {items} cost {z} dollars apiece. After buying {y}, how many dollars "
+      "are left?"),),
 )
 
 NAMES = (("Ana", "she", "her", "her"), ("Ben", "he", "him", "his"), ("Chen", "he", "him", "his"),

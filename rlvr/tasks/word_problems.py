@@ -1,10 +1,10 @@
 """The built-in word-problem task: stories generated from a seed, held out by story (and, in the default
 ``varied`` grammar, by phrasing: ``rlvr.tasks.varied_problems``).
 
-In the ``simple`` grammar (this module) a problem is a starting amount followed by 0-2 further events, each one operation (+, -, x, /), told in
-the words of one story template (a baker's loaves, a library's books, ...). Every template phrases every
-operation several ways, so wording varies within a template too. Numbers are drawn so every intermediate
-amount is a whole, non-negative number (divisions are exact).
+In the ``simple`` grammar (this module) a problem is a starting amount followed by 0-2 further events, each one
+operation (+, -, x, /), told in the words of one story template (a baker's loaves, a library's books, ...).
+Every template phrases every operation several ways, so wording varies within a template too. Numbers are drawn
+so every intermediate amount is a whole, non-negative number (divisions are exact).
 
 Held-out split: the templates named in ``HELD_OUT`` never produce a training row, so held-out accuracy
 measures transfer to stories the model never trained on, not memorised wording. The held-out rows are
@@ -26,14 +26,14 @@ REASONING_SYSTEM_PROMPT = "Solve the problem. Write one calculation per sentence
 # grammar's show a group ("2 boxes of 4"), two events in one sentence, a distractor and a difference, still
 # one calculation per line (two on a line, the trained model ran them together: docs/experiments/word_problems.md).
 WORKED_EXAMPLES = (
-    ("Tom has 3 pens. He buys 2 boxes of 4 pens and then gives 5 pens to his sister. How many pens does Tom have "
-     "now?",
-     "Tom has 3 pens.\nHe buys 2 boxes of 4 pens: 2 * 4 = 8\nNow he has 3 + 8 = 11\nHe gives 5 pens to his sister: "
-     "11 - 5 = 6\nThe answer is 6."),
-    ("Sue is 9 years old. She bakes 12 cakes, and her friends eat 4 of them. Her brother bakes 5 cakes. How many "
-     "more cakes does Sue have than her brother?",
-     "Sue bakes 12 cakes.\nHer friends eat 4 of them: 12 - 4 = 8\nSue has 8 and her brother has 5: 8 - 5 = 3\n"
-     "The answer is 3."),
+    (("Tom has 3 pens. He buys 2 boxes of 4 pens and then gives 5 pens to his sister. How many pens does Tom have "
+      "now?"),
+     ("Tom has 3 pens.\nHe buys 2 boxes of 4 pens: 2 * 4 = 8\nNow he has 3 + 8 = 11\nHe gives 5 pens to his sister: "
+      "11 - 5 = 6\nThe answer is 6.")),
+    (("Sue is 9 years old. She bakes 12 cakes, and her friends eat 4 of them. Her brother bakes 5 cakes. How many "
+      "more cakes does Sue have than her brother?"),
+     ("Sue bakes 12 cakes.\nHer friends eat 4 of them: 12 - 4 = 8\nSue has 8 and her brother has 5: 8 - 5 = 3\n"
+      "The answer is 3.")),
 )
 SIMPLE_WORKED_EXAMPLES = (  # the simple grammar's (runs A-K of docs/experiments/word_problems.md)
     ("Tom has 3 pens. He buys 4 more. He gives away 2. How many pens does Tom have?",
