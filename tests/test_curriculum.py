@@ -33,6 +33,16 @@ def test_stage_ends_after_three_passing_steps_or_the_cap():
     assert c.allowed(state) == (2, 3)  # the last stage lasts
 
 
+def test_a_checkpoint_state_from_another_curriculum_is_refused():
+    c = Curriculum(stages=((1,), (2, 3)), pass_rate=0.5, max_stage_steps=4)
+    for bad in (2, -1, "1", 1.0):
+        with pytest.raises(ValueError, match="curriculum stage .* which task.curriculum \\(stages 0-1\\)"):
+            c.allowed({"curriculum_stage": bad})
+    for history in ({"curriculum_recent": "x"}, {"curriculum_recent": [None]}, {"curriculum_stage_taken": "3"}):
+        with pytest.raises(ValueError, match="malformed curriculum history"):
+            c.record(dict(history), 0.5)
+
+
 def test_rows_of_other_stages_are_skipped_in_stream_order():
     rows = [{"steps": s} for s in (1, 2, 2, 1, 3, 2, 1, 2, 3, 1)]
     order = lambda start, n: data_order(len(rows), 5, start, n)

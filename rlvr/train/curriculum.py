@@ -32,19 +32,32 @@ class Curriculum:
                    task.curriculum_stage_steps)
 
     def allowed(self, state: dict) -> tuple[int, ...]:
-        return self.stages[state.get("curriculum_stage", 0)]
+        return self.stages[self._stage(state)]
 
     def record(self, state: dict, pass_rate: float) -> None:
         """After a step: note its pass rate and move to the next stage when due (``state`` is the run's loop state,
         saved in checkpoints)."""
-        stage = state.get("curriculum_stage", 0)
+        stage = self._stage(state)
         if stage == len(self.stages) - 1:
             return
-        recent = [*state.get("curriculum_recent", []), pass_rate][-WINDOW:]
-        taken = state.get("curriculum_stage_taken", 0) + 1
+        recent, taken = state.get("curriculum_recent", []), state.get("curriculum_stage_taken", 0)
+        if not (isinstance(recent, list) and all(type(r) in (int, float) for r in recent) and type(taken) is int):
+            raise ValueError("the checkpoint's loop state holds a malformed curriculum history; resume from another "
+                             "checkpoint")
+        recent, taken = [*recent, pass_rate][-WINDOW:], taken + 1
         if (len(recent) == WINDOW and min(recent) >= self.pass_rate) or taken >= self.max_stage_steps:
             stage, recent, taken = stage + 1, [], 0
         state.update(curriculum_stage=stage, curriculum_recent=recent, curriculum_stage_taken=taken)
+
+
+    def _stage(self, state: dict) -> int:
+        """The stage in ``state`` (0 before the first step), checked: a checkpoint's loop state is input too."""
+        stage = state.get("curriculum_stage", 0)
+        if type(stage) is not int or not 0 <= stage < len(self.stages):
+            raise ValueError(f"the checkpoint's loop state is at curriculum stage {stage!r}, which task.curriculum "
+                             f"(stages 0-{len(self.stages) - 1}) does not have; resume with the curriculum it was "
+                             "written with, or from another checkpoint")
+        return stage
 
 
 def stage_row_ids(rows: list[dict], allowed: tuple[int, ...], count: int, state: dict,
