@@ -98,7 +98,8 @@ class TaskConfig:
     hf, jsonl and math_jsonl replace the arithmetic default with their own step-by-step instruction, code_jsonl
     with none."""
     train_steps: tuple[int, ...] = (1, 2)
-    """word_problems: operations per training problem, drawn from this list (1-3)."""
+    """word_problems: operations per training problem, drawn from this list (1-4 in the varied grammar, 1-3 in the
+    simple one)."""
     eval_steps: tuple[int, ...] = (2,)
     """word_problems: operations per held-out problem (held-out problems come from stories never trained on)."""
     few_shot: int = 2
