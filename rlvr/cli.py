@@ -47,15 +47,16 @@ def _eval(args: argparse.Namespace) -> int:
         from peft import PeftModel
 
         model = PeftModel.from_pretrained(model, run_dir / "adapter")
-    accuracy = evaluate(
-        build_local_sampler(cfg, model.eval(), data.tokenizer), data.eval_rows, data.check, cfg.eval.batch_size,
-        cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens, tuple(cfg.rollout.stop), data.episodes,
-    )
+    sampler = build_local_sampler(cfg, model.eval(), data.tokenizer)
+
+    def accuracy_on(rows: list[dict]) -> float:
+        return evaluate(sampler, rows, data.check, cfg.eval.batch_size,
+                        cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens, tuple(cfg.rollout.stop), data.episodes)
+
+    accuracy = accuracy_on(data.eval_rows)
     extra = {}
     if data.extra_rows:  # eval.extra_path
-        extra = {"extra_size": len(data.extra_rows), "extra_accuracy": evaluate(
-            build_local_sampler(cfg, model, data.tokenizer), data.extra_rows, data.check, cfg.eval.batch_size,
-            cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens, tuple(cfg.rollout.stop), data.episodes)}
+        extra = {"extra_size": len(data.extra_rows), "extra_accuracy": accuracy_on(data.extra_rows)}
     data.close()
     name = str(run_dir / "model") if trained_full else cfg.model.name
     print(json.dumps({"model": name, "trained": run_dir is not None, "eval_size": len(data.eval_rows),
