@@ -129,7 +129,9 @@ class TaskConfig:
     grammar: str = "varied"
     """word_problems: varied (groups, prices, units, two events in a sentence, events out of order, distractors,
     differences; 1-4 operations; held out by setting and by phrasing) or simple (one operation per sentence, 1-3;
-    held out by story; the grammar of docs/experiments/word_problems.md runs A-K)."""
+    held out by story; the grammar of docs/experiments/word_problems.md runs A-K) or mixed (1-3 operations: each
+    training row simple or varied with equal odds, the simple ones free of the varied held-out settings and of the
+    words only its held-out phrasings use; held out and prompted like varied)."""
     train_path: str = ""
     """jsonl tasks: training rows, one JSON object per line (prompt or messages, or the columns the column map
     names: prompt_column, answer_column; docs/data.md)."""
@@ -473,7 +475,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "task.name": TASKS,
     "task.answer_format": ("raw", "gsm8k", "math"),
     "task.problem_kind": ("products", "word", "two_step"),
-    "task.grammar": ("varied", "simple"),
+    "task.grammar": ("varied", "simple", "mixed"),
     "model.autocast": ("none", "bf16"),
     "rollout.precision": ("auto", "fp32", "bf16"),
     "algo.name": ALGORITHMS,

@@ -176,7 +176,37 @@ def test_worked_examples_are_right():
 
 
 def test_bad_grammar_and_steps_are_errors():
-    with pytest.raises(ValueError, match="grammar must be one of varied, simple"):
+    with pytest.raises(ValueError, match="grammar must be one of varied, simple, mixed"):
         word_problem_rows(10, 10, 0, "", grammar="fancy")
     with pytest.raises(ValueError, match="steps must be among 1, 2, 3, 4 in the varied grammar"):
         word_problem_rows(10, 10, 0, "", train_steps=(5,))
+
+
+def test_held_only_words_are_the_held_phrasings_own():
+    words = vp.held_only_words()
+    assert {"fox", "remain", "earlier", "apiece", "donates"} <= words  # only held-out phrasings say these
+    assert not words & {"gives", "buys", "more", "then", "before", "left", "each"}  # training phrasings say these
+
+
+def test_mixed_grammar_trains_on_both_and_holds_out_like_varied():
+    train, held_out = word_problem_rows(eval_size=200, train_size=1200, seed=5, system_prompt="S",
+                                        train_steps=(2, 3), eval_steps=(2, 3), few_shot=2, max_number=12,
+                                        grammar="mixed")
+    simple = [r for r in train if r["grammar"] == "simple"]
+    assert 0.4 < len(simple) / len(train) < 0.6 and {r["grammar"] for r in held_out} == {"varied"}
+    held_names = set(vp.HELD_OUT_SETTINGS) | set(vp.HELD_OUT_MEASURES)
+    assert not {r["story"] for r in train} & held_names and {r["story"] for r in held_out} <= held_names
+    banned = vp.held_only_words()
+    for row in simple:  # no held-out setting's word, no word only the held-out phrasings use
+        words = {w.lower() for w in re.findall(r"[A-Za-z]+", row["prompt"][-1]["content"])}
+        assert not words & banned and row["story"] not in ("books", "loaves", "seats", "fish"), row
+    for row in train:
+        if row["grammar"] == "varied":
+            assert read(row["story"], row["prompt"][-1]["content"])[2] == {False}
+    for row in held_out:
+        value, steps, used = read(row["story"], row["prompt"][-1]["content"])
+        assert value == int(row["answer"]) and steps == row["steps"] and True in used
+    assert all(r["prompt"][1]["content"] == WORKED_EXAMPLES[0][0] for r in train + held_out)  # varied examples
+    assert {r["steps"] for r in train} == {2, 3}
+    with pytest.raises(ValueError, match="steps must be among 1, 2, 3 in the mixed grammar"):
+        word_problem_rows(10, 10, 0, "", train_steps=(4,), grammar="mixed")

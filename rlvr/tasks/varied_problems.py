@@ -220,6 +220,19 @@ class _Phrases:
 _TENSES = re.compile(r"\[([^|\]]*)\|([^\]]*)\]")  # "[present|past]"
 
 
+def held_only_words() -> set[str]:
+    """The words (lower case) of held-out phrasings that no training phrasing uses ("fox", "remain", ...): a row
+    of another grammar trained beside this one must not contain them."""
+    lexicons = [v for v in globals().values() if isinstance(v, Lexicon)]
+    lexicons += [getattr(m, f) for m in MEASURES for f in ("start", "add", "sub", "add_groups", "sub_groups",
+                                                           "question")]
+
+    def words(templates) -> set[str]:
+        return {w.lower() for t in templates for w in re.findall(r"[A-Za-z]+", re.sub(r"\{\w+\}", "", t))}
+
+    return words(t for lex in lexicons for t in lex.held) - words(t for lex in lexicons for t in lex.train)
+
+
 def varied_problem(rng: random.Random, held_out: bool, max_number: int) -> tuple[str, list[int], str]:
     """(question, chain, setting name) of one problem; the chain has 1-6 operations (callers keep the counts they
     want)."""

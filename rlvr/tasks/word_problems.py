@@ -14,9 +14,10 @@ measures transfer to stories the model never trained on, not memorised wording. 
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import dataclass
 
-from rlvr.tasks.varied_problems import varied_problem
+from rlvr.tasks.varied_problems import HELD_OUT_SETTINGS, held_only_words, varied_problem
 
 REASONING_SYSTEM_PROMPT = "Solve the problem. Write one calculation per sentence, then the answer."
 
@@ -188,50 +189,70 @@ def word_problem_rows(
     grammar: str = "varied",
 ) -> tuple[list[dict], list[dict]]:
     """Train rows from the training stories, held-out rows from the held-out ones: ``{"prompt", "answer",
-    "chain"}`` (``chain``: the amount after each operation, for partial credit), plus ``story`` and ``steps``
-    (operations). Each prompt is the system message, ``few_shot`` worked examples as user/assistant turns, the
-    question. ``grammar``: ``varied`` (``rlvr.tasks.varied_problems``: 1-4 operations, held out by setting and
-    phrasing) or ``simple`` (one operation per sentence, 1-3, held out by story).
+    "chain"}`` (``chain``: the amount after each operation, for partial credit), plus ``story``, ``steps``
+    (operations) and ``grammar`` (the row's: varied or simple). Each prompt is the system message, ``few_shot``
+    worked examples as user/assistant turns, the question. ``grammar``: ``varied``
+    (``rlvr.tasks.varied_problems``: 1-4 operations, held out by setting and phrasing), ``simple`` (one operation
+    per sentence, 1-3, held out by story) or ``mixed`` (1-3 operations; each training row simple or varied with
+    equal odds, its simple rows free of the varied grammar's held-out settings and of every word only its
+    held-out phrasings use; held out and prompted like ``varied``).
 
     ``train_size`` 0 means 2,000 rows. Questions are distinct within each split; the splits cannot share
     one, since no story is in both.
     """
     if grammar not in GRAMMARS:
         raise ValueError(f"word_problems grammar must be one of {', '.join(GRAMMARS)}; got {grammar!r}")
-    allowed = (1, 2, 3) if grammar == "simple" else (1, 2, 3, 4)
+    allowed = (1, 2, 3, 4) if grammar == "varied" else (1, 2, 3)
     bad = [s for s in (*train_steps, *eval_steps) if s not in allowed]
     if bad or not train_steps or not eval_steps:
         raise ValueError(f"word_problems steps must be among {', '.join(map(str, allowed))} in the {grammar} "
                          f"grammar; got train {train_steps}, eval {eval_steps}")
-    examples = WORKED_EXAMPLES if grammar == "varied" else SIMPLE_WORKED_EXAMPLES
+    examples = SIMPLE_WORKED_EXAMPLES if grammar == "simple" else WORKED_EXAMPLES
     if not 0 <= few_shot <= len(examples):
         raise ValueError(f"word_problems few_shot must be 0-{len(examples)}; got {few_shot}")
     if max_number < 4:
         raise ValueError(f"word_problems max_number must be at least 4; got {max_number}")
     head = prompt_head(system_prompt, few_shot, grammar)
     rng = random.Random(seed)
-    if grammar == "varied":
-        def draw(held_out: bool, steps: tuple[int, ...]):
+
+    def varied(held_out: bool, steps: tuple[int, ...]):
+        while True:
+            question, chain, setting = varied_problem(rng, held_out, max_number)
+            if len(chain) in steps:
+                return question, chain, setting, "varied"
+
+    def simple(held_out: bool, steps: tuple[int, ...], stories=STORIES):
+        story = rng.choice([s for s in stories if (s.name in HELD_OUT) == held_out])
+        return (*_problem(story, rng.choice(steps), rng, NAMES, max_number), story.name, "simple")
+
+    if grammar == "mixed":  # simple rows that share no setting or held-only word with the varied held-out split
+        clean = tuple(s for s in STORIES if s.name not in HELD_OUT_SETTINGS)
+        banned = held_only_words()
+
+        def simple_clean(steps: tuple[int, ...]):
             while True:
-                question, chain, story = varied_problem(rng, held_out, max_number)
-                if len(chain) in steps:
-                    return question, chain, story
-    else:
+                made = simple(False, steps, clean)
+                if not {w.lower() for w in re.findall(r"[A-Za-z]+", made[0])} & banned:
+                    return made
+
         def draw(held_out: bool, steps: tuple[int, ...]):
-            story = rng.choice([s for s in STORIES if (s.name in HELD_OUT) == held_out])
-            return (*_problem(story, rng.choice(steps), rng, NAMES, max_number), story.name)
+            if held_out:
+                return varied(True, steps)
+            return simple_clean(steps) if rng.random() < 0.5 else varied(False, steps)
+    else:
+        draw = varied if grammar == "varied" else simple
     held_out = _rows(lambda: draw(True, eval_steps), eval_size, head)
     train = _rows(lambda: draw(False, train_steps), train_size or 2000, head)
     return train, held_out
 
 
-GRAMMARS = ("varied", "simple")
+GRAMMARS = ("varied", "simple", "mixed")
 
 
 def prompt_head(system_prompt: str, few_shot: int, grammar: str = "varied") -> list[dict]:
     """The chat turns before each question: the system message (if any) and ``few_shot`` worked examples."""
     head = [{"role": "system", "content": system_prompt}] if system_prompt else []
-    for question, answer in (WORKED_EXAMPLES if grammar == "varied" else SIMPLE_WORKED_EXAMPLES)[:few_shot]:
+    for question, answer in (SIMPLE_WORKED_EXAMPLES if grammar == "simple" else WORKED_EXAMPLES)[:few_shot]:
         head += [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
     return head
 
@@ -243,10 +264,11 @@ def _rows(draw, count: int, head: list[dict]) -> list[dict]:
         attempts += 1
         if attempts > 50 * count + 1000:
             raise ValueError(f"cannot generate {count} distinct word problems; ask for fewer")
-        question, chain, story = draw()
+        question, chain, story, grammar = draw()
         if question in seen:
             continue
         seen.add(question)
         rows.append({"prompt": [*head, {"role": "user", "content": question}], "answer": str(chain[-1]),
-                     "chain": [str(v) for v in chain], "story": story, "steps": len(chain)})
+                     "chain": [str(v) for v in chain], "story": story, "steps": len(chain),
+                     "grammar": grammar})
     return rows
