@@ -46,9 +46,10 @@ def main() -> None:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True, layout="constrained")
     for i, run in enumerate(runs):
         steps = [e[0] for e in run["evals"]]
-        axes[0].plot(steps, [e[1] for e in run["evals"]], "o-", color=f"C{i}", label=run["label"])
-        axes[1].plot(steps, [e[2] for e in run["evals"]], "s--", color=f"C{i}", label=run["label"])
-    axes[0].set_title("generator's held-out split (settings, phrasings)")
+        color = plt.cm.tab20(i % 20)  # (ten colours repeat after ten runs)
+        axes[0].plot(steps, [e[1] for e in run["evals"]], "o-", color=color, label=run["label"])
+        axes[1].plot(steps, [e[2] for e in run["evals"]], "s--", color=color, label=run["label"])
+    axes[0].set_title("generator's held-out split (its grammar's: settings, phrasings or stories)")
     axes[1].set_title("independently written set (150 problems)")
     for ax in axes:
         ax.set_xlabel("step")
