@@ -1,7 +1,7 @@
 """What RL could reinforce: pass@k of a model on the word-problem held-out split and the independent set.
 
     python benchmarks/reasoning_ceiling.py CONFIG [key=value ...] [--k 8] [--temperature 1.0] [--adapter DIR]
-        [--label NAME] [--out benchmarks/results/reasoning_ceiling.md]
+        [--extra-only] [--label NAME] [--out benchmarks/results/reasoning_ceiling.md]
 
 GRPO raises the probability of completions the policy already samples; a problem none of k samples solves gives
 no signal. For each set (the task's held-out split and eval.extra_path's) this measures greedy accuracy, the mean
@@ -46,6 +46,7 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=8)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--adapter", type=Path, default=None, help="a trained LoRA adapter (default: the base model)")
+    parser.add_argument("--extra-only", action="store_true", help="measure eval.extra_path's set only")
     parser.add_argument("--label", default="")
     parser.add_argument("--out", default="benchmarks/results/reasoning_ceiling.md")
     args = parser.parse_args()
@@ -72,7 +73,8 @@ def main() -> None:
                        "| model | set | problems | greedy | pass@1 (T) | pass@k | k | minutes |\n"
                        "|---|---|---|---|---|---|---|---|\n")
     label = args.label or f"{cfg.model.name}{' + ' + str(args.adapter) if args.adapter else ''}"
-    sets = [("held-out split", data.eval_rows)] + ([(cfg.eval.extra_path, data.extra_rows)] if data.extra_rows else [])
+    sets = [] if args.extra_only else [("held-out split", data.eval_rows)]
+    sets += [(cfg.eval.extra_path, data.extra_rows)] if data.extra_rows else []
     for name, rows in tqdm(sets, desc="sets"):
         t0 = time.perf_counter()
         greedy = right_per_problem(cfg, sampler, rows, data.check, 1, 0.0)
