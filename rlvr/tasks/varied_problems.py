@@ -227,10 +227,15 @@ def held_only_words() -> set[str]:
     lexicons += [getattr(m, f) for m in MEASURES for f in ("start", "add", "sub", "add_groups", "sub_groups",
                                                            "question")]
 
-    def words(templates) -> set[str]:
-        return {w.lower() for t in templates for w in re.findall(r"[A-Za-z]+", re.sub(r"\{\w+\}", "", t))}
+    def words_of(templates) -> set[str]:
+        return {w for t in templates for w in words(re.sub(r"\{\w+\}", "", t))}
 
-    return words(t for lex in lexicons for t in lex.held) - words(t for lex in lexicons for t in lex.train)
+    return words_of(t for lex in lexicons for t in lex.held) - words_of(t for lex in lexicons for t in lex.train)
+
+
+def words(text: str) -> set[str]:
+    """The words of ``text``, lower case."""
+    return {w.lower() for w in re.findall(r"[A-Za-z]+", text)}
 
 
 def varied_problem(rng: random.Random, held_out: bool, max_number: int) -> tuple[str, list[int], str]:

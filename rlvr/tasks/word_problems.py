@@ -14,10 +14,9 @@ measures transfer to stories the model never trained on, not memorised wording. 
 from __future__ import annotations
 
 import random
-import re
 from dataclasses import dataclass
 
-from rlvr.tasks.varied_problems import HELD_OUT_SETTINGS, held_only_words, varied_problem
+from rlvr.tasks.varied_problems import HELD_OUT_SETTINGS, held_only_words, varied_problem, words
 
 REASONING_SYSTEM_PROMPT = "Solve the problem. Write one calculation per sentence, then the answer."
 
@@ -207,9 +206,8 @@ def word_problem_rows(
     if bad or not train_steps or not eval_steps:
         raise ValueError(f"word_problems steps must be among {', '.join(map(str, allowed))} in the {grammar} "
                          f"grammar; got train {train_steps}, eval {eval_steps}")
-    examples = SIMPLE_WORKED_EXAMPLES if grammar == "simple" else WORKED_EXAMPLES
-    if not 0 <= few_shot <= len(examples):
-        raise ValueError(f"word_problems few_shot must be 0-{len(examples)}; got {few_shot}")
+    if not 0 <= few_shot <= len(_examples(grammar)):
+        raise ValueError(f"word_problems few_shot must be 0-{len(_examples(grammar))}; got {few_shot}")
     if max_number < 4:
         raise ValueError(f"word_problems max_number must be at least 4; got {max_number}")
     head = prompt_head(system_prompt, few_shot, grammar)
@@ -232,7 +230,7 @@ def word_problem_rows(
         def simple_clean(steps: tuple[int, ...]):
             while True:
                 made = simple(False, steps, clean)
-                if not {w.lower() for w in re.findall(r"[A-Za-z]+", made[0])} & banned:
+                if not words(made[0]) & banned:
                     return made
 
         def draw(held_out: bool, steps: tuple[int, ...]):
@@ -252,9 +250,13 @@ GRAMMARS = ("varied", "simple", "mixed")
 def prompt_head(system_prompt: str, few_shot: int, grammar: str = "varied") -> list[dict]:
     """The chat turns before each question: the system message (if any) and ``few_shot`` worked examples."""
     head = [{"role": "system", "content": system_prompt}] if system_prompt else []
-    for question, answer in (SIMPLE_WORKED_EXAMPLES if grammar == "simple" else WORKED_EXAMPLES)[:few_shot]:
+    for question, answer in _examples(grammar)[:few_shot]:
         head += [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
     return head
+
+
+def _examples(grammar: str) -> tuple[tuple[str, str], ...]:
+    return SIMPLE_WORKED_EXAMPLES if grammar == "simple" else WORKED_EXAMPLES
 
 
 def _rows(draw, count: int, head: list[dict]) -> list[dict]:
