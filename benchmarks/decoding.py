@@ -99,7 +99,7 @@ def _gap(model, groups) -> dict:
     import torch
 
     from rlvr.train.batch import StepBatch
-    from rlvr.train.step import completion_logprobs
+    from rlvr.train.forward import completion_logprobs
 
     n = groups.completion_ids.shape[0]
     with torch.no_grad():
@@ -142,7 +142,7 @@ def _bigger_model(tokenizer) -> dict:
     from rlvr.models import LoraSpec, add_lora, autocast
     from rlvr.rollout import SamplingParams, sample_groups
     from rlvr.train.batch import StepBatch
-    from rlvr.train.step import completion_logprobs
+    from rlvr.train.forward import completion_logprobs
 
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=1280, intermediate_size=3456, num_hidden_layers=20,

@@ -112,13 +112,13 @@ def main() -> None:
                 computed[adv_name][plan_name] = sum(len(r) * plan_width(batch, r) for r in rows) / full
                 started = time.perf_counter()
                 train_step(model, optimizer, None, batch, LossSettings(beta=0.0), micro_batch_size=16,
-                           max_new_tokens=NEW_TOKENS)
+                           max_completion_tokens=NEW_TOKENS)
                 train_times[adv_name][plan_name].append(time.perf_counter() - started)
     step_module.micro_batches, step_module.row_width = plan_of, width_of
     batch = StepBatch.from_groups(sampled, advantage_sets["random"])
     started = time.perf_counter()
     train_step(model, optimizer, None, batch, LossSettings(beta=0.04), reference=ReferencePolicy(model),
-               micro_batch_size=16, max_new_tokens=NEW_TOKENS)
+               micro_batch_size=16, max_completion_tokens=NEW_TOKENS)
     reference_s = time.perf_counter() - started
 
     result = {

@@ -216,7 +216,7 @@ def child(name: str, steps: int) -> dict:
     def step(measure=None):
         if lean and critic is None:
             return train_step(model, optimizer, None, batch, settings, reference=reference, micro_batch_size=MICRO,
-                              max_new_tokens=T)
+                              max_completion_tokens=T)
         if lean:
             return ppo_step(model, critic, optimizer, None, batch, rewards, settings, ppo, reference=reference,
                             micro_batch_size=MICRO, max_new_tokens=T)

@@ -47,7 +47,8 @@ def main() -> None:
     from rlvr.rollout import SamplingParams, sample_groups
     from rlvr.rollout.decode_weights import decode_dtype
     from rlvr.train.batch import StepBatch
-    from rlvr.train.step import completion_logprobs, train_step
+    from rlvr.train.forward import completion_logprobs
+from rlvr.train.step import train_step
 
     torch.set_num_threads(os.cpu_count())
     peaks = child_matmul_peak()
@@ -74,7 +75,7 @@ def main() -> None:
 
     def train(batch: StepBatch) -> None:
         train_step(model, optimizer, None, batch, settings, reference=reference, num_iterations=1,
-                   micro_batch_size=B * G, max_new_tokens=NEW_TOKENS, max_grad_norm=1.0)
+                   micro_batch_size=B * G, max_completion_tokens=NEW_TOKENS, max_grad_norm=1.0)
 
     def timed(fn, *args) -> tuple[float, object]:
         started = time.perf_counter()

@@ -55,7 +55,7 @@ def _logp_gap(sample, model) -> float:
 
     from rlvr.rollout import SamplingParams
     from rlvr.train.batch import StepBatch
-    from rlvr.train.step import completion_logprobs
+    from rlvr.train.forward import completion_logprobs
 
     groups = sample(_prompts(4), 8, SamplingParams(temperature=1.0, max_new_tokens=32), 99)
     n = groups.completion_ids.shape[0]

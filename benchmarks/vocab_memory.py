@@ -55,7 +55,7 @@ def _batch(model, tokenizer, vocab: int):
     from rlvr.prompts import encode_prompts
     from rlvr.rollout import Groups
     from rlvr.train.batch import StepBatch
-    from rlvr.train.step import completion_logprobs
+    from rlvr.train.forward import completion_logprobs
 
     prompt_ids, prompt_mask = encode_prompts(tokenizer, PROMPTS)
     gen = torch.Generator().manual_seed(0)
@@ -76,7 +76,7 @@ def _naive_loss(model, batch, rows, settings, normaliser):
 
     from rlvr.core import TokenInputs, policy_loss
     from rlvr.models import backbone_and_head
-    from rlvr.train.step import completion_hidden
+    from rlvr.train.forward import completion_hidden
 
     hidden = completion_hidden(model, batch, rows, share_prompt=True)  # [n, T, H]
     logits = backbone_and_head(model)[1](hidden)  # [n, T, V]

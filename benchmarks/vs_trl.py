@@ -189,7 +189,7 @@ def child_bf16() -> dict:
     from rlvr.models import load_policy
     from rlvr.rollout import SamplingParams, sample_groups
     from rlvr.train.batch import StepBatch
-    from rlvr.train.step import completion_logprobs
+    from rlvr.train.forward import completion_logprobs
 
     torch.set_num_threads(os.cpu_count())
     model, tokenizer = load_policy("smollm2-135m-instruct", None)

@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from rlvr.core.advantages import SCALES, check_negative_scale
-from rlvr.core.losses import LossSettings
+from rlvr.core.settings import LossSettings
 from rlvr.core.ppo import PPOSettings
 from rlvr.models import ALL_LINEAR
 from rlvr.rewards.base import ON_ERROR

@@ -15,7 +15,7 @@ from rlvr.train.collect import SyncSource, group_advantage_fn
 from rlvr.train.loop import run_loop
 from rlvr.train.rollouts import EnvironmentObjects
 from rlvr.train.run import NonFiniteError, fresh_run_dir, open_run
-from rlvr.train.update import GRPOUpdate
+from rlvr.train.step import GRPOUpdate
 
 __all__ = ["NonFiniteError", "fresh_run_dir", "train"]
 

@@ -12,7 +12,7 @@ from rlvr.rollout.decode_weights import DecodeCache, FrozenLinear, FusedLinear, 
 
 DECODING = (FrozenLinear, FusedLinear)
 from rlvr.train.batch import StepBatch
-from rlvr.train.step import completion_logprobs
+from rlvr.train.forward import completion_logprobs
 from tests.conftest import make_model
 
 PROMPTS = [[{"role": "user", "content": "3 + 4 ="}], "What is 7?", [{"role": "user", "content": "12 * 9 ="}]]

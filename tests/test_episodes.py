@@ -113,7 +113,7 @@ def test_the_update_trains_on_episodes(tokenizer):
     assert torch.equal(batch.loss_mask, groups.sampled_mask)
     before = [p.clone() for p in model.parameters()]
     stats = train_step(model, torch.optim.SGD(model.parameters(), lr=0.1), None, batch, LossSettings(),
-                       micro_batch_size=4, max_new_tokens=6)
+                       micro_batch_size=4, max_completion_tokens=6)
     assert stats["skipped_updates"] == 0 and any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
 

@@ -12,7 +12,7 @@ from rlvr.rollout import SamplingParams
 from rlvr.rollout.episodes import EpisodeLimits, observation_ids
 from rlvr.rollout.remote import RemoteSampler, ServerPool
 from rlvr.train.batch import StepBatch
-from rlvr.train.step import completion_logprobs
+from rlvr.train.forward import completion_logprobs
 from tests.serving import ServerProcess
 from tests.test_remote import _trainer
 

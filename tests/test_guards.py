@@ -23,7 +23,7 @@ def test_non_finite_update_is_skipped_and_weights_unchanged(tokenizer):
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
     before = copy.deepcopy(model.state_dict())
     metrics = train_step(model, optimizer, None, batch, LossSettings(), reference=None, num_iterations=2,
-                         micro_batch_size=4, max_new_tokens=8, max_grad_norm=1.0)
+                         micro_batch_size=4, max_completion_tokens=8, max_grad_norm=1.0)
     assert metrics["skipped_updates"] == 2
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert not optimizer.state  # Adam moments untouched too

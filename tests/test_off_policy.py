@@ -8,15 +8,7 @@ import pytest
 import torch
 
 from rlvr.config import ConfigError, load_config
-from rlvr.core import (
-    LossSettings,
-    TokenInputs,
-    gap_mask,
-    importance_weight,
-    sequence_log_ratio,
-    stat_sums,
-    token_objective,
-)
+from rlvr.core import LossSettings, TokenBatch, gap_mask, importance_weight, sequence_log_ratio, stat_sums, token_loss
 from rlvr.rollout import SamplingParams
 from rlvr.train.batch import StepBatch
 from rlvr.train.step import train_step
@@ -26,15 +18,16 @@ from tests.reference import naive_logprobs
 log = math.log
 
 
-def _objective(logp, behaviour, adv, **knobs):
-    """token_objective on 1-D probability lists; returns (loss, d loss / d logp, stats)."""
+def _objective(logp, behaviour, adv, mask=None, **knobs):
+    """token_loss on probability lists (one completion, or [N, T] with ``mask``); returns (loss, d loss / d logp,
+    stats)."""
     lp = torch.log(torch.tensor(logp, dtype=torch.float64)).requires_grad_()
-    x = TokenInputs(lp, torch.log(torch.tensor(behaviour, dtype=torch.float64)), torch.tensor(adv, dtype=torch.float64),
-                    **{k: v for k, v in knobs.items() if k in ("proximal_logp", "sequence_log_weight")})
-    settings = LossSettings(**{k: v for k, v in knobs.items() if k not in ("proximal_logp", "sequence_log_weight")})
-    loss, stats = token_objective(x, settings)
-    (grad,) = torch.autograd.grad(loss.sum(), lp)
-    return loss.detach(), grad, stats
+    mask = torch.ones_like(lp) if mask is None else torch.tensor(mask, dtype=torch.float64)
+    x = TokenBatch(logp=lp, behaviour_logp=torch.log(torch.tensor(behaviour, dtype=torch.float64)),
+                   adv=torch.tensor(adv, dtype=torch.float64), mask=mask, proximal_logp=knobs.pop("proximal_logp", None))
+    loss, stats = token_loss(x, LossSettings(**knobs))
+    (grad,) = torch.autograd.grad((loss * mask).sum(), lp)
+    return loss.detach() * mask, grad, stats
 
 
 def test_token_truncated_is_by_hand():
@@ -47,7 +40,7 @@ def test_token_truncated_is_by_hand():
     assert stats["is_capped"].tolist() == [True, False, False]
     assert torch.allclose(stats["is_weight"], torch.tensor([2.0, 0.5, 1.0], dtype=torch.float64))
     assert torch.allclose(stats["logp_gap"], torch.tensor([log(2), log(2), 0.0], dtype=torch.float64))
-    sums = stat_sums(stats)
+    sums = stat_sums(stats, torch.ones(3))
     assert sums["is_weight_max"] == pytest.approx(2.0) and sums["is_capped"] == 1 and sums["tokens"] == 3
 
 
@@ -77,9 +70,9 @@ def test_sequence_level_weight_by_hand():
     w, capped = importance_weight(seq, "truncate", 2.0)
     assert torch.allclose(w, torch.tensor([1.5, 2.0], dtype=torch.float64)) and capped.tolist() == [False, True]
     # in the objective every token of a completion carries its completion's weight
-    loss, _grad, _ = _objective([0.4, 0.3, 0.6], [0.2, 0.4, 0.2], [1.0, 1.0, 1.0], is_level="sequence", is_cap=2.0,
-                               sequence_log_weight=torch.tensor([log(1.5), log(1.5), log(3.0)], dtype=torch.float64))
-    assert torch.allclose(loss, torch.tensor([-1.5, -1.5, -2.0], dtype=torch.float64))
+    loss, _grad, _ = _objective([[0.4, 0.3], [0.6, 1.0]], [[0.2, 0.4], [0.2, 1.0]], [[1.0], [1.0]], [[1, 1], [1, 0]],
+                                is_level="sequence", is_cap=2.0)
+    assert torch.allclose(loss, torch.tensor([[-1.5, -1.5], [-2.0, 0.0]], dtype=torch.float64))
 
 
 def test_ratio_to_behaviour_clips_against_the_sampler():
@@ -168,7 +161,7 @@ def _expected_update(trainer, batch, per_token_loss, lr):
 def _train(trainer, batch, settings, lr):
     model = copy.deepcopy(trainer)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
-    metrics = train_step(model, opt, None, batch, settings, micro_batch_size=5, max_new_tokens=8, max_grad_norm=0.0)
+    metrics = train_step(model, opt, None, batch, settings, micro_batch_size=5, max_completion_tokens=8, max_grad_norm=0.0)
     return model, metrics
 
 

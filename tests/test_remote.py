@@ -17,7 +17,7 @@ from rlvr.models import LoraSpec, add_lora, load_causal_lm
 from rlvr.rollout import SamplingParams, StaleVersion
 from rlvr.rollout.remote import AdapterSyncError, NoServerError, RemoteSampler, ServerPool
 from rlvr.train.batch import StepBatch
-from rlvr.train.step import completion_logprobs
+from rlvr.train.forward import completion_logprobs
 from tests.serving import ServerProcess, post
 
 PROMPTS = [[{"role": "user", "content": "3 + 4 ="}], "What is 7?", [{"role": "user", "content": "12 * 9 ="}],

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from rlvr.rollout import SamplingParams, encode_prompts, generate_groups
-from rlvr.train.step import completion_logprobs
+from rlvr.train.forward import completion_logprobs
 from tests.conftest import make_model, sample_tiny
 
 PROMPTS = [

@@ -94,7 +94,7 @@ def test_logprobs_are_the_trainers_at_the_request_temperature(server, tiny_model
     from rlvr.rollout import Groups
     from rlvr.rollout.remote import groups_from_completions
     from rlvr.train.batch import StepBatch
-    from rlvr.train.step import completion_logprobs
+    from rlvr.train.forward import completion_logprobs
 
     ids = prompt_token_ids(tokenizer, CHAT)
     out = complete(server, prompt=ids, n=4, max_tokens=10, temperature=0.7, logprobs=0, return_token_ids=True, seed=3)

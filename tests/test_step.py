@@ -29,7 +29,7 @@ def _run(model, batch, settings, micro, iterations=1, reference=None, lr=1.0):
     """One train_step with SGD; prompts not shared, so every micro-batch split runs identical arithmetic."""
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=lr)
     return train_step(model, opt, None, batch, settings, reference=reference, num_iterations=iterations,
-                      micro_batch_size=micro, max_new_tokens=8, max_grad_norm=0.0, share_prompt=False)
+                      micro_batch_size=micro, max_completion_tokens=8, max_grad_norm=0.0, share_prompt=False)
 
 
 @pytest.mark.parametrize("aggregation", ["sequence_mean", "token_mean", "token_sum_constant"])
@@ -113,7 +113,7 @@ def test_shared_prompt_forward_equals_unshared(tokenizer, rows, prompts):
     log-probs and same gradients (fp64)."""
     from rlvr.rollout import encode_prompts
     from rlvr.rollout.engine import common_prefix_length
-    from rlvr.train.step import completion_logprobs
+    from rlvr.train.forward import completion_logprobs
 
     assert (common_prefix_length(*encode_prompts(tokenizer, prompts)) >= 16) == (prompts is SHARED_PREFIX)
     model = make_model(len(tokenizer))
@@ -162,7 +162,7 @@ def test_step_equals_naive_reference(tokenizer, aggregation, share_prompt, tempe
     model = copy.deepcopy(base)
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     metrics = train_step(model, opt, None, batch, settings, reference=ReferencePolicy(model), micro_batch_size=3,
-                         max_new_tokens=8, max_grad_norm=0.0, share_prompt=share_prompt, chunk_tokens=5)
+                         max_completion_tokens=8, max_grad_norm=0.0, share_prompt=share_prompt, chunk_tokens=5)
     naive = copy.deepcopy(base)
     with torch.no_grad():
         from tests.reference import naive_logprobs
@@ -179,7 +179,7 @@ def test_step_equals_naive_reference(tokenizer, aggregation, share_prompt, tempe
 
 
 def test_checkpointing_with_shared_prompt_equals_plain(tokenizer):
-    from rlvr.train.step import completion_logprobs
+    from rlvr.train.forward import completion_logprobs
 
     model = make_model(len(tokenizer)).double()
     batch = _batch(make_model(len(tokenizer)), tokenizer)
@@ -256,7 +256,7 @@ def test_rows_without_gradient_are_skipped_with_the_same_update(tokenizer, share
     settings = LossSettings(beta=0.0, aggregation=aggregation, eps_low=0.05, eps_high=0.05)
     model, naive = copy.deepcopy(base), copy.deepcopy(base)
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
-    metrics = train_step(model, opt, None, batch, settings, micro_batch_size=3, max_new_tokens=8, max_grad_norm=0.0,
+    metrics = train_step(model, opt, None, batch, settings, micro_batch_size=3, max_completion_tokens=8, max_grad_norm=0.0,
                          share_prompt=share_prompt, chunk_tokens=5)
     loss, _ = naive_update(naive, batch, settings, lr=0.5)
     assert metrics["loss"] == pytest.approx(loss, rel=1e-6, abs=1e-9)
@@ -290,3 +290,48 @@ def test_chunks_shrink_for_large_vocabularies():
     assert chunk_for_vocab(512, 262_144) == 128  # Gemma 3: 2**25 // 262144
     assert chunk_for_vocab(64, 262_144) == 64
     assert chunk_for_vocab(512, 10**9) == 1
+
+
+OBJECTIVE_KNOBS = {  # each objective and loss term through the whole step
+    "gspo": {"objective": "gspo", "eps_low": 3e-4, "eps_high": 4e-4},
+    "gspo_token": {"objective": "gspo_token"},
+    "cispo": {"objective": "cispo", "eps_low": 1.0, "eps_high": 0.05, "aggregation": "token_mean"},
+    "sapo": {"objective": "sapo", "beta": 0.1},
+    "luspo": {"objective": "gspo", "aggregation": "sequence_sum"},
+    "entropy_bonus": {"entropy_coef": 0.05, "aggregation": "token_sum_constant"},
+    "top_entropy": {"top_entropy_quantile": 0.5, "beta": 0.1},
+}
+
+
+@pytest.mark.parametrize("knobs", sorted(OBJECTIVE_KNOBS))
+def test_each_objective_step_equals_naive_reference(tokenizer, knobs):
+    """The fused, micro-batched, prompt-shared step vs the naive whole-batch specification for every objective:
+    same loss and update (and the same top-entropy tokens chosen over the whole step)."""
+    from rlvr.train.step import high_entropy_tokens
+    from tests.reference import naive_logprobs
+
+    base = make_model(len(tokenizer))
+    batch = _batch(base, tokenizer, temperature=0.8, prompts=SHARED_PREFIX)
+    base = base.double()
+    settings = LossSettings(**{"beta": 0.0, **OBJECTIVE_KNOBS[knobs]})
+    model, naive = copy.deepcopy(base), copy.deepcopy(base)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    reference = ReferencePolicy(model) if settings.beta else None
+    metrics = train_step(model, opt, None, batch, settings, reference=reference, micro_batch_size=3,
+                         max_completion_tokens=8, max_grad_norm=0.0, chunk_tokens=5)
+    with torch.no_grad():
+        ref_logp = naive_logprobs(base, batch) if settings.beta else None
+        entropy = naive_logprobs(base, batch, with_entropy=True)[1]
+    high = high_entropy_tokens(entropy, batch.loss_mask, settings.top_entropy_quantile) if knobs == "top_entropy" \
+        else None
+    loss, _ = naive_update(naive, batch, settings, lr=0.5, ref_logp=ref_logp, high_entropy=high)
+    assert metrics["loss"] == pytest.approx(loss, rel=1e-6, abs=1e-9)
+    if high is not None:
+        assert metrics["entropy_masked_frac"] == pytest.approx(1 - float(high.sum() / batch.loss_mask.sum()))
+        assert 0.3 < metrics["entropy_masked_frac"] < 0.7
+    moved = 0.0
+    for name, p in dict(naive.named_parameters()).items():
+        q = dict(model.named_parameters())[name]
+        assert torch.allclose(p, q, rtol=0, atol=1e-6 * float(p.detach().abs().max())), name
+        moved += float((q - dict(base.named_parameters())[name]).abs().sum().detach())
+    assert moved > 0

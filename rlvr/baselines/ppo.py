@@ -25,23 +25,14 @@ import torch
 from torch import nn
 
 from rlvr.config import RunConfig
-from rlvr.core import LossSettings, loss_normaliser, merge_stat_sums
+from rlvr.core import LossSettings
 from rlvr.core.ppo import PPOSettings, gae, token_rewards, value_loss, whiten
 from rlvr.models import ReferencePolicy, autocast, backbone_and_head, is_lora
 from rlvr.train.batch import StepBatch
 from rlvr.train.collect import Collected
+from rlvr.train.forward import completion_hidden
 from rlvr.train.run import Run
-from rlvr.train.step import (
-    FrozenLogprobs,
-    apply_update,
-    chunk_for_vocab,
-    completion_hidden,
-    frozen_logprobs,
-    micro_batch_loss,
-    micro_batches,
-    step_statistics,
-)
-from rlvr.train.update import step_batch, step_options
+from rlvr.train.step import chunk_for_vocab, frozen_logprobs, micro_batches, step_batch, step_options, train_step
 
 CRITIC_ADAPTER = "critic"
 
@@ -120,12 +111,13 @@ def ppo_step(
     *,
     reference: ReferencePolicy | None,
     micro_batch_size: int,
-    max_new_tokens: int,
+    max_completion_tokens: int,
     max_grad_norm: float = 1.0,
     chunk_tokens: int = 512,
     share_prompt: bool = True,
 ) -> dict[str, float]:
-    """One PPO update: values and rewards (no gradient), GAE, then policy and value losses in one optimizer step.
+    """One PPO update: values and rewards (no gradient), GAE, then GRPO's step (``train_step``) with the critic's
+    clipped value loss as its extra loss, both in one optimizer step.
 
     ``rewards`` [N] are the completions' verifiable rewards (NaN: not trained, like GRPO's excluded rows).
     """
@@ -147,35 +139,23 @@ def ppo_step(
         adv, returns = gae(r, old_values, mask, ppo.gamma, ppo.lam)
         if ppo.whiten:
             adv = whiten(adv, mask)
-    policy_batch = replace(batch, adv=adv.to(batch.behaviour_logp.dtype))
-    settings = replace(settings, beta=0.0)  # the KL penalty is in the reward
-    normaliser = loss_normaliser(mask, settings.aggregation, max_new_tokens)
     tokens = max(float(mask.sum()), 1.0)
-    params = critic.trainable_parameters(policy)
-    optimizer.zero_grad(set_to_none=True)
-    if not micro_rows:  # nothing is trained on: a zero gradient, so the optimizer steps as it would on one
-        for p in params:
-            p.grad = torch.zeros_like(p)
-    policy.train()
-    sums: dict[str, float] = {}
-    loss_sum = value_sum = entropy_sum = 0.0
-    for rows in micro_rows:
-        loss, part, entropy = micro_batch_loss(policy, policy_batch, rows, settings, normaliser, FrozenLogprobs(),
-                                               chunk_tokens, share_prompt)
-        loss.backward()
+    value_losses: list[float] = []
+
+    def critic_loss(rows: torch.Tensor) -> torch.Tensor:
         values = critic.values(batch, rows, share_prompt)
         v_loss = (value_loss(values, old_values[rows], returns[rows], ppo.value_clip) * mask[rows]).sum() / tokens
-        (ppo.vf_coef * v_loss).backward()
-        loss_sum += loss.item() + ppo.vf_coef * v_loss.item()
-        value_sum += v_loss.item()
-        entropy_sum += entropy
-        merge_stat_sums(sums, part)
-    grad_norm, applied = apply_update(params, optimizer, scheduler, max_grad_norm, loss_sum)
+        value_losses.append(v_loss.item())
+        return ppo.vf_coef * v_loss
+
+    metrics = train_step(policy, optimizer, scheduler, replace(batch, adv=adv.to(batch.behaviour_logp.dtype)),
+                         replace(settings, beta=0.0),  # the KL penalty is in the reward
+                         micro_batch_size=micro_batch_size, max_completion_tokens=max_completion_tokens,
+                         max_grad_norm=max_grad_norm, chunk_tokens=chunk_tokens, share_prompt=share_prompt,
+                         params=critic.trainable_parameters(policy), extra_loss=critic_loss)
     m = mask.bool()
-    metrics = step_statistics(sums, loss_sum, grad_norm, entropy_sum / tokens, optimizer.param_groups[0]["lr"],
-                              int(not applied))
     metrics.update({
-        "value_loss": value_sum,
+        "value_loss": sum(value_losses),
         "value_mean": float(old_values[m].mean()) if m.any() else 0.0,
         "return_mean": float(returns[m].mean()) if m.any() else 0.0,
         "explained_variance": _explained_variance(old_values[m], returns[m]),

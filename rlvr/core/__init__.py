@@ -1,31 +1,31 @@
 """The algorithm core: pure torch functions with documented shapes; no I/O, no configs, no models."""
 
 from rlvr.core.advantages import group_advantages, informative_groups, zero_variance_fraction
-from rlvr.core.fused import fused_head_loss
+from rlvr.core.fused import fused_logprobs
 from rlvr.core.logprobs import token_logprobs
 from rlvr.core.losses import (
-    LossSettings,
-    TokenInputs,
     aggregate,
-    clipped_surrogate,
     kl_penalty,
     loss_normaliser,
     merge_stat_sums,
     policy_loss,
     stat_sums,
-    token_objective,
+    token_loss,
     token_weights,
 )
+from rlvr.core.objectives import OBJECTIVES, TokenBatch, clipped_surrogate
 from rlvr.core.off_policy import gap_mask, importance_weight, sequence_log_ratio
 from rlvr.core.ppo import PPOSettings
+from rlvr.core.settings import LossSettings
 
 __all__ = [
+    "OBJECTIVES",
     "LossSettings",
     "PPOSettings",
-    "TokenInputs",
+    "TokenBatch",
     "aggregate",
     "clipped_surrogate",
-    "fused_head_loss",
+    "fused_logprobs",
     "gap_mask",
     "group_advantages",
     "importance_weight",
@@ -37,7 +37,7 @@ __all__ = [
     "sequence_log_ratio",
     "stat_sums",
     "token_logprobs",
-    "token_objective",
+    "token_loss",
     "token_weights",
     "zero_variance_fraction",
 ]

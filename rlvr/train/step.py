@@ -1,72 +1,74 @@
-"""One policy update on a batch of scored groups, in three parts: the frozen passes (reference and proximal
-log-probs, no gradient), the loss of one micro-batch (fused output layer, statistics gathered inside it), and
-the optimizer update. ``train_step`` composes them; the synchronous loop calls it, and any other runtime can.
+"""GRPO's update, top to bottom: ``GRPOUpdate`` (what the loop calls) -> ``train_step`` -> ``apply_update`` ->
+``optimizer.step()``.
 
-The step is blind to the algorithm variant: everything variant-specific arrives in ``LossSettings``.
+    normaliser = loss_normaliser(batch)                       once per optimizer step, over the whole batch
+    frozen     = frozen_passes(...)                           reference / proximal log-probs, no gradient
+    for each micro-batch of rows:
+        x = micro_batch_inputs(model, batch, rows, frozen)    TokenBatch [n, W]: logp, entropy (fused head), adv, ...
+        loss, stats = policy_loss(x, settings, normaliser)    the objective, at this one call site (rlvr/core)
+        loss.backward()
+    apply_update(...)                                         clip, optimizer.step(), scheduler.step()
+
+The step is blind to the algorithm variant: everything variant-specific arrives in ``LossSettings``. The same
+step written naively (full logits, one batch) is the specification: docs/reference/step.md, tests/reference.py.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
 
-from rlvr.architecture import share_prefix_within
-from rlvr.core import (
-    LossSettings,
-    TokenInputs,
-    fused_head_loss,
-    loss_normaliser,
-    merge_stat_sums,
-    sequence_log_ratio,
-    stat_sums,
-    token_logprobs,
-    token_objective,
-    token_weights,
-)
-from rlvr.models import ReferencePolicy, backbone_and_head
-from rlvr.rollout.engine import prefill
+from rlvr.config import RunConfig
+from rlvr.core import LossSettings, TokenBatch, fused_logprobs, loss_normaliser, merge_stat_sums, policy_loss
+from rlvr.models import ReferencePolicy, autocast, backbone_and_head, trainable_parameters
 from rlvr.train.batch import StepBatch
+from rlvr.train.collect import Collected
+from rlvr.train.forward import completion_hidden, completion_lengths, completion_logprobs, uniform_temperature
+from rlvr.train.run import Run
 
 
-class _PrefixLayer(DynamicLayer):
-    """A cache layer holding a fixed prompt prefix that never grows: attention reads prefix + new keys
-    without storing them, so gradient checkpointing may replay the layer and read the same prefix."""
+class GRPOUpdate:
+    """GRPO's update for the loop: the policy loss on the advantages the batch source computed. Every variant
+    (presets grpo, dapo, dr_grpo, gspo, cispo, sapo, luspo) is this update with other ``LossSettings``; PPO's, with
+    a critic, is rlvr/baselines/ppo.py."""
 
-    def update(self, key_states, value_states, *args, **kwargs):
-        return torch.cat([self.keys, key_states], dim=-2), torch.cat([self.values, value_states], dim=-2)
+    def __init__(self, cfg: RunConfig):
+        self.settings = cfg.algo.loss_settings()
+        self.needs_reference = self.settings.beta != 0.0
 
+    def attach(self, model: nn.Module) -> tuple[nn.Module, list[nn.Parameter]]:
+        return model, trainable_parameters(model)
 
-@contextlib.contextmanager
-def _layer_flags(backbone: nn.Module, **flags) -> Iterator[None]:
-    """Temporarily set attributes on every decoder layer (checkpointing behaviour around the prompt cache)."""
-    layers = [m for m in backbone.modules() if hasattr(m, "_can_checkpoint_with_cache")]
-    saved = [{k: getattr(m, k) for k in flags} for m in layers]
-    for m in layers:
-        for k, v in flags.items():
-            setattr(m, k, v)
-    try:
-        yield
-    finally:
-        for m, old in zip(layers, saved):
-            for k, v in old.items():
-                setattr(m, k, v)
+    def __call__(self, run: Run, batch: Collected) -> dict[str, float]:
+        cfg = run.cfg
+        if batch.adv is None:
+            raise ValueError("GRPO trains on the batch source's advantages; this source computed none")
+        with autocast(run.model, cfg.model.autocast):
+            return train_step(run.model, run.optimizer, run.scheduler,
+                              step_batch(batch, batch.adv, cfg.algo.mask_truncated), self.settings,
+                              reference=run.reference, num_iterations=cfg.algo.num_iterations, **step_options(cfg))
 
 
-def _lengths(completion_mask: torch.Tensor) -> torch.Tensor:
-    """[N] attended length of each right-padded completion row of ``completion_mask`` [N, T]."""
-    return (completion_mask.bool() * torch.arange(1, completion_mask.shape[1] + 1)).amax(dim=1)
+def step_batch(batch: Collected, adv, mask_truncated: bool) -> StepBatch:
+    """The update's tensors for a scored batch; completions without a reward are kept but not trained on."""
+    return StepBatch.from_groups(batch.groups, adv, batch.included, mask_truncated=mask_truncated)
+
+
+def step_options(cfg: RunConfig) -> dict:
+    """The step's keyword arguments every update shares. ``max_completion_tokens`` is the longest a completion can
+    be (Dr. GRPO's constant normaliser): an episode's whole budget when the run has episodes."""
+    longest = cfg.env.max_episode_tokens if cfg.env.enabled else cfg.rollout.max_new_tokens
+    return {"micro_batch_size": cfg.train.micro_batch_size, "max_completion_tokens": longest,
+            "max_grad_norm": cfg.train.max_grad_norm, "chunk_tokens": cfg.train.logprob_chunk}
 
 
 def row_width(batch: StepBatch, rows: torch.Tensor) -> int:
     """Completion columns ``rows`` need: their longest attended completion."""
-    return max(int(_lengths(batch.completion_mask[rows]).max()) if len(rows) else 0, 1)
+    return max(int(completion_lengths(batch.completion_mask[rows]).max()) if len(rows) else 0, 1)
 
 
 def micro_batches(batch: StepBatch, size: int, skip_zero_advantage: bool) -> list[torch.Tensor]:
@@ -81,82 +83,13 @@ def micro_batches(batch: StepBatch, size: int, skip_zero_advantage: bool) -> lis
     if skip_zero_advantage:
         adv = batch.token_adv(torch.arange(batch.num_completions))  # [N, T]
         keep &= ((adv != 0) & trained).any(dim=1)
-    length = _lengths(batch.completion_mask)  # [N]
+    length = completion_lengths(batch.completion_mask)  # [N]
     G = batch.group_size
     group_length = length.view(-1, G).amax(dim=1).tolist()  # [B]
     length = length.tolist()
     # longest group first, then longest row within it; ties keep batch order
     order = sorted(keep.nonzero().squeeze(-1).tolist(), key=lambda i: (-group_length[i // G], i // G, -length[i], i))
     return list(torch.tensor(order, dtype=torch.long).split(size)) if order else []
-
-
-def completion_hidden(
-    model: nn.Module, batch: StepBatch, rows: torch.Tensor, share_prompt: bool, share_prefix: int = 16,
-    width: int | None = None,
-) -> torch.Tensor:
-    """Final hidden states [n, W, H] at the positions that predict the first W completion tokens of ``rows``
-    (``width`` W; all T columns by default).
-
-    With ``share_prompt`` each distinct prompt among ``rows`` runs through the model once - a token prefix
-    common to all of them (>= ``share_prefix`` tokens: a system message, worked examples) once for all, as the
-    sampler does (rlvr.rollout.engine.prefill) - and its keys and values are indexed out to every completion of
-    its group (gradients flow back into the one prompt pass); otherwise every row runs its own copy of the
-    prompt. Works with gradient checkpointing: the prompt pass is not checkpointed (it writes the cache), the
-    completion pass only reads a frozen prefix cache.
-    """
-    backbone, _ = backbone_and_head(model)
-    prompt_of_row = rows // batch.group_size  # [n]
-    completion_ids = batch.completion_ids[rows, :width]  # [n, W]
-    completion_mask = batch.completion_mask[rows, :width]
-    p, t = batch.prompt_ids.shape[1], completion_ids.shape[1]
-    if not share_prompt:
-        ids = torch.cat([batch.prompt_ids[prompt_of_row], completion_ids], dim=1)  # [n, P + T]
-        mask = torch.cat([batch.prompt_mask[prompt_of_row], completion_mask], dim=1)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        full = backbone(input_ids=ids, attention_mask=mask, position_ids=positions).last_hidden_state
-        return full[:, p - 1 : p + t - 1]  # state j predicts token j + 1
-    prompts, local = torch.unique(prompt_of_row, return_inverse=True)
-    prompt_mask = batch.prompt_mask[prompts]  # [u, P]
-    cache = DynamicCache()
-    share_prefix = share_prefix_within(backbone.config, p + t, share_prefix)  # exact under sliding windows
-    with _layer_flags(backbone, gradient_checkpointing=False):  # a prefix common to all prompts runs once
-        last, cached_mask = prefill(backbone, batch.prompt_ids[prompts], prompt_mask, cache, share_prefix)
-    cache.batch_select_indices(local)  # keys/values [u, ...] -> [n, ...], differentiable
-    for layer in cache.layers:
-        layer.__class__ = _PrefixLayer
-    mask = torch.cat([cached_mask[local], completion_mask], dim=1)  # [n, P + T]
-    positions = prompt_mask.sum(-1)[local, None] + torch.arange(t)  # [n, T]
-    with _layer_flags(backbone, _can_checkpoint_with_cache=True):
-        suffix = backbone(
-            input_ids=completion_ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True
-        ).last_hidden_state  # [n, T, H]
-    # the last prompt state predicts completion token 0; completion state j predicts token j + 1
-    return torch.cat([last[local, None], suffix[:, :-1]], dim=1)
-
-
-def completion_logprobs(
-    model: nn.Module,
-    batch: StepBatch,
-    rows: torch.Tensor,
-    chunk_tokens: int = 512,
-    with_entropy: bool = False,
-    share_prompt: bool = True,
-    width: int | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs [n, W] of the first W (``width``; default all T) completion tokens of ``rows`` at their
-    sampling temperatures (and entropies); prompt logits are never computed."""
-    hidden = completion_hidden(model, batch, rows, share_prompt, width=width)
-    head = backbone_and_head(model)[1]
-    temperature = _uniform(batch.temperature[rows, :width])
-    return token_logprobs(hidden, head, batch.completion_ids[rows, :width], temperature, chunk_tokens,
-                          with_entropy)
-
-
-def _uniform(temperature: torch.Tensor) -> float | torch.Tensor:
-    """One float when every token has the same temperature (the logits of 1.0 are then never divided)."""
-    if temperature.numel() and bool((temperature == temperature.reshape(-1)[0]).all()):
-        return float(temperature.reshape(-1)[0])
-    return temperature
 
 
 LOGITS_PER_CHUNK = 1 << 25  # elements of one chunk's [c, V] logits: 128 MB in fp32
@@ -170,102 +103,87 @@ def chunk_for_vocab(chunk_tokens: int, vocab: int) -> int:
 
 @dataclass
 class FrozenLogprobs:
-    """Log-probs [N, T] computed once per step without gradient."""
+    """What a step computes once, without gradient, [N, T] each."""
 
-    ref: torch.Tensor | None = None  # reference policy, when beta != 0
+    ref: torch.Tensor | None = None  # reference policy log-probs, when beta != 0
     proximal: torch.Tensor | None = None  # the weights as the step began, when mu > 1 needs them
+    high_entropy: torch.Tensor | None = None  # bool: in the step's top_entropy_quantile, when it is < 1
 
 
 @torch.no_grad()
-def frozen_logprobs(model, batch, micro_rows, chunk_tokens, share_prompt) -> torch.Tensor:
+def frozen_logprobs(model, batch, micro_rows, chunk_tokens, share_prompt, with_entropy: bool = False):
     """Log-probs [N, T] of the completion tokens of ``micro_rows``, micro-batch by micro-batch, without gradient
-    (0 in rows and columns no micro-batch covers)."""
-    out = None
+    (0 in rows and columns no micro-batch covers); with ``with_entropy``, (log-probs, entropies)."""
+    logp = entropy = None
     for rows in micro_rows:
         width = row_width(batch, rows)
-        logp = completion_logprobs(model, batch, rows, chunk_tokens, share_prompt=share_prompt, width=width)[0]
-        if out is None:  # the model's dtype (fp64 in tests, bf16 under autocast)
-            out = torch.zeros(batch.completion_ids.shape, dtype=logp.dtype)
-        out[rows, :width] = logp
-    return torch.zeros(batch.completion_ids.shape) if out is None else out
+        lp, ent = completion_logprobs(model, batch, rows, chunk_tokens, with_entropy, share_prompt, width)
+        if logp is None:  # the model's dtype (fp64 in tests, bf16 under autocast)
+            logp = torch.zeros(batch.completion_ids.shape, dtype=lp.dtype)
+            entropy = torch.zeros(batch.completion_ids.shape, dtype=lp.dtype)
+        logp[rows, :width] = lp
+        if with_entropy:
+            entropy[rows, :width] = ent
+    if logp is None:
+        logp = entropy = torch.zeros(batch.completion_ids.shape)
+    return (logp, entropy) if with_entropy else logp
 
 
-def frozen_passes(
-    model: nn.Module,
-    batch: StepBatch,
-    micro_rows: list[torch.Tensor],
-    settings: LossSettings,
-    reference: ReferencePolicy | None,
-    num_iterations: int,
-    chunk_tokens: int = 512,
-    share_prompt: bool = True,
-) -> FrozenLogprobs:
-    """The no-gradient passes a step needs: the reference only when beta != 0; the proximal policy only when
-    mu > 1 and the objective reads it (with mu = 1 the current weights are the proximal policy)."""
+def high_entropy_tokens(entropy: torch.Tensor, mask: torch.Tensor, share: float) -> torch.Tensor:
+    """[N, T] bool: the trained tokens (``mask``) whose entropy is at or above the (1 - share) quantile of the
+    entropies of all trained tokens."""
+    m = mask.bool()
+    if not m.any():
+        return m
+    threshold = torch.quantile(entropy[m].double(), 1.0 - share)
+    return m & (entropy.double() >= threshold)
+
+
+def frozen_passes(model: nn.Module, batch: StepBatch, micro_rows: list[torch.Tensor], settings: LossSettings,
+                  reference: ReferencePolicy | None, num_iterations: int, chunk_tokens: int = 512,
+                  share_prompt: bool = True) -> FrozenLogprobs:
+    """The no-gradient passes a step needs: the reference only when beta != 0; the proximal policy only when mu > 1
+    and the objective reads it (with mu = 1 the current weights are the proximal policy); the policy's entropies
+    when top_entropy_quantile < 1 (the threshold is over the whole step)."""
     frozen = FrozenLogprobs()
     if settings.beta != 0.0:
         if reference is None:
             raise ValueError("beta != 0 needs a reference policy")
         with reference.active() as ref_model:
             frozen.ref = frozen_logprobs(ref_model, batch, micro_rows, chunk_tokens, share_prompt)
-    if num_iterations > 1 and (settings.ratio_to == "proximal" or settings.is_level != "none"):
-        frozen.proximal = frozen_logprobs(model, batch, micro_rows, chunk_tokens, share_prompt)
+    needs_proximal = num_iterations > 1 and (settings.ratio_to == "proximal" or settings.is_level != "none")
+    needs_entropy = settings.top_entropy_quantile < 1.0
+    if needs_proximal or needs_entropy:
+        proximal, entropy = frozen_logprobs(model, batch, micro_rows, chunk_tokens, share_prompt, with_entropy=True)
+        frozen.proximal = proximal if needs_proximal else None
+        if needs_entropy:
+            frozen.high_entropy = high_entropy_tokens(entropy, batch.loss_mask, settings.top_entropy_quantile)
     return frozen
 
 
-def micro_batch_loss(
-    model: nn.Module,
-    batch: StepBatch,
-    rows: torch.Tensor,
-    settings: LossSettings,
-    normaliser: float,
-    frozen: FrozenLogprobs,
-    chunk_tokens: int = 512,
-    share_prompt: bool = True,
-) -> tuple[torch.Tensor, dict[str, float], float]:
-    """This micro-batch's share of the step's loss through the fused output layer (rlvr.core.fused).
+def _spread(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Values [M] of the True entries of ``mask`` [n, W] laid out as [n, W] (0 elsewhere); differentiable."""
+    return values.new_zeros(mask.shape).masked_scatter(mask, values)
 
-    Returns the loss (differentiable), the sums of the per-token statistics (rlvr.core.losses.stat_sums), taken
-    inside the fused pass, and the summed entropy of the trained tokens.
-    """
+
+def micro_batch_inputs(model: nn.Module, batch: StepBatch, rows: torch.Tensor, frozen: FrozenLogprobs,
+                       chunk_tokens: int = 512, share_prompt: bool = True) -> TokenBatch:
+    """The objective's inputs for the completions ``rows``, [n, W] (W: their longest completion): the policy's
+    log-probs and entropies through the fused output layer (only the trained tokens reach it; rlvr.core.fused),
+    and the batch's and frozen passes' tensors cut to the same shape."""
     w = row_width(batch, rows)  # columns past every row's completion are padding: not computed
-    loss_mask = batch.loss_mask[rows, :w]  # [n, W]
-    m = loss_mask.bool()
+    m = batch.loss_mask[rows, :w].bool()  # [n, W]
     hidden = completion_hidden(model, batch, rows, share_prompt, width=w)[m]  # [M, H], trained tokens only
-    head = backbone_and_head(model)[1]
-    targets, temperature = batch.completion_ids[rows, :w][m], _uniform(batch.temperature[rows, :w][m])  # [M]
-    weights = token_weights(loss_mask.to(hidden.dtype), settings.aggregation, normaliser)[m]  # [M]
-    adv = batch.token_adv(rows)[:, :w][m].to(hidden.dtype)
-    behaviour = batch.behaviour_logp[rows, :w][m]
-    proximal = None if frozen.proximal is None else frozen.proximal[rows, :w][m]
-    ref = None if frozen.ref is None else frozen.ref[rows, :w][m]
-    sequence_weight = None
-    if settings.is_level == "sequence":
-        prox = proximal
-        if prox is None:  # mu = 1: the current weights are the proximal policy; one pass through the output layer
-            with torch.no_grad():
-                temp = temperature[None] if isinstance(temperature, torch.Tensor) else temperature
-                prox, _ = token_logprobs(hidden.detach()[None], head, targets[None], temp, chunk_tokens)
-                prox = prox[0]
-        full = torch.zeros(loss_mask.shape, dtype=prox.dtype)
-        full[m] = prox
-        per_row = sequence_log_ratio(full, batch.behaviour_logp[rows, :w].to(prox.dtype), loss_mask)  # [n]
-        sequence_weight = per_row[:, None].expand_as(full)[m]
-    sums: dict[str, float] = {}
+    targets, temperature = batch.completion_ids[rows, :w][m], uniform_temperature(batch.temperature[rows, :w][m])
+    logp, entropy = fused_logprobs(hidden, backbone_and_head(model)[1], targets, temperature, chunk_tokens)  # [M]
 
-    def token_loss(lp: torch.Tensor, sl: slice) -> torch.Tensor:
-        x = TokenInputs(
-            lp, behaviour[sl], adv[sl],
-            proximal_logp=None if proximal is None else proximal[sl],
-            ref_logp=None if ref is None else ref[sl],
-            sequence_log_weight=None if sequence_weight is None else sequence_weight[sl],
-        )
-        loss, stats = token_objective(x, settings)
-        merge_stat_sums(sums, stat_sums(stats))
-        return loss * weights[sl]
+    def cut(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else t[rows, :w]
 
-    loss, _, entropy = fused_head_loss(hidden, head, targets, token_loss, temperature, chunk_tokens)
-    return loss, sums, float(entropy.sum())
+    return TokenBatch(logp=_spread(logp, m), behaviour_logp=batch.behaviour_logp[rows, :w],
+                      adv=batch.token_adv(rows)[:, :w].to(logp.dtype), mask=m.to(logp.dtype),
+                      proximal_logp=cut(frozen.proximal), ref_logp=cut(frozen.ref), entropy=_spread(entropy, m),
+                      high_entropy=cut(frozen.high_entropy))
 
 
 def apply_update(
@@ -287,6 +205,9 @@ def apply_update(
     return grad_norm, True
 
 
+ExtraLoss = Callable[[torch.Tensor], torch.Tensor]  # rows -> a scalar loss of its own (PPO's value loss)
+
+
 def train_step(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -297,29 +218,33 @@ def train_step(
     reference: ReferencePolicy | None = None,
     num_iterations: int = 1,
     micro_batch_size: int = 16,
-    max_new_tokens: int,
+    max_completion_tokens: int,
     max_grad_norm: float = 1.0,
     chunk_tokens: int = 512,
     share_prompt: bool = True,
+    params: list[nn.Parameter] | None = None,
+    extra_loss: ExtraLoss | None = None,
 ) -> dict[str, float]:
     """Run ``num_iterations`` optimizer steps over the batch and return metrics.
 
-    - ``share_prompt``: each prompt runs once per group in the forward pass (see ``completion_hidden``); off,
-      every completion runs its own copy of the prompt (a test oracle; same result, more compute).
-    - Output layer, log-softmax and loss run chunk by chunk with gradients taken in the forward pass
-      (``rlvr.core.fused``), so [tokens, vocab] logits are never held (chunks shrink for large vocabularies:
-      ``chunk_for_vocab``).
-    - The ratio and importance weights use ``batch.behaviour_logp`` as ``settings`` asks (rlvr.core.off_policy).
-    - An update whose loss or gradient norm is not finite is skipped and counted in ``skipped_updates``.
+    - ``max_completion_tokens``: the longest a completion can be (Dr. GRPO's constant normaliser).
+    - ``share_prompt``: each prompt runs once per group in the forward pass (``completion_hidden``); off, every
+      completion runs its own copy of the prompt (a test oracle; same result, more compute).
     - Micro-batches come from ``micro_batches``: cut to their longest row, and without the rows that carry no
-      gradient (with beta = 0: those whose advantage is 0). ``entropy`` is the mean over the tokens computed.
+      gradient (with beta = 0 and no extra loss: those whose advantage is 0). ``entropy`` is the mean over the
+      tokens computed.
+    - ``params``: what is clipped and stepped (default: the model's trainable parameters); ``extra_loss(rows)``: a
+      second loss per micro-batch, backpropagated after the policy's (PPO's critic).
+    - An update whose loss or gradient norm is not finite is skipped and counted in ``skipped_updates``.
     """
-    micro_rows = micro_batches(batch, micro_batch_size, skip_zero_advantage=settings.beta == 0.0)
+    skip_zero_adv = settings.beta == 0.0 and extra_loss is None
+    micro_rows = micro_batches(batch, micro_batch_size, skip_zero_advantage=skip_zero_adv)
     chunk_tokens = chunk_for_vocab(chunk_tokens, backbone_and_head(model)[1].weight.shape[0])
-    normaliser = loss_normaliser(batch.loss_mask, settings.aggregation, max_new_tokens)
+    normaliser = loss_normaliser(batch.loss_mask, settings.aggregation, max_completion_tokens)
+    step_tokens = float(batch.loss_mask.sum())
     frozen = frozen_passes(model, batch, micro_rows, settings, reference, num_iterations, chunk_tokens, share_prompt)
     model.train()
-    params = [p for p in model.parameters() if p.requires_grad]
+    params = [p for p in model.parameters() if p.requires_grad] if params is None else params
     sums: dict[str, float] = {}
     entropy_sum, skipped = 0.0, 0
     computed = sum(float(batch.loss_mask[rows].sum()) for rows in micro_rows)
@@ -330,12 +255,17 @@ def train_step(
                 p.grad = torch.zeros_like(p)
         loss_sum = 0.0
         for rows in micro_rows:
-            loss, part, entropy = micro_batch_loss(model, batch, rows, settings, normaliser, frozen, chunk_tokens,
-                                                   share_prompt)
+            x = micro_batch_inputs(model, batch, rows, frozen, chunk_tokens, share_prompt)
+            loss, part = policy_loss(x, settings, normaliser, step_tokens)
             loss.backward()
             loss_sum += loss.item()
+            if extra_loss is not None:
+                extra = extra_loss(rows)
+                extra.backward()
+                loss_sum += extra.item()
             merge_stat_sums(sums, part)
-            entropy_sum += entropy if iteration == 0 else 0.0
+            if iteration == 0:
+                entropy_sum += float(x.entropy.detach()[x.mask.bool()].sum())
         grad_norm, applied = apply_update(params, optimizer, scheduler, max_grad_norm, loss_sum)
         skipped += not applied
     return step_statistics(sums, loss_sum, grad_norm, entropy_sum / max(computed, 1.0),
@@ -360,8 +290,7 @@ def step_statistics(sums: dict[str, float], loss: float, grad_norm: float, entro
         "gap_masked_frac": sums.get("gap_masked", 0.0) / tokens,
         "logp_gap": sums.get("logp_gap", 0.0) / tokens,
     }
-    if "clip_dual" in sums:
-        metrics["clip_dual"] = sums["clip_dual"] / tokens
-    if "kl" in sums:
-        metrics["kl"] = sums["kl"] / tokens
+    for name, shown in (("clip_dual", "clip_dual"), ("kl", "kl"), ("entropy_masked", "entropy_masked_frac")):
+        if name in sums:  # only where the settings make them
+            metrics[shown] = sums[name] / tokens
     return metrics

@@ -1,17 +1,11 @@
-"""The fused output-layer loss equals the naive one (full logits, autograd) in value and gradients, fp64."""
+"""The fused output layer (log-probs and entropies, chunked, logits recomputed in backward) equals full logits
+through autograd in value and gradients, fp64, under every objective."""
 
 import pytest
 import torch
 
-from rlvr.core import (
-    LossSettings,
-    TokenInputs,
-    aggregate,
-    fused_head_loss,
-    token_logprobs,
-    token_objective,
-    token_weights,
-)
+from rlvr.core import OBJECTIVES, LossSettings, TokenBatch, fused_logprobs, policy_loss, token_logprobs
+from rlvr.core.head import OutputLayer
 
 
 def _inputs(seed=0, n=3, t=5, h=8, v=40):
@@ -30,84 +24,96 @@ def _inputs(seed=0, n=3, t=5, h=8, v=40):
     return hidden, weight, targets, mask, old, ref, adv
 
 
-OFF_POLICY = {  # the knob combinations the fused path must reproduce
+def _by_hand(hidden, layer, targets, temperature):
+    """Log-probs and entropies [n, t] from full logits, both differentiable."""
+    log_probs = torch.log_softmax(layer(hidden) / temperature, dim=-1)  # [n, t, V]
+    return log_probs.gather(-1, targets[..., None]).squeeze(-1), -(log_probs.exp() * log_probs).sum(-1)
+
+
+def _spread(values, m):
+    return values.new_zeros(m.shape).masked_scatter(m, values)
+
+
+SETTINGS = {  # objectives and the knob combinations the fused path must reproduce
+    **{name: {"objective": name} for name in OBJECTIVES},
     "behaviour-ratio": {"ratio_to": "behaviour", "is_level": "none"},
     "decoupled-tis": {"is_level": "token", "is_cap": 1.3, "gap_mask": 0.2},
-    "masked-is": {"is_level": "token", "is_mode": "mask", "is_cap": 1.3},
+    "sequence-is": {"is_level": "sequence", "is_mode": "mask", "is_cap": 1.3},
+    "luspo": {"objective": "gspo", "aggregation": "sequence_sum"},
 }
 
 
 @pytest.mark.parametrize("aggregation", ["sequence_mean", "token_mean", "token_sum_constant"])
 @pytest.mark.parametrize("temperature, chunk", [(1.0, 2), (0.7, 3), (1.0, 100), ("per-token", 3)])
-@pytest.mark.parametrize("off_policy", sorted(OFF_POLICY))
-def test_fused_equals_naive(aggregation, temperature, chunk, off_policy):
+@pytest.mark.parametrize("knobs", sorted(SETTINGS))
+def test_fused_equals_naive(aggregation, temperature, chunk, knobs):
     hidden, weight, targets, mask, old, ref, adv = _inputs()
     if temperature == "per-token":
         temperature = 0.5 + torch.rand(mask.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
-    settings = LossSettings(beta=0.1, eps_low=0.2, eps_high=0.28, dual_clip=3.0, aggregation=aggregation,
-                            **OFF_POLICY[off_policy])
-    normaliser = 4.0
+    settings = LossSettings(**{"beta": 0.1, "eps_low": 0.2, "eps_high": 0.28, "dual_clip": 3.0,
+                               "aggregation": aggregation, "entropy_coef": 0.05, **SETTINGS[knobs]})
+    m = mask.bool()
 
-    # naive: full logits through autograd
-    logp, entropy = token_logprobs(hidden, weight, targets, temperature, chunk_tokens=10**6, with_entropy=True)
-    per_token, _ = token_objective(TokenInputs(logp, old, adv[:, None], ref_logp=ref), settings)
-    naive = aggregate(per_token, mask, aggregation, normaliser)
+    def loss_of(logp, entropy):
+        x = TokenBatch(logp=logp, behaviour_logp=old, adv=adv[:, None], mask=mask.double(), ref_logp=ref,
+                       entropy=entropy)
+        return policy_loss(x, settings, normaliser=4.0, step_tokens=7.0)[0]
+
+    temp_column = temperature[..., None] if isinstance(temperature, torch.Tensor) else temperature
+    naive = loss_of(*_by_hand(hidden, OutputLayer(weight), targets, temp_column))
     naive_grads = torch.autograd.grad(naive, (hidden, weight))
 
-    # fused: only real tokens, gradient computed in the forward pass
-    m = mask.bool()
-    w = token_weights(mask.double(), aggregation, normaliser)[m]
-    adv_tok = adv[:, None].expand_as(old)[m]
-
-    def token_loss(lp, rows):
-        loss, _ = token_objective(TokenInputs(lp, old[m][rows], adv_tok[rows], ref_logp=ref[m][rows]), settings)
-        return loss * w[rows]
-
     temp = temperature[m] if isinstance(temperature, torch.Tensor) else temperature
-    fused, f_logp, f_entropy = fused_head_loss(hidden[m], weight, targets[m], token_loss, temp, chunk)
+    logp, entropy = fused_logprobs(hidden[m], weight, targets[m], temp, chunk)  # trained tokens only: [M]
+    fused = loss_of(_spread(logp, m), _spread(entropy, m))
     fused_grads = torch.autograd.grad(fused, (hidden, weight))
 
     assert torch.allclose(fused, naive, atol=1e-12, rtol=0)
-    assert torch.allclose(f_logp, logp.detach()[m], atol=1e-12) and torch.allclose(f_entropy, entropy[m], atol=1e-12)
     for a, b in zip(fused_grads, naive_grads):
         assert torch.allclose(a, b, atol=1e-12, rtol=0)
 
 
+def test_logprobs_and_entropies_equal_the_chunked_no_gradient_path():
+    hidden, weight, targets, *_ = _inputs()
+    logp, entropy = token_logprobs(hidden, weight, targets, 0.8, chunk_tokens=4, with_entropy=True)
+    f_logp, f_entropy = fused_logprobs(hidden.reshape(-1, 8), weight, targets.reshape(-1), 0.8, 5)
+    assert torch.allclose(f_logp, logp.reshape(-1), atol=1e-12) and torch.allclose(f_entropy, entropy.reshape(-1))
+
+
 def test_frozen_head_gets_no_weight_gradient():
     hidden, weight, targets, *_ = _inputs()
-    weight = weight.detach()
     h = hidden.reshape(-1, hidden.shape[-1])
-    loss, _, _ = fused_head_loss(h, weight, targets.reshape(-1), lambda lp, rows: -lp, 1.0, 4)
-    (grad,) = torch.autograd.grad(loss, hidden)
+    logp, _ = fused_logprobs(h, weight.detach(), targets.reshape(-1), 1.0, 4)
+    (grad,) = torch.autograd.grad(-logp.sum(), hidden)
     assert grad.shape == hidden.shape and torch.isfinite(grad).all()
 
 
 @pytest.mark.parametrize("scale, softcap", [(1.0, None), (0.25, None), (4.0, None), (1.0, 2.0), (0.5, 3.0)])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_whole_output_layer_equals_the_formula(scale, softcap, with_bias):
-    """Bias, logit scale and soft-cap: fused and chunked log-probs equal the formula written out, with gradients
-    for hidden, weight and bias."""
-    from rlvr.core.head import OutputLayer
-
+    """Bias, logit scale and soft-cap: fused and chunked log-probs equal the formula written out, with gradients of
+    a loss of log-probs and entropies for hidden, weight and bias."""
     hidden, weight, targets, mask, *_ = _inputs(seed=2)
     weight = (weight * 3).detach().requires_grad_(True)  # logits of order 10: the cap bites
     bias = torch.randn(weight.shape[0], dtype=torch.float64, requires_grad=True) if with_bias else None
     temperature = 0.7
     z = hidden @ weight.T + (bias if with_bias else 0.0)
     logits = z * scale if softcap is None else softcap * torch.tanh(z * scale / softcap)  # by hand
-    ref = torch.log_softmax(logits / temperature, -1).gather(-1, targets[..., None]).squeeze(-1)
+    log_probs = torch.log_softmax(logits / temperature, -1)
+    ref = log_probs.gather(-1, targets[..., None]).squeeze(-1)
+    ref_entropy = -(log_probs.exp() * log_probs).sum(-1)
     adv = torch.linspace(-1, 1, ref.numel(), dtype=torch.float64).view_as(ref)
     m = mask.bool()
-    naive = -(ref * adv)[m].sum()
+    naive = -(ref * adv)[m].sum() - 0.3 * ref_entropy[m].sum()
     params = (hidden, weight) + ((bias,) if with_bias else ())
     naive_grads = torch.autograd.grad(naive, params)
 
     layer = OutputLayer(weight, bias, scale, softcap)
     chunked, _ = token_logprobs(hidden, layer, targets, temperature, chunk_tokens=4)
     assert torch.allclose(chunked, ref, atol=1e-12, rtol=0)
-    fused, f_logp, _ = fused_head_loss(hidden[m], layer, targets[m], lambda lp, rows: -lp * adv[m][rows],
-                                       temperature, 3)
+    f_logp, f_entropy = fused_logprobs(hidden[m], layer, targets[m], temperature, 3)
     assert torch.allclose(f_logp, ref.detach()[m], atol=1e-12, rtol=0)
+    fused = -(f_logp * adv[m]).sum() - 0.3 * f_entropy.sum()
     assert torch.allclose(fused, naive, atol=1e-10, rtol=0)
     for a, b in zip(torch.autograd.grad(fused, params), naive_grads):
         assert torch.allclose(a, b, atol=1e-10, rtol=0)

@@ -5,15 +5,14 @@ import math
 import pytest
 import torch
 
-from rlvr.core import (
-    LossSettings,
-    TokenInputs,
-    aggregate,
-    clipped_surrogate,
-    kl_penalty,
-    loss_normaliser,
-    policy_loss,
-)
+from rlvr.core import LossSettings, TokenBatch, aggregate, kl_penalty, loss_normaliser, policy_loss
+from rlvr.core import clipped_surrogate as surrogate_of_ratio
+
+
+def clipped_surrogate(logp, old, adv, eps_low, eps_high, dual_clip=0.0):
+    """The clipped surrogate of the ratio exp(logp - old)."""
+    return surrogate_of_ratio(torch.exp(logp - old), adv, LossSettings(eps_low=eps_low, eps_high=eps_high,
+                                                                       dual_clip=dual_clip))
 
 
 def _ratios(*r):
@@ -122,11 +121,12 @@ def test_policy_loss_adds_beta_times_kl():
     mask = torch.tensor([[1, 1]])
     settings = LossSettings(beta=0.1, kl_estimator="k3", aggregation="token_mean")
     adv = torch.tensor([[2.0]])
-    loss, stats = policy_loss(TokenInputs(logp, logp, adv, ref_logp=ref), mask, settings, normaliser=2.0)
+    x = TokenBatch(logp=logp, behaviour_logp=logp, adv=adv, mask=mask.float(), ref_logp=ref)
+    loss, stats = policy_loss(x, settings, normaliser=2.0, step_tokens=2.0)
     k3 = 0.5 - 1 - math.log(0.5)
     # ratio 1 everywhere: surrogate -2 per token; KL k3 on token 1, 0 on token 2
     assert loss.item() == pytest.approx((-2 + 0.1 * k3 - 2 + 0.0) / 2)
     assert stats["kl"] == pytest.approx(k3)
     assert stats["tokens"] == 2
     with pytest.raises(ValueError, match="needs ref_logp"):
-        policy_loss(TokenInputs(logp, logp, adv), mask, settings, 2.0)
+        policy_loss(TokenBatch(logp=logp, behaviour_logp=logp, adv=adv, mask=mask.float()), settings, 2.0, 2.0)

@@ -25,7 +25,7 @@ from rlvr.rollout import SamplingParams
 from rlvr.rollout.remote import RemoteSampler, ServerAuthError, ServerPool
 from rlvr.tasks import arithmetic_rows
 from rlvr.train.batch import StepBatch
-from rlvr.train.step import completion_logprobs
+from rlvr.train.forward import completion_logprobs
 from tests.serving import ServerProcess
 from tests.serving import post as post_without_key
 
