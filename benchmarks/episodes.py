@@ -31,7 +31,8 @@ from rlvr.bucket import AdapterBucket
 from rlvr.config import load_config
 from rlvr.models import LoraSpec, load_policy, resolve_model_dir
 from rlvr.rollout import LocalSampler, SamplingParams
-from rlvr.rollout.remote import RemoteSampler, ServerPool
+from rlvr.rollout.pool import ServerPool
+from rlvr.rollout.remote_sampler import RemoteSampler
 from rlvr.tasks import load_task
 from rlvr.train.rollouts import build_episode_setup, sample_scored
 from tests.serving import ServerProcess

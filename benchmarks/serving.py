@@ -87,7 +87,8 @@ def main() -> None:
     from rlvr.bucket import AdapterBucket
     from rlvr.models import LoraSpec, load_policy, resolve_model_dir
     from rlvr.rollout import LocalSampler
-    from rlvr.rollout.remote import RemoteSampler, ServerPool
+    from rlvr.rollout.pool import ServerPool
+    from rlvr.rollout.remote_sampler import RemoteSampler
     from tests.serving import ServerProcess
 
     torch.set_num_threads(os.cpu_count())

@@ -13,7 +13,7 @@ from rlvr.config import ConfigError, load_config
 from rlvr.launch import NonFiniteError, train
 from rlvr.rewards import RewardError, reward_search_path
 from rlvr.rollout.decode_weights import PRECISIONS
-from rlvr.rollout.remote import AdapterSyncError, NoServerError, ServerRequestError
+from rlvr.rollout.server_errors import AdapterSyncError, NoServerError, ServerRequestError
 
 
 def _train(args: argparse.Namespace) -> int:

@@ -14,7 +14,7 @@ import pytest
 
 from rlvr.config import load_config
 from rlvr.launch import train
-from rlvr.rollout.remote import NoServerError
+from rlvr.rollout.server_errors import NoServerError
 from tests.helpers import assert_parts_add_up
 from tests.test_e2e import _overrides
 
@@ -169,7 +169,8 @@ def test_embedded_servers_need_the_runs_key_and_load_only_from_its_bucket(tiny_m
     import httpx
 
     from rlvr.bucket import AdapterBucket
-    from rlvr.rollout.remote import AdapterSyncError, ServerPool
+    from rlvr.rollout.pool import ServerPool
+    from rlvr.rollout.server_errors import AdapterSyncError
     from rlvr.runtime.embedded import EmbeddedServers
     from tests.test_remote import _trainer
 

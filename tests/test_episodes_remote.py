@@ -10,7 +10,8 @@ from rlvr.bucket import AdapterBucket
 from rlvr.prompts import prompt_token_ids
 from rlvr.rollout import SamplingParams
 from rlvr.rollout.episodes import EpisodeLimits, observation_ids
-from rlvr.rollout.remote import RemoteSampler, ServerPool
+from rlvr.rollout.pool import ServerPool
+from rlvr.rollout.remote_sampler import RemoteSampler
 from rlvr.train.batch import StepBatch
 from rlvr.train.forward import completion_logprobs
 from tests.serving import ServerProcess

@@ -18,15 +18,10 @@ import torch
 
 from rlvr.bucket import AdapterBucket
 from rlvr.rollout import SamplingParams
-from rlvr.rollout.remote import (
-    LOGP_FLOOR,
-    BadAnswerError,
-    MalformedAnswer,
-    RemoteSampler,
-    ServerAuthError,
-    ServerPool,
-    parse_completions,
-)
+from rlvr.rollout.pool import ServerPool
+from rlvr.rollout.remote_sampler import RemoteSampler
+from rlvr.rollout.server_answers import LOGP_FLOOR, parse_completions
+from rlvr.rollout.server_errors import BadAnswerError, MalformedAnswer, ServerAuthError
 from tests.serving import ServerProcess
 from tests.test_remote import PROMPTS, _trainer
 
@@ -344,7 +339,7 @@ def test_a_trickling_server_is_cut_off_at_the_deadline(mode, faulty, good, model
 
 def test_a_hanging_request_is_cancelled_when_the_pool_closes(faulty, model, tokenizer, tmp_path):
     """Closing the pool ends a request that is still waiting (the learner shuts down cleanly)."""
-    from rlvr.rollout.remote import PoolClosed
+    from rlvr.rollout.server_errors import PoolClosed
 
     fake = faulty("hang")
     sampler = _sampler([fake.url], model, tokenizer, tmp_path)
@@ -390,7 +385,7 @@ def test_a_server_refusing_the_key_is_a_clear_error_before_any_work(key, faulty,
 
 
 def test_api_key_from_env(monkeypatch):
-    from rlvr.rollout.remote import api_key_from_env
+    from rlvr.rollout.http_client import api_key_from_env
 
     monkeypatch.setenv("MY_KEY", "  abc\n")
     monkeypatch.delenv("NO_SUCH_KEY", raising=False)

@@ -15,7 +15,9 @@ from rlvr.bucket import AdapterBucket
 from rlvr.config import load_config, to_yaml
 from rlvr.models import LoraSpec, add_lora, load_causal_lm
 from rlvr.rollout import SamplingParams, StaleVersion
-from rlvr.rollout.remote import AdapterSyncError, NoServerError, RemoteSampler, ServerPool
+from rlvr.rollout.pool import ServerPool
+from rlvr.rollout.remote_sampler import RemoteSampler
+from rlvr.rollout.server_errors import AdapterSyncError, NoServerError
 from rlvr.train.batch import StepBatch
 from rlvr.train.forward import completion_logprobs
 from tests.serving import ServerProcess, post
@@ -241,7 +243,7 @@ def test_the_pool_against_a_server_with_an_api_key(tiny_model_dir, tokenizer, tm
     """`rlvr serve` started with a key (through RLVR_API_KEY, as the runtimes do): the pool with the key samples;
     without it, or with another, it stops before any work with an error that says where the key comes from - and
     build_sampler reads the key from the variable rollout.api_key_env names, never from the config."""
-    from rlvr.rollout.remote import ServerAuthError
+    from rlvr.rollout.server_errors import ServerAuthError
     from rlvr.train.build import build_sampler
 
     server = ServerProcess(tiny_model_dir, api_key="k-3f9a").wait_ready()

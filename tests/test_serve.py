@@ -92,7 +92,7 @@ def test_completion_fields(server, tokenizer):
 def test_logprobs_are_the_trainers_at_the_request_temperature(server, tiny_model_dir, tokenizer):
     """processed_logprobs: log softmax(logits / T) of each sampled token, as the trainer recomputes it."""
     from rlvr.rollout import Groups
-    from rlvr.rollout.remote import groups_from_completions
+    from rlvr.rollout.server_answers import groups_from_completions
     from rlvr.train.batch import StepBatch
     from rlvr.train.forward import completion_logprobs
 

@@ -2,7 +2,7 @@
 token stream per episode, returned as ``Groups`` like single-turn completions.
 
 The turns are driven here, for every rollout path; only the sampling of one model turn differs: ``local_turns``
-samples in this process, ``rlvr.rollout.remote.RemoteSampler`` sends token-id prompts to ``/v1/completions``
+samples in this process, ``rlvr.rollout.remote_sampler.RemoteSampler`` sends token-id prompts to ``/v1/completions``
 (``rlvr serve`` or vLLM), so servers stay stateless and need nothing new.
 
 Token in, token out: the tokens the model sampled are kept exactly as sampled, and each observation is appended

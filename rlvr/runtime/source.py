@@ -24,7 +24,8 @@ from rlvr.config import RunConfig
 from rlvr.rewards import Scores
 from rlvr.rollout import Groups, Sampler
 from rlvr.rollout.episodes import EpisodeStats
-from rlvr.rollout.remote import NoServerError, api_key_from_env
+from rlvr.rollout.http_client import api_key_from_env
+from rlvr.rollout.server_errors import NoServerError
 from rlvr.runtime.orchestrator import Orchestrator, Taken
 from rlvr.seeds import group_seed
 from rlvr.train.build import build_remote_sampler, sampling_params

@@ -134,7 +134,7 @@ def build_sampler(cfg: RunConfig, model: nn.Module, tokenizer, run_dir: Path) ->
     r = cfg.rollout
     if r.backend == "local":
         return build_local_sampler(cfg, model, tokenizer)
-    from rlvr.rollout.remote import api_key_from_env
+    from rlvr.rollout.http_client import api_key_from_env
 
     return build_remote_sampler(cfg, model, tokenizer, run_dir, r.servers, api_key_from_env(r.api_key_env))
 
@@ -146,7 +146,8 @@ def build_remote_sampler(cfg: RunConfig, model: nn.Module, tokenizer, run_dir: P
     default the run's adapters/ folder); waits until they answer (at least ``startup_s`` for servers this run
     started). ``resolve``: how to find a restarted server again (Ray)."""
     from rlvr.bucket import AdapterBucket
-    from rlvr.rollout.remote import RemoteSampler, ServerPool
+    from rlvr.rollout.pool import ServerPool
+    from rlvr.rollout.remote_sampler import RemoteSampler
 
     r = cfg.rollout
     pool = ServerPool(urls, api_key=api_key, request_timeout_s=r.request_timeout_s, resolve=resolve,

@@ -36,7 +36,7 @@ from rlvr.envs.render import template_renders_tools, tools_instruction, with_too
 from rlvr.rewards import Scores, WeightedReward, as_completions, import_object, score_completions
 from rlvr.rollout import Groups, Sampler, SamplingParams
 from rlvr.rollout.episodes import EpisodeLimits, EpisodeStats
-from rlvr.rollout.remote import api_key_from_env
+from rlvr.rollout.http_client import api_key_from_env
 from rlvr.tasks import reward_columns
 
 CALL_END = "</tool_call>"

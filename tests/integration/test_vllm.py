@@ -22,7 +22,9 @@ from rlvr.config import load_config
 from rlvr.models import load_policy, resolve_model_dir
 from rlvr.prompts import prompt_token_ids
 from rlvr.rollout import SamplingParams
-from rlvr.rollout.remote import RemoteSampler, ServerAuthError, ServerPool
+from rlvr.rollout.pool import ServerPool
+from rlvr.rollout.remote_sampler import RemoteSampler
+from rlvr.rollout.server_errors import ServerAuthError
 from rlvr.tasks import arithmetic_rows
 from rlvr.train.batch import StepBatch
 from rlvr.train.forward import completion_logprobs

@@ -1,0 +1,118 @@
+"""The Sampler over a server pool: generation on rollout servers over HTTP (``rlvr serve`` or vLLM, unchanged),
+the trainer's adapter published to a bucket and loaded on every server at each sync."""
+
+from __future__ import annotations
+
+import math
+
+from rlvr.bucket import AdapterBucket
+from rlvr.prompts import Prompt, prompt_token_ids
+from rlvr.rollout.engine import SamplingParams
+from rlvr.rollout.episodes import Environment, EpisodeLimits, Episodes, Turn, run_episodes
+from rlvr.rollout.groups import Groups, eos_token_ids
+from rlvr.rollout.http_client import read_json
+from rlvr.rollout.pool import ServerPool
+from rlvr.rollout.server_answers import Completion, groups_of, is_number, parse_completions
+from rlvr.rollout.server_errors import MalformedAnswer
+from rlvr.seeds import request_seed, turn_seed
+
+
+def vocab_size(model, tokenizer) -> int:
+    """Token ids the trainer can take: the rows of the model's input embedding (the tokenizer's length if the
+    model has none)."""
+    embedding = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    return int(getattr(embedding, "num_embeddings", 0) or len(tokenizer))
+
+
+class RemoteSampler:
+    """The Sampler over a server pool. ``sync(v)`` publishes the trainer's LoRA adapter as version v to the
+    bucket, loads it on every server as ``{prefix}-v{v}`` (each version its own name, since servers key their
+    prefix caches by adapter name), and unloads versions older than the last ``keep_versions``."""
+
+    def __init__(self, pool: ServerPool, tokenizer, model, bucket: AdapterBucket, *, keep_versions: int = 2,
+                 prefix: str = "policy", version: int = 0):
+        self.pool, self.tokenizer, self.model, self.bucket = pool, tokenizer, model, bucket
+        self.keep_versions, self.prefix, self.version = max(keep_versions, 1), prefix, version
+        self.vocab_size = vocab_size(model, tokenizer)
+        self.last_sync: dict[str, float] = {}
+
+    def adapter_name(self, version: int) -> str:
+        return f"{self.prefix}-v{version}"
+
+    def sync(self, version: int) -> None:
+        published = self.bucket.publish_adapter(self.model, version)
+        load_s = self.pool.load_adapter(self.adapter_name(version), published.url)
+        self.version = version
+        for old in [n for n in self.pool.adapters if n.startswith(f"{self.prefix}-v")]:
+            if int(old.rsplit("-v", 1)[1]) <= version - self.keep_versions:
+                self.pool.unload_adapter(old)
+        self.bucket.gc(self.keep_versions)
+        self.last_sync = {"adapter_bytes": published.bytes, "publish_s": published.seconds, "load_s": load_s}
+
+    def busy_seconds(self) -> dict[str, float]:
+        """Seconds each live `rlvr serve` has spent generating (from its /stats; other engines are left out)."""
+        out = {}
+        for server in self.pool.live():
+            r = self.pool.get(f"{server.url}/stats")
+            if r is None or r.status_code != 200:
+                continue
+            try:
+                busy = read_json(r).get("busy_s")
+            except (MalformedAnswer, AttributeError):
+                continue
+            if is_number(busy) and math.isfinite(busy) and busy >= 0:
+                out[server.url] = float(busy)
+        return out
+
+    def stats(self) -> dict[str, float]:
+        s = self.pool.stats
+        return {**self.last_sync, "servers_live": len(self.pool.live()), "requests": s.requests,
+                "requests_retried": s.retries, "servers_lost": s.servers_lost, "servers_revived": s.servers_revived,
+                "answers_rejected": s.answers_rejected, "answers_busy": s.answers_busy}
+
+    def close(self) -> None:
+        self.pool.close()
+
+    def _body(self, ids: list[int], n: int, params: SamplingParams, seed: int, version: int) -> dict:
+        body = {"model": self.adapter_name(version), "prompt": ids, "n": n, "max_tokens": params.max_new_tokens,
+                "temperature": params.temperature, "top_p": params.top_p, "seed": seed, "logprobs": 0,
+                "return_token_ids": True, "include_stop_str_in_output": True, "skip_special_tokens": True}
+        if params.top_k > 0:
+            body["top_k"] = params.top_k
+        if params.stop:
+            body["stop"] = list(params.stop)
+        return body
+
+    def sample_episodes(self, prompt_ids: list[list[int]], envs: list[Environment], group_size: int,
+                        params: SamplingParams, seed: int, limits: EpisodeLimits) -> Episodes:
+        """Episodes driven from here: each model turn is one stateless /v1/completions request whose prompt is the
+        episode's token ids so far (n = 1, its own seed), sent to any live server; a server lost mid-episode only
+        moves the next turn to another one, which has the same adapter version."""
+        version, turn = self.version, [0]
+
+        def parse(answer: object) -> list[Completion]:
+            return parse_completions(answer, 1, params.max_new_tokens, self.vocab_size)
+
+        def turns(contexts: list[list[int]], episodes: list[int]) -> list[Turn]:
+            bodies = [self._body(ids, 1, params, turn_seed(seed, i, turn[0]), version)
+                      for ids, i in zip(contexts, episodes)]
+            turn[0] += 1
+            answers = self.pool.post_many("/v1/completions", bodies, [params.max_new_tokens] * len(bodies),
+                                          [parse] * len(bodies))
+            return [Turn(a[0].token_ids, a[0].logprobs, a[0].truncated) for a in answers]
+
+        return run_episodes(turns, self.tokenizer, prompt_ids, envs, group_size, params, limits,
+                            eos_token_ids(self.model, self.tokenizer), version)
+
+    def sample(self, prompts: list[Prompt], group_size: int, params: SamplingParams, seed: int) -> Groups:
+        prompt_ids = [prompt_token_ids(self.tokenizer, p) for p in prompts]
+        version = self.version
+        bodies = [self._body(ids, group_size, params, request_seed(seed, i), version)
+                  for i, ids in enumerate(prompt_ids)]
+
+        def parse(answer: object) -> list[Completion]:
+            return parse_completions(answer, group_size, params.max_new_tokens, self.vocab_size)
+
+        answers = self.pool.post_many("/v1/completions", bodies, [group_size * params.max_new_tokens] * len(bodies),
+                                      [parse] * len(bodies))
+        return groups_of(answers, prompt_ids, group_size, self.tokenizer, version, params.temperature)
