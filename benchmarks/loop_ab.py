@@ -49,24 +49,32 @@ def main() -> None:
     parser.add_argument("--base", default="6293449", help="the commit before the one-loop refactor")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--new", default="", help="a commit to compare instead of this working tree")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         old_code = Path(tmp) / "old"
         subprocess.run(["git", "worktree", "add", "--detach", str(old_code), args.base], cwd=ROOT, check=True,
                        capture_output=True)
+        new_code = ROOT
+        if args.new:
+            new_code = Path(tmp) / "new"
+            subprocess.run(["git", "worktree", "add", "--detach", str(new_code), args.new], cwd=ROOT, check=True,
+                           capture_output=True)
         try:
             runs: dict[str, list[list[dict]]] = {"old": [], "new": []}
             for k in range(args.rounds):
-                for side, code in (("old", old_code), ("new", ROOT)):
+                for side, code in (("old", old_code), ("new", new_code)):
                     runs[side].append(_train(code, Path(tmp) / f"{side}-{k}", args.steps))
                     print(f"round {k + 1}/{args.rounds}: {side} done", flush=True)
         finally:
-            subprocess.run(["git", "worktree", "remove", "--force", str(old_code)], cwd=ROOT, check=False)
+            for code in {old_code, new_code} - {ROOT}:
+                subprocess.run(["git", "worktree", "remove", "--force", str(code)], cwd=ROOT, check=False)
     old, new = runs["old"][0], runs["new"][0]
-    identical = all(o.get(a) == n.get(b) for o, n in zip(old, new) for a, b in SAME.items()) and len(old) == len(new)
-    update = {side: statistics.median(r["time_train_s" if side == "old" else "update/time_s"]
+    identical = len(old) == len(new) and all(o.get(a, o.get(b)) == n.get(b) for o, n in zip(old, new)
+                                             for a, b in SAME.items())
+    update = {side: statistics.median(r.get("time_train_s", r.get("update/time_s"))
                                       for run in runs[side] for r in run[1:]) for side in runs}  # step 1 warms up
-    step = {side: statistics.median(sum(r[k] for k in (OLD_TIME if side == "old" else NEW_TIME))
+    step = {side: statistics.median(sum(r[k] for k in (OLD_TIME if "time_train_s" in r else NEW_TIME))
                                     for run in runs[side] for r in run[1:]) for side in runs}
     results = {"base": args.base, "rounds": args.rounds, "steps": args.steps, "identical_values": identical,
                "update_s": update, "step_s": step, "update_ratio": update["new"] / update["old"],

@@ -38,8 +38,13 @@ from rlvr.trackers import TRACKERS
 
 __all__ = ["GRPOConfig", "GRPOTrainer", "TrainOutput"]
 
-# TRL's loss_type -> rlvr's algo.aggregation (each divides the summed token losses once per step, over the batch).
-LOSS_TYPES = {"grpo": "sequence_mean", "dapo": "token_mean", "bnpo": "token_mean", "dr_grpo": "token_sum_constant"}
+# TRL's loss_type -> rlvr's (algo.objective, algo.aggregation); each aggregation divides the summed token losses once
+# per step, over the whole batch. ppo_clip becomes gspo with importance_sampling_level="sequence".
+LOSS_TYPES = {"grpo": ("ppo_clip", "sequence_mean"), "dapo": ("ppo_clip", "token_mean"),
+              "bnpo": ("ppo_clip", "token_mean"), "dr_grpo": ("ppo_clip", "token_sum_constant"),
+              "cispo": ("cispo", "token_mean"), "sapo": ("sapo", "sequence_mean"),
+              "luspo": ("ppo_clip", "sequence_sum")}
+IS_LEVELS = ("token", "sequence")
 SCALE_REWARDS = {"group": "group", "batch": "batch", "none": "none"}
 STRATEGIES = ("no", "steps", "epoch")
 NO_EVAL_DATASET_EVAL_SIZE = 100  # training prompts measured before and after when there is no eval_dataset
@@ -47,7 +52,9 @@ NO_EVAL_DATASET_EVAL_SIZE = 100  # training prompts measured before and after wh
 # with what to do instead; any other unknown field gets the generic message.
 _HINTS = {
     "model_init_kwargs": "rlvr loads the model from its directory in fp32 (bf16=True runs it under bf16 autocast)",
-    "importance_sampling_level": "rlvr's clipped ratio is per token; GSPO's sequence-level ratio is not implemented",
+    "use_adaptive_entropy": "rlvr's entropy bonus has a fixed coefficient (entropy_coef)",
+    "off_policy_mask_threshold": "rlvr's trust region for stale samples is algo.gap_mask (DPPO) in a YAML config",
+    "use_bias_correction_kl": "rlvr's KL is the plain k3 estimator (DeepSeekMath), not multiplied by the ratio",
     "vllm_mode": "rlvr samples in process, or on rollout servers (rlvr serve or vLLM) with rollout.backend=server "
                  "in a YAML config (docs/concepts/rollout_servers.md)",
     "generation_kwargs": "rlvr's sampling knobs are temperature, top_p, top_k and max_completion_length",
@@ -106,10 +113,26 @@ class GRPOConfig:
     """Two-sided clipping (INTELLECT-2): the ratio of negative-advantage tokens capped at delta (> 1); rlvr's
     dual clip (algo.dual_clip). None: off."""
     loss_type: str = "dapo"
-    """How token losses become the step's loss (algo.aggregation): grpo (mean per sequence, then over sequences:
-    sequence_mean), dapo (mean over every completion token of the step: token_mean), dr_grpo (sum over a constant,
-    max_completion_length x completions: token_sum_constant), bnpo (token mean over the local batch: token_mean, so
-    only with gradient_accumulation_steps=1, where the local batch is the step's). cispo, sapo, luspo: refused."""
+    """The objective and how token losses become the step's loss (algo.objective, algo.aggregation): grpo (mean per
+    sequence, then over sequences: sequence_mean), dapo (mean over every completion token of the step: token_mean),
+    dr_grpo (sum over a constant, max_completion_length x completions: token_sum_constant), bnpo (token mean over the
+    local batch: token_mean, so only with gradient_accumulation_steps=1, where the local batch is the step's), cispo
+    (objective cispo, token_mean; epsilon_high is its absolute cap and must be set), sapo (objective sapo,
+    sequence_mean), luspo (per-sequence sum: sequence_sum; use with importance_sampling_level='sequence'). vespo:
+    refused."""
+    importance_sampling_level: str = "token"
+    """token, or sequence: GSPO's length-normalised sequence ratio (algo.objective=gspo) with the PPO-clip loss
+    types (grpo, dapo, bnpo, dr_grpo, luspo)."""
+    sapo_temperature_pos: float = 1.0
+    """loss_type='sapo': the soft gate's temperature for positive advantages (algo.sapo_tau_pos)."""
+    sapo_temperature_neg: float = 1.05
+    """loss_type='sapo': the temperature for negative advantages (algo.sapo_tau_neg)."""
+    entropy_coef: float = 0.0
+    """Entropy bonus: the loss minus entropy_coef x the mean entropy of the step's trained tokens
+    (algo.entropy_coef)."""
+    top_entropy_quantile: float = 1.0
+    """Train the policy term only on this share of the highest-entropy tokens (algo.top_entropy_quantile); rlvr takes
+    the threshold over the whole step, as the paper does (TRL: over each micro-batch). 1: off."""
     scale_rewards: str | bool = "group"
     """Advantage scaling (algo.scale): group or True (each group's std), batch (the std of the whole batch), none or
     False (Dr. GRPO). mean: refused."""
@@ -325,8 +348,27 @@ def _check_config(a: GRPOConfig) -> None:
         raise _refuse("delta", a.delta, f"must be >= 1 + epsilon_high = {1 + high:g}, where rlvr's dual clip and "
                                         "TRL's cap on the ratio give the same loss")
     loss_type = _plain(a.loss_type)
+    if loss_type == "vespo":
+        raise _refuse("loss_type", loss_type, "VESPO's sequence weight is not implemented; closest: loss_type='cispo' "
+                                              "(a clipped, detached ratio on REINFORCE)")
     if loss_type not in LOSS_TYPES:
         raise _refuse("loss_type", loss_type, f"rlvr does not support it; supported: {', '.join(LOSS_TYPES)}")
+    if a.importance_sampling_level not in IS_LEVELS:
+        raise _refuse("importance_sampling_level", a.importance_sampling_level, "must be token or sequence")
+    if a.importance_sampling_level == "sequence" and LOSS_TYPES[loss_type][0] != "ppo_clip":
+        raise _refuse("importance_sampling_level", "sequence", f"rlvr's {loss_type} is token-level; the sequence ratio "
+                                                               "(GSPO) goes with grpo, dapo, bnpo, dr_grpo or luspo")
+    if loss_type == "cispo" and (a.epsilon_high is None or not _is_number(a.epsilon_high) or a.epsilon_high <= 1):
+        raise _refuse("epsilon_high", a.epsilon_high, "loss_type='cispo' reads it as the absolute cap of the ratio and "
+                                                      "needs it set above 1 (MiniMax-M1, TRL's docs: 5.0); left unset, "
+                                                      "TRL falls back to epsilon=0.2 and caps every on-policy token")
+    for name in ("sapo_temperature_pos", "sapo_temperature_neg"):
+        if not _is_number(getattr(a, name)) or getattr(a, name) <= 0:
+            raise _refuse(name, getattr(a, name), "must be a number > 0")
+    if not _is_number(a.entropy_coef) or a.entropy_coef < 0:
+        raise _refuse("entropy_coef", a.entropy_coef, "must be a number >= 0")
+    if not _is_number(a.top_entropy_quantile) or not 0 < a.top_entropy_quantile <= 1:
+        raise _refuse("top_entropy_quantile", a.top_entropy_quantile, "must be in (0, 1] (1: off)")
     if loss_type == "bnpo" and a.gradient_accumulation_steps != 1:
         raise _refuse("loss_type", loss_type,
                       "bnpo normalises over each micro-batch of gradient accumulation; rlvr normalises once over the "
@@ -667,7 +709,6 @@ def _run_config(a: GRPOConfig, model_name: str, lora: dict | None, n_train: int,
     evaluation = _plain(a.eval_strategy)
     eval_every = {"no": 0, "epoch": epoch,
                   "steps": _batches(a.logging_steps if a.eval_steps is None else a.eval_steps, total, mu)}[evaluation]
-    epsilon_high = a.epsilon if a.epsilon_high is None else a.epsilon_high
     return build_config({
         "output_dir": a.output_dir,
         "model": {"name": model_name, "lora": lora is not None, **(lora or {}),
@@ -677,11 +718,10 @@ def _run_config(a: GRPOConfig, model_name: str, lora: dict | None, n_train: int,
         "rewards": [{"name": name, "weight": weight, "kwargs": kwargs} for name, kwargs, weight in rewards],
         "rollout": {"group_size": a.num_generations, "temperature": float(a.temperature), "top_p": float(a.top_p),
                     "top_k": a.top_k or 0, "max_new_tokens": a.max_completion_length},
-        "algo": {"name": "grpo", "preset": "grpo", "scale": _scale(a.scale_rewards),
-                 "aggregation": LOSS_TYPES[_plain(a.loss_type)], "eps_low": float(a.epsilon),
-                 "eps_high": float(epsilon_high), "dual_clip": float(a.delta or 0.0), "beta": float(a.beta),
-                 "kl_estimator": "k3", "dynamic_sampling": False, "num_iterations": mu,
-                 "mask_truncated": a.mask_truncated_completions},
+        "algo": {"name": "grpo", "preset": "grpo", "scale": _scale(a.scale_rewards), **_objective(a),
+                 "dual_clip": float(a.delta or 0.0), "beta": float(a.beta), "kl_estimator": "k3",
+                 "entropy_coef": float(a.entropy_coef), "top_entropy_quantile": float(a.top_entropy_quantile),
+                 "dynamic_sampling": False, "num_iterations": mu, "mask_truncated": a.mask_truncated_completions},
         "train": {"steps": steps, "prompts_per_step": prompts, "micro_batch_size": a.per_device_train_batch_size,
                   "lr": float(a.learning_rate), "warmup_steps": warmup_steps, "weight_decay": float(a.weight_decay),
                   "max_grad_norm": float(a.max_grad_norm), "seed": a.seed, "checkpoint_every": every,
@@ -692,3 +732,15 @@ def _run_config(a: GRPOConfig, model_name: str, lora: dict | None, n_train: int,
                 "samples": a.log_completions},
         "env": env,
     })
+
+
+def _objective(a: GRPOConfig) -> dict:
+    """The algo keys of TRL's loss_type, importance_sampling_level and clip fields."""
+    objective, aggregation = LOSS_TYPES[_plain(a.loss_type)]
+    if a.importance_sampling_level == "sequence":
+        objective = "gspo"
+    high = float(a.epsilon if a.epsilon_high is None else a.epsilon_high)
+    if objective == "cispo":  # TRL's epsilon_high is CISPO's absolute cap and it has no lower bound
+        return {"objective": objective, "aggregation": aggregation, "eps_low": 1.0, "eps_high": high - 1.0}
+    return {"objective": objective, "aggregation": aggregation, "eps_low": float(a.epsilon), "eps_high": high,
+            "sapo_tau_pos": float(a.sapo_temperature_pos), "sapo_tau_neg": float(a.sapo_temperature_neg)}

@@ -284,8 +284,8 @@ def test_datasets_checked(tiny_model_dir, tmp_path):
 # --------------------------------------------------------------------------- what is refused
 
 TRL_FIELDS_NOT_SUPPORTED = [
-    "vllm_mode", "vllm_server_base_url", "importance_sampling_level", "model_init_kwargs", "top_entropy_quantile",
-    "sync_ref_model", "min_p", "repetition_penalty", "generation_kwargs", "num_generations_eval",
+    "vllm_mode", "vllm_server_base_url", "use_adaptive_entropy", "model_init_kwargs", "off_policy_mask_threshold",
+    "sync_ref_model", "vespo_k_pos", "use_bias_correction_kl", "min_p", "repetition_penalty", "generation_kwargs", "num_generations_eval",
     "multi_objective_aggregation", "cast_lm_head_to_fp32", "steps_per_generation", "generation_batch_size",
     "log_unique_prompts", "deepspeed", "fsdp", "lr_scheduler_kwargs", "torch_compile", "dataloader_num_workers",
 ]
@@ -301,7 +301,7 @@ def test_unsupported_trl_field_is_an_error_naming_it(name):
 
 
 REFUSED_VALUES = {
-    "loss_type": "cispo", "scale_rewards": "mean", "fp16": True, "use_vllm": True, "lr_scheduler_type": "cosine",
+    "loss_type": "vespo", "scale_rewards": "mean", "fp16": True, "use_vllm": True, "lr_scheduler_type": "cosine",
     "optim": "adamw_8bit", "adam_beta2": 0.99, "num_completions_to_print": 2, "save_strategy": "best",
     "eval_strategy": "best", "report_to": "mlflow", "shuffle_dataset": False, "push_to_hub": True, "max_steps": 0,
     "num_generations": 1, "delta": 0.5, "top_p": 0.0,
@@ -312,6 +312,28 @@ REFUSED_VALUES = {
 def test_refused_value_is_an_error_naming_the_field(name):
     with pytest.raises(ValueError, match=rf"GRPOConfig\.{name}="):
         GRPOConfig(**{name: REFUSED_VALUES[name]})
+
+
+def test_objective_fields_mapping(tiny_model_dir, tmp_path):
+    """TRL's loss_type and importance_sampling_level become algo.objective and algo.aggregation; CISPO's absolute cap
+    becomes an offset from 1 with no lower bound; SAPO's temperatures and the entropy terms pass through."""
+    def algo(**fields):
+        return _cfg(tiny_model_dir, tmp_path, **fields).algo
+
+    a = algo(loss_type="grpo", importance_sampling_level="sequence", epsilon=3e-4, epsilon_high=4e-4)
+    assert (a.objective, a.aggregation, a.eps_low, a.eps_high) == ("gspo", "sequence_mean", 3e-4, 4e-4)
+    a = algo(loss_type="luspo", importance_sampling_level="sequence")
+    assert (a.objective, a.aggregation) == ("gspo", "sequence_sum")
+    a = algo(loss_type="cispo", epsilon_high=5.0)
+    assert (a.objective, a.aggregation, a.eps_low, a.eps_high) == ("cispo", "token_mean", 1.0, 4.0)
+    a = algo(loss_type="sapo", sapo_temperature_pos=0.9, sapo_temperature_neg=1.2, entropy_coef=0.01,
+             top_entropy_quantile=0.2)
+    assert (a.objective, a.aggregation, a.sapo_tau_pos, a.sapo_tau_neg) == ("sapo", "sequence_mean", 0.9, 1.2)
+    assert (a.entropy_coef, a.top_entropy_quantile) == (0.01, 0.2)
+    with pytest.raises(ValueError, match="epsilon_high=None: loss_type='cispo' reads it as the absolute cap"):
+        GRPOConfig(loss_type="cispo")
+    with pytest.raises(ValueError, match="importance_sampling_level='sequence': rlvr's sapo is token-level"):
+        GRPOConfig(loss_type="sapo", importance_sampling_level="sequence")
 
 
 def test_other_refusals():

@@ -84,3 +84,34 @@ def informative_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
 def zero_variance_fraction(rewards: torch.Tensor, group_size: int) -> float:
     """Fraction of groups whose valid rewards are all equal (no learning signal). rewards: [B*G]."""
     return (~informative_groups(rewards, group_size)).float().mean().item()
+
+
+def normalize_then_sum(rewards: torch.Tensor, weights: torch.Tensor, group_size: int, eps: float = 1e-4
+                       ) -> torch.Tensor:
+    """GDPO's advantages (arXiv 2601.05242; TRL's multi_objective_aggregation='normalize_then_sum'): each reward
+    function normalised within its group first, so no function's scale drowns the others, then summed with its
+    weight, then normalised over the batch.
+
+        A_jk = (R_jk - mean_g R_k) / (std_g R_k + eps)      per function k, within completion j's group g
+        r_j  = sum_k w_k A_jk                                 (a missing reward counts 0)
+        A_j  = (r_j - mean r) / (std r + eps)                 over the batch's scored completions
+
+    Args:
+        rewards: [B*G, K] float, one column per reward function; NaN marks a missing reward.
+        weights: [K] float.
+    Returns:
+        [B*G] float advantages; 0 where every function's reward is missing. Stds are unbiased (ddof = 1); a group
+        with one valid reward or no spread in a function adds 0 for that function.
+    """
+    if rewards.dim() != 2 or rewards.shape[1] != weights.numel():
+        raise ValueError(f"rewards must be [B*G, K] with K = {weights.numel()} reward functions; got "
+                         f"{list(rewards.shape)}")
+    per_function = torch.stack([group_advantages(rewards[:, k], group_size, "group", eps)
+                                for k in range(rewards.shape[1])], dim=1).double()  # [B*G, K], 0 where missing
+    scored = ~torch.isnan(rewards).all(dim=1)  # [B*G]
+    total = (per_function * weights.double()).sum(dim=1)
+    valid = total[scored]
+    if valid.numel() < 2:
+        return torch.zeros_like(total).to(rewards.dtype)
+    adv = (total - valid.mean()) / (valid.std() + eps)
+    return torch.where(scored, adv, torch.zeros_like(adv)).to(rewards.dtype)

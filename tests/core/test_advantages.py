@@ -98,3 +98,24 @@ def test_rejects_bad_shapes_and_scale():
         group_advantages(torch.zeros(5), group_size=2)
     with pytest.raises(ValueError, match="scale must be one of"):
         group_advantages(torch.zeros(4), group_size=2, scale="std")  # type: ignore[arg-type]
+
+
+def test_normalize_then_sum_by_hand():
+    """GDPO: two groups of two, a 0/1 reward and a length-like reward ten times larger. Per function and group:
+    (R - mean) / std (ddof 1): correctness +-1/sqrt(2) in group 0, 0 in group 1 (no spread); length -+1/sqrt(2) in
+    both groups. Sums: 0, 0, -1/sqrt(2), +1/sqrt(2); over the batch mean 0, std sqrt(1/3), so the last two are
+    -+sqrt(3/2) and the first two 0."""
+    from rlvr.core.advantages import normalize_then_sum
+
+    nan = float("nan")
+
+    rewards = torch.tensor([[1.0, 10.0], [0.0, 30.0], [1.0, 20.0], [1.0, 40.0]])
+    adv = normalize_then_sum(rewards, torch.tensor([1.0, 1.0]), group_size=2, eps=0.0)
+    assert torch.allclose(adv, torch.tensor([0.0, 0.0, -math.sqrt(1.5), math.sqrt(1.5)]), atol=1e-6)
+    # a completion no function scored gets 0 and stays out of the batch's mean and std
+    rewards = torch.tensor([[1.0, 10.0], [0.0, 30.0], [1.0, 20.0], [1.0, 40.0], [nan, nan], [nan, nan]])
+    adv = normalize_then_sum(rewards, torch.tensor([1.0, 1.0]), group_size=2, eps=0.0)
+    assert torch.allclose(adv, torch.tensor([0.0, 0.0, -math.sqrt(1.5), math.sqrt(1.5), 0.0, 0.0]), atol=1e-6)
+    # weights scale each function's normalised column: correctness x3 makes row 0 the best of its group
+    adv = normalize_then_sum(rewards[:4], torch.tensor([3.0, 1.0]), group_size=2, eps=0.0)
+    assert adv[0] > adv[1] and adv[2] < adv[3]
