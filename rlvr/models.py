@@ -162,21 +162,79 @@ class ReferencePolicy:
 
     Under LoRA it is the policy itself with its adapter disabled, so no second copy is held; for full
     fine-tuning it is a frozen deep copy made before training starts.
+
+    ``refresh(alpha)`` moves it towards the policy (TR-DPO's reference update, TRL's sync_ref_model):
+    theta_ref <- (1 - alpha) theta_ref + alpha theta. Full fine-tuning mixes every weight. Under LoRA the reference
+    becomes an earlier adapter, held as a copy of the adapter's tensors (the base is shared) and swapped in for
+    the reference pass: its A and B are mixed elementwise, starting from the adapter as the run began (B = 0: the
+    base model). With alpha = 1 that is exactly the policy at the refresh; with alpha < 1 the reference's weight
+    change is mixed-B x mixed-A, not the mix of the two weight changes (a LoRA adapter cannot hold that at rank r).
     """
 
     def __init__(self, policy: nn.Module):
         self._policy = policy
         self._copy = None
+        self._adapter: dict[str, torch.Tensor] | None = None  # LoRA, after a refresh: the reference's A and B
+        self._start: dict[str, torch.Tensor] = {}
         if not is_lora(policy):
             self._copy = copy.deepcopy(policy).eval().requires_grad_(False)
+        else:
+            self._start = {n: p.detach().clone() for n, p in self._lora_parameters()}
+
+    def _lora_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        return [(n, p) for n, p in self._policy.named_parameters() if "lora_" in n and ".default." in n]
 
     @contextlib.contextmanager
     def active(self) -> Iterator[nn.Module]:
         if self._copy is not None:
             yield self._copy
             return
-        with self._policy.disable_adapter():
+        if self._adapter is None:
+            with self._policy.disable_adapter():
+                yield self._policy
+            return
+        params = dict(self._lora_parameters())
+        own = {n: params[n].data for n in self._adapter}
+        try:
+            for n, tensor in self._adapter.items():
+                params[n].data = tensor
             yield self._policy
+        finally:
+            for n, tensor in own.items():
+                params[n].data = tensor
+
+    @torch.no_grad()
+    def refresh(self, alpha: float) -> None:
+        """theta_ref <- (1 - alpha) theta_ref + alpha theta (see the class docstring)."""
+        if self._copy is not None:
+            for ref, p in zip(self._copy.parameters(), self._policy.parameters()):
+                ref.mul_(1.0 - alpha).add_(p.detach(), alpha=alpha)
+            return
+        current = self._start if self._adapter is None else self._adapter
+        self._adapter = {n: current[n].mul(1.0 - alpha).add_(p.detach(), alpha=alpha)
+                         for n, p in self._lora_parameters()}
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        """What a checkpoint must hold to restore the reference exactly (empty before any refresh under LoRA)."""
+        if self._copy is not None:
+            return {n: p.detach() for n, p in self._copy.named_parameters()}
+        return dict(self._adapter or {})
+
+    def load_state_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Restore ``state_tensors``; names and shapes must be this reference's."""
+        own = self.state_tensors() if self._copy is not None else {n: p for n, p in self._lora_parameters()}
+        if not tensors:
+            return
+        wrong = sorted(n for n in own if n not in tensors or tensors[n].shape != own[n].shape)
+        if wrong or set(tensors) - set(own):
+            names = (wrong or sorted(tensors))[:3]
+            raise ValueError(f"the checkpoint's reference weights do not fit this model ({names})")
+        if self._copy is not None:
+            with torch.no_grad():
+                for n, p in self._copy.named_parameters():
+                    p.copy_(tensors[n])
+        else:
+            self._adapter = {n: t.clone() for n, t in tensors.items()}
 
 
 def backbone_and_head(model: nn.Module) -> tuple[nn.Module, OutputLayer]:
