@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-COMMON = ["eval.every=0", "task.eval_size=16", "log.progress=false", "log.tensorboard=false", "log.plot=false",
+COMMON = ["eval.every=0", "task.eval_size=16", "log.progress=false", "log.trackers=[]", "log.plot=false",
           "train.checkpoint_every=0"]
 
 

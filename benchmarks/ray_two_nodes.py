@@ -42,7 +42,7 @@ def main() -> None:
             f"output_dir={out}", f"train.steps={args.steps}", "async.runtime=ray", "async.server_host=node",
             "async.servers=1",
             "async.server_threads=1", "async.learner_threads=1", "eval.every=0", "task.eval_size=16",
-            "log.progress=false", "log.plot=false", "log.tensorboard=false", "train.checkpoint_every=0"])
+            "log.progress=false", "log.plot=false", "log.trackers=[]", "train.checkpoint_every=0"])
         train(cfg)
         servers = json.loads((out / "servers.json").read_text())
         head = ray.get_runtime_context().get_node_id()

@@ -77,7 +77,7 @@ def child_rlvr(mode: str, steps: int, variant: str = "on", seed: str = str(SEED)
         f"rollout.group_size={G}", f"rollout.max_new_tokens={NEW_TOKENS}", "rollout.temperature=1.0",
         "algo.preset=grpo", f"algo.beta={BETA}", f"train.steps={steps}", f"train.prompts_per_step={B}",
         f"train.micro_batch_size={B * G}", f"train.lr={LR[mode]}", f"train.seed={seed}", "train.checkpoint_every=0",
-        "eval.every=0", "eval.batch_size=4", "task.eval_size=4", "log.progress=false", "log.tensorboard=false",
+        "eval.every=0", "eval.batch_size=4", "task.eval_size=4", "log.progress=false", "log.trackers=[]",
         "log.plot=false",
     ])
     train(cfg)

@@ -19,7 +19,7 @@ import typing
 
 import yaml
 
-from rlvr.config import CHOICES, PRESETS, ConfigError, RunConfig, to_dict
+from rlvr.config import PRESETS, ConfigError, RunConfig, to_dict
 
 YAML_KEYS = {"asynchronous": "async"}  # field names that differ from the key written in YAML and overrides
 
@@ -117,13 +117,10 @@ def section_fields(cls: type, prefix: str, instance: typing.Any = None) -> list[
     are those of ``instance`` when given (the section of ``RunConfig()``: algo's knobs as the default preset sets
     them), else the fields' own."""
     hints = typing.get_type_hints(cls)
-    choices = CHOICES
     rows = []
     for f in dataclasses.fields(cls):
         key = f"{prefix}.{f.name}" if prefix else YAML_KEYS.get(f.name, f.name)
-        tp = type_name(hints.get(f.name, f.type))
-        if key in choices and "(" not in tp:
-            tp = f"{tp} ({', '.join(str(c) for c in choices[key])})"
+        tp = type_name(hints.get(f.name, f.type))  # a Literal's values included
         default = _default(f) if instance is None else getattr(instance, f.name)
         doc, owner = field_doc(cls, f.name)
         rows.append(Field(key, tp, "(required)" if default is dataclasses.MISSING else value_text(default), doc, owner))

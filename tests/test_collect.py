@@ -1,4 +1,5 @@
-"""collect(): sampling rounds, DAPO's dynamic sampling and its bookkeeping, against hand-built reward tables."""
+"""collect(): sampling rounds, DAPO's dynamic sampling (DynamicSampling) and its bookkeeping, against hand-built reward
+tables."""
 
 import pytest
 import torch
@@ -7,6 +8,7 @@ from rlvr.rewards import WeightedReward
 from rlvr.rollout import Groups, SamplingParams
 from rlvr.seeds import round_seed
 from rlvr.train.collect import collect, collect_metrics, group_advantage_fn
+from rlvr.train.dynamic_sampling import DynamicSampling
 
 G = 4
 INFORMATIVE, ALL_RIGHT, ALL_WRONG = [1.0, 0.0, 0.0, 0.0], [1.0] * G, [0.0] * G
@@ -53,7 +55,7 @@ def _run(patterns, B=3, dynamic=True, extra=3):
     rewards = [WeightedReward("table", table_reward)]
     c = collect(sampler, next_row_ids, rows, G, SamplingParams(), rewards,
                 group_advantage_fn(G, "group", 1e-4, 1.0), seed=11, dynamic_sampling=dynamic,
-                max_extra_rounds=extra)
+                max_resample_rounds=extra)
     return c, sampler, cursor["at"]
 
 
@@ -116,3 +118,35 @@ def test_a_batch_without_any_reward_is_said_once(capsys):
     assert warn_unscored(c, 3, warned=False) and warn_unscored(c, 4, warned=True)
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("rlvr: warning: step 3: no completion") and "'never'" in err[0]
+
+
+def _offer(pick, informative):
+    """Offer groups 0, 1, ... with these informative flags until the pick is done; the flags of those kept."""
+    kept = []
+    for i, flag in enumerate(informative):
+        if pick.done:
+            break
+        kept.append(pick.offer(i, flag))
+    return kept
+
+
+def test_dynamic_sampling_decides_group_by_group():
+    off = DynamicSampling(3, enabled=False, max_resample_rounds=3)
+    assert _offer(off, [False, True, False, True]) == [True, True, True] and off.trained() == [0, 1, 2]
+    on = DynamicSampling(3, enabled=True, max_resample_rounds=3)  # budget 12 groups
+    assert _offer(on, [False, True, False, True, True, True]) == [False, True, False, True, True]
+    assert on.trained() == [1, 3, 4] and on.sampled == 5
+    spent = DynamicSampling(2, enabled=True, max_resample_rounds=1)  # budget 4 groups
+    assert _offer(spent, [False, True, False, False, True]) == [False, True, False, False]
+    assert spent.done and spent.trained() == [1]
+    flat = DynamicSampling(2, enabled=True, max_resample_rounds=1)
+    _offer(flat, [False] * 6)
+    assert flat.sampled == 4 and flat.trained() == [0, 1]  # none informative: the first B, as they are
+
+
+def test_informative_groups_offered_after_b_are_not_kept():
+    """A synchronous round is offered whole: informative groups past the B-th are dropped (DAPO)."""
+    pick = DynamicSampling(3, enabled=True, max_resample_rounds=3)
+    assert [pick.offer(i, flag) for i, flag in enumerate([True, False, False, True, True, True])] == [
+        True, False, False, True, True, False]
+    assert pick.done and pick.trained() == [0, 3, 4]

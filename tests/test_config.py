@@ -2,7 +2,16 @@
 
 import pytest
 
-from rlvr.config import PRESETS, ConfigError, RunConfig, load_config, to_dict
+from rlvr.config import (
+    PRESETS,
+    AlgoConfig,
+    ConfigError,
+    RolloutConfig,
+    RunConfig,
+    TrainConfig,
+    load_config,
+    to_dict,
+)
 
 
 def test_defaults_and_example_load():
@@ -27,6 +36,59 @@ def test_preset_fills_knobs_and_explicit_values_win(preset):
         assert getattr(cfg.algo, knob) == value
     cfg = load_config(None, [f"algo.preset={preset}", "algo.beta=0.5"])
     assert cfg.algo.beta == 0.5
+
+
+# Every algo key of the resolved config (config.yaml), per preset; written out by hand, not read from PRESETS.
+ALGO_DEFAULTS = {
+    "objective": "ppo_clip", "eps_low": 0.2, "dual_clip": 0.0, "sapo_tau_pos": 1.0, "sapo_tau_neg": 1.05,
+    "kl_estimator": "k3", "entropy_coef": 0.0, "top_entropy_quantile": 1.0, "ratio_to": "proximal",
+    "is_level": "token", "is_mode": "truncate", "is_cap": 2.0, "gap_mask": 0.0, "num_iterations": 1, "adv_eps": 1e-4,
+    "mask_truncated": False, "negative_scale": 1.0, "max_resample_rounds": 3,
+}
+RESOLVED_PRESETS = {
+    "grpo": {"name": "grpo", "scale": "group", "aggregation": "sequence_mean", "eps_high": 0.2, "beta": 0.04,
+             "dynamic_sampling": False},
+    "dapo": {"name": "grpo", "scale": "group", "aggregation": "token_mean", "eps_high": 0.28, "beta": 0.0,
+             "dynamic_sampling": True},
+    "dr_grpo": {"name": "grpo", "scale": "none", "aggregation": "token_sum_constant", "eps_high": 0.2, "beta": 0.0,
+                "dynamic_sampling": False},
+    "ppo": {"name": "ppo", "scale": "none", "aggregation": "token_mean", "eps_high": 0.2, "beta": 0.0,
+            "dynamic_sampling": False},
+}
+
+
+@pytest.mark.parametrize("preset", sorted(RESOLVED_PRESETS))
+def test_each_preset_resolves_every_algo_key(preset):
+    overrides = ["algo.name=ppo"] if preset == "ppo" else [f"algo.preset={preset}"]
+    algo = to_dict(load_config(None, overrides))["algo"]
+    assert algo == {**ALGO_DEFAULTS, **RESOLVED_PRESETS[preset], "preset": preset}
+
+
+def test_presets_list_only_what_differs_from_the_defaults():
+    """beta is stated by every preset: the default run's (grpo's) 0.04 is not AlgoConfig's 0."""
+    for preset, knobs in PRESETS.items():
+        restated = [k for k, v in knobs.items() if k != "beta" and getattr(AlgoConfig, k) == v]
+        assert not restated, f"{preset} restates defaults: {restated}"
+
+
+def test_each_section_checks_its_own_fields():
+    """The check sits in the section, named by its field: built directly, without the loader, it still applies."""
+    with pytest.raises(ValueError, match=r"^steps must be >= 1; got 0$"):
+        TrainConfig(steps=0)
+    with pytest.raises(ValueError, match=r"^precision must be one of auto, fp32, bf16; got 'fp16'$"):
+        RolloutConfig(precision="fp16")
+
+
+def test_one_decoding_precision_default_everywhere():
+    """rlvr train (rollout.precision), a LocalSampler built by hand, rlvr serve and its Engine decode alike."""
+    import inspect
+
+    from rlvr.rollout import LocalSampler
+    from rlvr.serve import serve
+    from rlvr.serve.engine import Engine
+
+    defaults = {inspect.signature(f).parameters["precision"].default for f in (LocalSampler, serve, Engine)}
+    assert defaults == {RunConfig().rollout.precision} == {"auto"}
 
 
 def test_dapo_and_dr_grpo_settings():
@@ -78,6 +140,15 @@ def test_resolved_config_round_trips(tmp_path):
         ("algo.is_mode=clip", "algo.is_mode must be one of truncate, mask; got 'clip'"),
         ("ppo.value_clip=-1", "ppo.value_clip must be >= 0; got -1.0"),
         ("train", "override 'train' must look like key.sub=value"),
+        ("log.tensorboard=false", ("log.tensorboard was removed: list the trackers in log.trackers, e.g. "
+                                   "log.trackers=[] for none")),
+        ("async.max_staleness=-1", "async.max_staleness must be >= 0; got -1"),
+        ("rollout.top_p=0", "rollout.top_p must be in (0, 1]; got 0.0"),
+        ("rollout.temperature=-1", "rollout.temperature must be >= 0; got -1.0"),
+        ("algo.max_resample_rounds=-1", "algo.max_resample_rounds must be >= 0; got -1"),
+        ("algo.scale=std", "algo.scale must be one of group, batch, none; got 'std'"),
+        ("env.transport=grpc", "env.transport must be one of ws, http; got 'grpc'"),
+        ("rewards=[{name: format, on_error: skip}]", "rewards[0].on_error must be one of raise, none; got 'skip'"),
     ],
 )
 def test_errors_name_the_key(override, message):

@@ -154,13 +154,37 @@ def test_pending_prompts_of_a_checkpoint_go_first():
 def test_dynamic_sampling_drops_zero_variance_groups_for_good():
     rows = [{"prompt": "flat" if i % 2 else f"p{i}"} for i in range(40)]
     orch = _orchestrator(ScriptedSampler(), rows=rows, max_inflight=2).start()
-    taken = orch.take(4, version=0, dynamic_sampling=True)
+    taken = orch.take(4, version=0, dynamic_sampling=True, max_resample_rounds=3)
     orch.stop()
-    assert all(not rows[g.row_id]["prompt"].startswith("flat") for g in taken.groups)
+    assert len(taken.groups) == 4 and all(not rows[g.row_id]["prompt"].startswith("flat") for g in taken.groups)
     assert taken.dropped_zero_variance > 0 and orch.stats.dropped_zero_variance == taken.dropped_zero_variance
     flat = [u for u in range(orch.cursor) if rows[data_order(40, 0, u, 1)[0]]["prompt"] == "flat"]
     still_pending = set(flat) & set(orch.pending_uids())  # only those not yet taken (at most the 2 in flight)
     assert len(flat) - len(still_pending) == taken.dropped_zero_variance and len(still_pending) <= 2
+
+
+def _rows_by_uid(informative_uids: set[int], n: int = 40) -> list[dict]:
+    """Rows laid out so that the prompt at stream position u is informative iff u is in ``informative_uids``."""
+    rows = [{}] * n
+    for uid, row in enumerate(data_order(n, 0, 0, n)):
+        rows[row] = {"prompt": f"p{uid}" if uid in informative_uids else "flat"}
+    return rows
+
+
+@pytest.mark.parametrize("informative, B, rounds, trained, dropped", [
+    # the tables of tests/test_collect.py, one group at a time: the same groups are trained
+    ({0, 4, 5}, 3, 3, [0, 4, 5], 3),  # 3 informative by the 6th group: stop there
+    ({1}, 3, 1, [1], 5),  # budget (1 + 1) x 3 = 6 groups spent: the one informative group is trained
+    (set(), 3, 1, [0, 1, 2], 3),  # none informative in 6: the first 3, as they are
+    (set(), 2, 0, [0, 1], 0),  # no extra round: the first B, as they are
+])
+def test_dynamic_sampling_keeps_what_the_synchronous_loop_keeps(informative, B, rounds, trained, dropped):
+    orch = _orchestrator(ScriptedSampler(), rows=_rows_by_uid(informative), max_inflight=1).start()
+    taken = orch.take(B, version=0, dynamic_sampling=True, max_resample_rounds=rounds, timeout_s=30)
+    orch.stop()
+    assert [g.uid for g in taken.groups] == trained
+    assert taken.dropped_zero_variance == orch.stats.dropped_zero_variance == dropped
+    assert orch.stats.trained == len(trained) and taken.staleness == {0: len(trained)}
 
 
 def test_a_failing_sampler_is_raised_in_the_learner():
@@ -194,12 +218,12 @@ def test_the_learners_wait_is_a_deadline_on_progress():
     orch.stop()
 
 
-def test_dynamic_sampling_stops_dropping_after_its_budget():
-    """Every group flat (a weak model): after max_dropped drops the learner trains flat groups (advantage 0) instead
-    of draining the data stream, as the synchronous loop does when its extra rounds run out."""
+def test_dynamic_sampling_stops_after_its_budget():
+    """Every group flat (a weak model): after (1 + max_resample_rounds) x B groups the learner trains the first B
+    (advantage 0) instead of draining the data stream, as the synchronous loop trains its first round."""
     rows = [{"prompt": "flat"} for _ in range(40)]
     orch = _orchestrator(ScriptedSampler(), rows=rows, max_inflight=2).start()
-    taken = orch.take(4, version=0, dynamic_sampling=True, timeout_s=30, max_dropped=6)
+    taken = orch.take(4, version=0, dynamic_sampling=True, max_resample_rounds=2, timeout_s=30)
     orch.stop()
-    assert taken.dropped_zero_variance == 6 and len(taken.groups) == 4
+    assert taken.dropped_zero_variance == 8 and len(taken.groups) == 4  # 12 sampled, 4 trained
     assert all(not bool(g.informative[0]) for g in taken.groups)

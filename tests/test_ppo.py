@@ -13,7 +13,7 @@ from rlvr.launch import train
 from tests.test_e2e import _overrides
 from tests.test_resume import _records
 
-PPO = ["algo.name=ppo", "train.steps=3", "train.checkpoint_every=1", "train.keep_last=5", "log.tensorboard=false",
+PPO = ["algo.name=ppo", "train.steps=3", "train.checkpoint_every=1", "train.keep_last=5", "log.trackers=[]",
        "log.plot=false"]
 
 

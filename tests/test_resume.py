@@ -24,7 +24,7 @@ def _overrides(model_dir, out, lora):
         f"output_dir={out}", "task.eval_size=4", "rewards=[{name: 'tests.helpers:length_reward'}]",
         "rollout.group_size=4", "rollout.max_new_tokens=6", "train.prompts_per_step=2", "train.micro_batch_size=3",
         "train.steps=4", "train.checkpoint_every=1", "train.keep_last=2", "train.threads=1", "algo.beta=0.05",
-        "train.lr=0.01", "eval.every=2", "eval.batch_size=4", "log.progress=false", "log.tensorboard=false",
+        "train.lr=0.01", "eval.every=2", "eval.batch_size=4", "log.progress=false", "log.trackers=[]",
         "log.plot=false", "log.sample_token_ids=true",
     ]
 

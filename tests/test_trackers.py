@@ -231,14 +231,14 @@ def test_a_missing_package_stops_the_run_before_anything_loads(tmp_path, monkeyp
     assert not out.exists()
 
 
-def test_trackers_config_and_the_older_tensorboard_switch():
+def test_trackers_config_and_the_removed_tensorboard_switch():
     assert load_config(None, []).log.trackers == ("tensorboard",)
-    old = load_config(None, ["log.tensorboard=false"]).log
-    assert (old.trackers, old.tensorboard) == ((), False)
-    both = load_config(None, ["log.trackers=[tensorboard, wandb, wandb]", "log.tensorboard=false"]).log
-    assert both.trackers == ("wandb",)
-    assert load_config(None, ["log.trackers=[trackio]"]).log.tensorboard is False
+    assert load_config(None, ["log.trackers=[]"]).log.trackers == ()
+    assert load_config(None, ["log.trackers=[tensorboard, wandb, wandb]"]).log.trackers == ("tensorboard", "wandb")
     assert load_config(None, ["log.trackers=wandb"]).log.trackers == ("wandb",)
+    with pytest.raises(ConfigError, match=r"^log.tensorboard was removed: list the trackers in log.trackers, e.g. "
+                                          r"log.trackers=\[\] for none$"):
+        load_config(None, ["log.tensorboard=false"])
     with pytest.raises(ConfigError, match="log.trackers: unknown tracker 'mlflow'; allowed: tensorboard, wandb, "
                                           "trackio"):
         load_config(None, ["log.trackers=[tensorboard, mlflow]"])
@@ -247,6 +247,6 @@ def test_trackers_config_and_the_older_tensorboard_switch():
 def test_a_saved_config_with_trackers_reads_back_equal(tmp_path):
     from rlvr.config import save_config
 
-    cfg = load_config(None, ["log.trackers=[tensorboard, trackio]", "log.tensorboard=false", "log.run_name=x"])
+    cfg = load_config(None, ["log.trackers=[trackio]", "log.run_name=x"])
     save_config(cfg, tmp_path / "config.yaml")
     assert load_config(tmp_path / "config.yaml") == cfg

@@ -55,11 +55,12 @@ class Sampler(Protocol):
 class LocalSampler:
     """Samples from the training model itself, in this process (it shares the weights, so ``sync`` only
     records the version). Each generation decodes with the LoRA adapter folded into a copy of the weights, made
-    when it starts, with the matmuls in ``precision`` (fp32, bf16, or auto: bf16 where the hardware has bf16 units;
-    rlvr.rollout.decode_weights)."""
+    when it starts, with the matmuls in ``precision`` (rlvr.rollout.decode_weights.decode_dtype: fp32, bf16, or
+    auto, the default of ``rlvr train`` and ``rlvr serve`` too: bf16 for a model of 50M+ parameters where the
+    hardware has bf16 units, else fp32)."""
 
     def __init__(self, model: nn.Module, tokenizer, autocast_mode: str = "none", version: int = 0,
-                 precision: str = "fp32"):
+                 precision: str = "auto"):
         self.model, self.tokenizer, self.autocast_mode, self.version = model, tokenizer, autocast_mode, version
         self.dtype = decode_dtype(precision, model)
 

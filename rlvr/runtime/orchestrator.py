@@ -3,7 +3,8 @@ request, while the learner trains on the groups already scored.
 
 - Prompts are identified by their position in the data stream (``uid``); the dataset row of position u is
   ``data_order(...)[u]``, as in the synchronous loop. A uid is trained at most once; a uid that is dispatched
-  is trained, dropped as zero-variance (dynamic sampling, counted), or still pending - never lost.
+  is trained, dropped by dynamic sampling (counted; rlvr.train.dynamic_sampling decides, as for the synchronous
+  loop), or still pending - never lost.
 - Each group is sampled whole by one request and tagged with the policy version the sampler had when the
   request was built; the learner publishes and loads version v+1 on every server before the sampler's version
   becomes v+1, so no group is tagged with a version the servers did not use.
@@ -32,6 +33,7 @@ from rlvr.rewards import Scores, WeightedReward
 from rlvr.rollout import Groups, Sampler, SamplingParams, StaleVersion
 from rlvr.rollout.episodes import EpisodeStats
 from rlvr.tasks import data_order
+from rlvr.train.dynamic_sampling import DynamicSampling
 from rlvr.train.rollouts import EpisodeSetup, sample_scored
 
 
@@ -160,41 +162,38 @@ class Orchestrator:
                                         informative_groups(got.scores.total, self.G), got.time_generate_s,
                                         got.time_reward_s, got.episodes))
 
-    def take(self, n: int, version: int, dynamic_sampling: bool = False, timeout_s: float | None = None,
-             max_dropped: int | None = None) -> Taken:
-        """``n`` scored groups to train at ``version`` (blocks until they are there). Groups staler than
-        max_staleness are dropped and their prompts dispatched again; with dynamic sampling, groups whose
-        rewards are all equal are dropped for good - at most ``max_dropped`` of them (None: no limit), after
-        which they are trained as they are (advantage 0), as the synchronous loop does when its extra rounds run
-        out. ``timeout_s``: raise ``TimeoutError`` when no group (nor a dispatcher's error) arrives for that long -
-        a deadline on progress, so the learner never hangs."""
+    def take(self, n: int, version: int, dynamic_sampling: bool = False, max_resample_rounds: int = 0,
+             timeout_s: float | None = None) -> Taken:
+        """The scored groups to train at ``version``: ``n`` of them (blocks until they are there), or with dynamic
+        sampling what ``DynamicSampling`` picks (rlvr.train.dynamic_sampling: each group taken is offered in turn;
+        those dropped are dropped for good). Groups staler than max_staleness are not offered: they are dropped
+        and their prompts dispatched again. ``timeout_s``: raise ``TimeoutError`` when no group (nor a
+        dispatcher's error) arrives for that long - a deadline on progress, so the learner never hangs."""
         taken = Taken([])
-        while len(taken.groups) < n:
+        pick: DynamicSampling[ScoredGroup] = DynamicSampling(n, dynamic_sampling, max_resample_rounds)
+        while not pick.done:
             waited = time.perf_counter()
             try:
                 item = self._ready.get(timeout=timeout_s)
             except queue.Empty:
-                raise TimeoutError(f"no scored group for {timeout_s:g} s ({len(taken.groups)} of {n} taken)") from None
+                raise TimeoutError(f"no scored group for {timeout_s:g} s ({len(pick.kept)} of {n} taken)") from None
             taken.idle_s += time.perf_counter() - waited
             if isinstance(item, _Failed):
                 raise item.error
-            behind = version - item.version
             with self._lock:  # settle the group before its slot frees a dispatcher
-                if behind > self.max_staleness:
+                if version - item.version > self.max_staleness:
                     self._redo.append(item.uid)
                     taken.dropped_stale += 1
                     self.stats.dropped_stale += 1
                     self.stats.redispatched += 1
-                elif dynamic_sampling and not bool(item.informative[0]) and (
-                        max_dropped is None or taken.dropped_zero_variance < max_dropped):
-                    self._pending.discard(item.uid)
-                    taken.dropped_zero_variance += 1
-                    self.stats.dropped_zero_variance += 1
                 else:
-                    self._pending.discard(item.uid)
-                    self.stats.trained += 1
-                    taken.staleness[behind] += 1
-                    taken.groups.append(item)
+                    self._pending.discard(item.uid)  # trained, or dropped for good
+                    pick.offer(item, bool(item.informative[0]))
             self._slots.release()
+        taken.groups = pick.trained()
+        taken.dropped_zero_variance = pick.sampled - len(taken.groups)
+        taken.staleness.update(version - g.version for g in taken.groups)
+        with self._lock:
+            self.stats.trained += len(taken.groups)
+            self.stats.dropped_zero_variance += taken.dropped_zero_variance
         return taken
-

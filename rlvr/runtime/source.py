@@ -29,7 +29,8 @@ from rlvr.rollout.server_errors import NoServerError
 from rlvr.runtime.orchestrator import Orchestrator, Taken
 from rlvr.seeds import group_seed
 from rlvr.train.build import build_remote_sampler, sampling_params
-from rlvr.train.collect import Advantages, Collected, Round, scored_batch
+from rlvr.train.collect import Advantages, scored_batch
+from rlvr.train.collected import Collected, Round
 from rlvr.train.run import Run
 
 
@@ -133,9 +134,9 @@ class AsyncSource:
             self._start_orchestrator(run)
         cfg, wait_s = self.cfg, learner_wait_s(self.cfg)
         try:
-            B = cfg.train.prompts_per_step  # dynamic sampling drops at most the groups its extra rounds would sample
-            taken = self.orchestrator.take(B, version=step - 1, dynamic_sampling=cfg.algo.dynamic_sampling,
-                                           timeout_s=wait_s, max_dropped=cfg.algo.max_resample_rounds * B)
+            taken = self.orchestrator.take(cfg.train.prompts_per_step, version=step - 1,
+                                           dynamic_sampling=cfg.algo.dynamic_sampling,
+                                           max_resample_rounds=cfg.algo.max_resample_rounds, timeout_s=wait_s)
         except TimeoutError:
             pool = self.sampler.pool
             logs = (f" (logs: {run.run_dir / 'servers'})"
@@ -146,7 +147,7 @@ class AsyncSource:
                 f"answers rejected as malformed, {len(pool.live())} of {len(self.urls)} servers live. Check the "
                 f"servers{logs}, or raise async.learner_wait_s if generation is this slow") from None
         self.taken = taken
-        groups = taken.groups  # one round: the B groups taken for this step
+        groups = taken.groups  # one round: the groups taken for this step (B, or fewer with dynamic sampling)
         round_ = Round([g.row_id for g in groups], Groups.concat([g.groups for g in groups]),
                        Scores.concat([g.scores for g in groups]), torch.cat([g.informative for g in groups]),
                        [g.uid for g in groups], EpisodeStats.total([g.episodes for g in groups]))

@@ -157,8 +157,8 @@ class Engine:
     def __init__(self, model: str, max_loras: int = 4, max_model_len: int = 0, max_num_seqs: int = 256,
                  batch_wait_s: float = 0.01, threads: int = 0, *, max_batch_tokens: int = 0,
                  max_queued_rows: int = DEFAULT_QUEUED_ROWS, adapter_policy: AdapterPolicy | None = None,
-                 precision: str = "fp32"):
-        decode_dtype(precision)  # an unknown precision fails here, before the model loads
+                 precision: str = "auto"):
+        decode_dtype(precision)  # an unknown precision fails here, before the model loads (resolved once it has)
         self.precision = precision
         self.model_dir = resolve_model_dir(model)
         self.tokenizer = load_tokenizer(self.model_dir)

@@ -1,5 +1,5 @@
-"""The synchronous batch source: prompts -> groups -> rewards -> advantages, with DAPO's dynamic sampling; and
-what a step's collection reports.
+"""The synchronous batch source: prompts -> groups -> rewards -> advantages, with DAPO's dynamic sampling
+(dynamic_sampling.py); and what a step's collection reports.
 
 ``scored_batch`` is the one place a batch's advantages are computed, for every source (the asynchronous one in
 rlvr/runtime/source.py builds its batches with it too). ``collect`` only needs a Sampler, the reward functions
@@ -12,8 +12,6 @@ import contextlib
 import math
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -25,43 +23,13 @@ from rlvr.rollout.episodes import EpisodeStats
 from rlvr.seeds import round_seed, step_seed
 from rlvr.tasks import data_order
 from rlvr.train.build import build_sampler, sampling_params
+from rlvr.train.collected import Collected, Round
 from rlvr.train.curriculum import Curriculum, stage_row_ids
+from rlvr.train.dynamic_sampling import DynamicSampling
 from rlvr.train.rollouts import EpisodeSetup, sample_scored
-
-if TYPE_CHECKING:
-    from rlvr.train.run import Run
+from rlvr.train.run import Run
 
 Advantages = Callable[[torch.Tensor], torch.Tensor]  # rewards [N] (NaN: unscored) -> advantages [N]
-
-
-@dataclass
-class Round:
-    """One sampling round: B prompts, G completions each, scored."""
-
-    row_ids: list[int]
-    groups: Groups
-    scores: Scores
-    informative: torch.Tensor  # [B] bool: the group's rewards differ
-    uids: list[int] | None = None  # positions in the data stream (asynchronous runs log them)
-    episodes: EpisodeStats | None = None  # turns, tool calls, truncations (None: single completions)
-
-
-@dataclass
-class Collected:
-    """What one step trains on (``groups`` and everything aligned with them) and every round sampled for it."""
-
-    rounds: list[Round]
-    row_ids: list[int]  # dataset row of each trained group
-    groups: Groups
-    scores: Scores  # per trained completion
-    adv: torch.Tensor | None  # [N]; None when the update computes its own (PPO: GAE from the critic)
-    time_generate_s: float  # sampling time of the trained groups (asynchronous: on the servers, overlapped)
-    time_reward_s: float
-
-    @property
-    def included(self) -> torch.Tensor:
-        """[N] bool: completions with a reward (the others are not trained on)."""
-        return ~torch.isnan(self.scores.total)
 
 
 def group_advantage_fn(group_size: int, scale: str, eps: float, negative_scale: float) -> Advantages:
@@ -99,43 +67,34 @@ def collect(
     *,
     seed: int,
     dynamic_sampling: bool = False,
-    max_extra_rounds: int = 0,
+    max_resample_rounds: int = 0,
     episodes: EpisodeSetup | None = None,
 ) -> Collected:
     """Sample, score and compute advantages for one step.
 
-    ``next_row_ids()`` gives the dataset rows of one round (B of them) and advances the data stream. Without
-    dynamic sampling one round is trained as it is. With it, groups whose rewards are all equal are dropped
-    and further rounds are sampled (at most ``max_extra_rounds``) until B informative groups are in hand;
-    extra informative groups beyond B are dropped (DAPO), and if the rounds run out the step trains on
-    the informative groups it has. If no round had any, the first round is trained as it is: its
-    advantages are all 0, as in GRPO without dynamic sampling. ``episodes``: multi-turn episodes instead of
-    single completions (rlvr.train.rollouts).
+    ``next_row_ids()`` gives the dataset rows of one round (B of them) and advances the data stream. Rounds are
+    sampled, and their groups kept or dropped, as ``DynamicSampling`` decides (rlvr.train.dynamic_sampling):
+    without dynamic sampling one round, trained as it is; with it, until B informative groups are in hand or
+    ``max_resample_rounds`` extra rounds were sampled. ``episodes``: multi-turn episodes instead of single
+    completions (rlvr.train.rollouts).
     """
     rounds: list[Round] = []
     t_generate = t_reward = 0.0
-    kept: list[tuple[Round, torch.Tensor]] = []
-    have = 0
-    for k in range(1 + (max_extra_rounds if dynamic_sampling else 0)):
+    pick: DynamicSampling[tuple[int, int]] | None = None  # (round, group within it)
+    while pick is None or not pick.done:
         row_ids = next_row_ids()
-        got = sample_scored(sampler, [rows[i] for i in row_ids], group_size, params, round_seed(seed, k), rewards,
-                            episodes)
+        got = sample_scored(sampler, [rows[i] for i in row_ids], group_size, params, round_seed(seed, len(rounds)),
+                            rewards, episodes)
         t_generate, t_reward = t_generate + got.time_generate_s, t_reward + got.time_reward_s
         round_ = Round(row_ids, got.groups, got.scores, informative_groups(got.scores.total, group_size),
                        episodes=got.episodes)
+        pick = pick or DynamicSampling(len(row_ids), dynamic_sampling, max_resample_rounds)
+        for i, informative in enumerate(round_.informative.tolist()):
+            pick.offer((len(rounds), i), informative)
         rounds.append(round_)
-        if not dynamic_sampling:
-            kept.append((round_, torch.arange(len(row_ids))))
-            break
-        picked = round_.informative.nonzero().squeeze(-1)[: len(row_ids) - have]
-        if picked.numel():
-            kept.append((round_, picked))
-            have += picked.numel()
-        if have == len(row_ids):
-            break
-    if not kept:
-        kept.append((rounds[0], torch.arange(len(rounds[0].row_ids))))
-    return scored_batch(rounds, kept, advantages, t_generate, t_reward)
+    trained = pick.trained()
+    kept = [(r, torch.tensor([i for k, i in trained if k == n])) for n, r in enumerate(rounds)]
+    return scored_batch(rounds, [(r, idx) for r, idx in kept if idx.numel()], advantages, t_generate, t_reward)
 
 
 def _masked_stats(values: torch.Tensor) -> tuple[float, float]:
@@ -224,7 +183,7 @@ class SyncSource:
 
         c = collect(run.sampler, next_row_ids, rows, cfg.rollout.group_size, sampling_params(cfg.rollout),
                     run.rewards, self.advantages, seed=step_seed(cfg.train.seed, step),
-                    dynamic_sampling=cfg.algo.dynamic_sampling, max_extra_rounds=cfg.algo.max_resample_rounds,
+                    dynamic_sampling=cfg.algo.dynamic_sampling, max_resample_rounds=cfg.algo.max_resample_rounds,
                     episodes=run.data.episodes)
         if self.curriculum:  # the pass rate: the first reward's mean over everything sampled this step
             first = Scores.concat([r.scores for r in c.rounds]).per_function[run.rewards[0].name]

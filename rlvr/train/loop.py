@@ -15,52 +15,13 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Protocol
 
-from torch import nn
 from tqdm.auto import tqdm
 
 from rlvr.faults import fault_point
 from rlvr.metrics import REWARD, namespaced
-from rlvr.rollout import Sampler
-from rlvr.train.collect import Collected, collect_metrics, episode_metrics, warn_unscored
-from rlvr.train.run import Run, stop_on_interrupt
-
-
-class BatchSource(Protocol):
-    """Where a step's batch comes from."""
-
-    name: str  # shown on the progress bar
-
-    def open(self, run: Run, stack: contextlib.ExitStack) -> Sampler:
-        """Start what the source needs (servers, threads; their teardown goes on ``stack``); the run's sampler."""
-        ...
-
-    def next(self, run: Run, step: int) -> Collected:
-        """The scored batch for ``step``, advantages included (None when the update computes its own)."""
-        ...
-
-    def report(self) -> dict[str, float]:
-        """The source's own metrics for the step just taken (logged under ``async/``); may be empty."""
-        ...
-
-    def state(self) -> dict:
-        """What a checkpoint must hold to resume the source (data cursor, prompts in flight)."""
-        ...
-
-
-class Update(Protocol):
-    """What trains on a batch."""
-
-    needs_reference: bool  # the update reads a frozen reference policy (KL)
-
-    def attach(self, model: nn.Module) -> tuple[nn.Module, list[nn.Parameter]]:
-        """Set up on the loaded policy: (what checkpoints hold, the parameters the optimizer trains)."""
-        ...
-
-    def __call__(self, run: Run, batch: Collected) -> dict[str, float]:
-        """One update on ``batch``; its metrics (logged under ``update/``)."""
-        ...
+from rlvr.train.collect import collect_metrics, episode_metrics, warn_unscored
+from rlvr.train.run import BatchSource, Run, Update, stop_on_interrupt
 
 
 def run_loop(run: Run, source: BatchSource, update: Update) -> dict:

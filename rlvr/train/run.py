@@ -1,9 +1,11 @@
 """A training run's state and bookkeeping, for the one loop (loop.py): setting up or resuming (``open_run``),
 evaluation, the bookkeeping after a step (``Run.after_step``: evaluate, log, guard, checkpoint), and the end
-(``Run.finish``)."""
+(``Run.finish``); and what drives the loop, as Protocols: where batches come from (``BatchSource``) and what
+trains on them (``Update``)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import signal
@@ -11,7 +13,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -34,10 +36,7 @@ from rlvr.train.build import (
     load_data,
     retune_optimizer,
 )
-from rlvr.train.collect import Collected
-
-if TYPE_CHECKING:
-    from rlvr.train.loop import Update
+from rlvr.train.collected import Collected
 from rlvr.train.evaluate import evaluate
 from rlvr.train.rollouts import EnvironmentObjects
 from rlvr.train.run_files import model_card, sample_records, write_config
@@ -204,6 +203,42 @@ class Run:
             title = f"{cfg.model.name} · {cfg.algo.preset} · {cfg.task.name}"
             plot_run(self.writer.path, self.run_dir / "plot.png", title=title)
         return summary
+
+
+class BatchSource(Protocol):
+    """Where a step's batch comes from."""
+
+    name: str  # shown on the progress bar
+
+    def open(self, run: Run, stack: contextlib.ExitStack) -> Sampler:
+        """Start what the source needs (servers, threads; their teardown goes on ``stack``); the run's sampler."""
+        ...
+
+    def next(self, run: Run, step: int) -> Collected:
+        """The scored batch for ``step``, advantages included (None when the update computes its own)."""
+        ...
+
+    def report(self) -> dict[str, float]:
+        """The source's own metrics for the step just taken (logged under ``async/``); may be empty."""
+        ...
+
+    def state(self) -> dict:
+        """What a checkpoint must hold to resume the source (data cursor, prompts in flight)."""
+        ...
+
+
+class Update(Protocol):
+    """What trains on a batch."""
+
+    needs_reference: bool  # the update reads a frozen reference policy (KL)
+
+    def attach(self, model: torch.nn.Module) -> tuple[torch.nn.Module, list[torch.nn.Parameter]]:
+        """Set up on the loaded policy: (what checkpoints hold, the parameters the optimizer trains)."""
+        ...
+
+    def __call__(self, run: Run, batch: Collected) -> dict[str, float]:
+        """One update on ``batch``; its metrics (logged under ``update/``)."""
+        ...
 
 
 def open_run(cfg: RunConfig, update: Update, rewards: list[WeightedReward] | None = None,

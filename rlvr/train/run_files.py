@@ -17,7 +17,7 @@ import yaml
 
 from rlvr.config import ARITHMETIC_SYSTEM_PROMPT, RunConfig, TaskConfig, to_dict
 from rlvr.offline_models import OFFLINE_MODELS, original_name
-from rlvr.train.collect import Collected
+from rlvr.train.collected import Collected
 
 COLUMN_CHARS = 2000  # samples.jsonl: a dataset column's string is cut to this many characters
 COLUMN_ITEMS = 100  # ... and a list or mapping to this many items

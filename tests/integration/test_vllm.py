@@ -104,7 +104,7 @@ def trained(tmp_path_factory):
     cfg = load_config(Path(__file__).resolve().parents[2] / "examples" / "demo.yaml", [
         f"output_dir={out}", "train.steps=2", "train.lr=5e-3", "train.prompts_per_step=4", "eval.every=0",
         "rollout.precision=fp32",  # the same adapter on every machine (auto samples in bf16 where the CPU has it)
-        "task.eval_size=4", "log.progress=false", "log.tensorboard=false", "log.plot=false"])
+        "task.eval_size=4", "log.progress=false", "log.trackers=[]", "log.plot=false"])
     train(cfg)
     model, tokenizer = load_policy("smollm2-135m-instruct", None)
     from peft import PeftModel
