@@ -48,7 +48,7 @@ def main() -> None:
     from rlvr.rollout.decode_weights import decode_dtype
     from rlvr.train.batch import StepBatch
     from rlvr.train.forward import completion_logprobs
-from rlvr.train.step import train_step
+    from rlvr.train.step import train_step
 
     torch.set_num_threads(os.cpu_count())
     peaks = child_matmul_peak()

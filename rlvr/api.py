@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from rlvr.algo_config import REWARD_AGGREGATIONS
 from rlvr.api_inputs import dataset_jsonl, dataset_rows, environment_objects, held_out_check, reward_entry
 from rlvr.config import RunConfig, build_config
 from rlvr.metrics import read_metrics
@@ -127,6 +128,17 @@ class GRPOConfig:
     """loss_type='sapo': the soft gate's temperature for positive advantages (algo.sapo_tau_pos)."""
     sapo_temperature_neg: float = 1.05
     """loss_type='sapo': the temperature for negative advantages (algo.sapo_tau_neg)."""
+    multi_objective_aggregation: str = "sum_then_normalize"
+    """With several reward functions (algo.reward_aggregation): sum_then_normalize (their weighted sum, then
+    scale_rewards) or normalize_then_sum (GDPO: each normalised within its group, weighted, summed, then normalised
+    over the batch; scale_rewards is not used)."""
+    sync_ref_model: bool = False
+    """Move the KL reference towards the policy every ref_model_sync_steps optimizer steps (algo.ref_sync_steps);
+    needs beta != 0. With peft_config (TRL refuses that) the reference is an earlier adapter, mixed elementwise."""
+    ref_model_mixup_alpha: float = 0.6
+    """sync_ref_model: the share of the policy mixed into the reference (algo.ref_mixup_alpha)."""
+    ref_model_sync_steps: int = 512
+    """sync_ref_model: optimizer steps between refreshes (algo.ref_sync_steps)."""
     entropy_coef: float = 0.0
     """Entropy bonus: the loss minus entropy_coef x the mean entropy of the step's trained tokens
     (algo.entropy_coef)."""
@@ -365,6 +377,16 @@ def _check_config(a: GRPOConfig) -> None:
     for name in ("sapo_temperature_pos", "sapo_temperature_neg"):
         if not _is_number(getattr(a, name)) or getattr(a, name) <= 0:
             raise _refuse(name, getattr(a, name), "must be a number > 0")
+    if a.multi_objective_aggregation not in REWARD_AGGREGATIONS:
+        raise _refuse("multi_objective_aggregation", a.multi_objective_aggregation,
+                      f"must be one of {', '.join(REWARD_AGGREGATIONS)}")
+    if a.sync_ref_model and not (_is_number(a.beta) and a.beta > 0):
+        raise _refuse("sync_ref_model", True, "refreshes the KL reference, which beta=0 does not use: set beta > 0")
+    if not _is_number(a.ref_model_mixup_alpha) or not 0 < a.ref_model_mixup_alpha <= 1:
+        raise _refuse("ref_model_mixup_alpha", a.ref_model_mixup_alpha, "must be in (0, 1]")
+    if not isinstance(a.ref_model_sync_steps, int) or isinstance(a.ref_model_sync_steps, bool) \
+            or a.ref_model_sync_steps < 1:
+        raise _refuse("ref_model_sync_steps", a.ref_model_sync_steps, "must be an int >= 1")
     if not _is_number(a.entropy_coef) or a.entropy_coef < 0:
         raise _refuse("entropy_coef", a.entropy_coef, "must be a number >= 0")
     if not _is_number(a.top_entropy_quantile) or not 0 < a.top_entropy_quantile <= 1:
@@ -721,6 +743,9 @@ def _run_config(a: GRPOConfig, model_name: str, lora: dict | None, n_train: int,
         "algo": {"name": "grpo", "preset": "grpo", "scale": _scale(a.scale_rewards), **_objective(a),
                  "dual_clip": float(a.delta or 0.0), "beta": float(a.beta), "kl_estimator": "k3",
                  "entropy_coef": float(a.entropy_coef), "top_entropy_quantile": float(a.top_entropy_quantile),
+                 "reward_aggregation": a.multi_objective_aggregation,
+                 "ref_sync_steps": a.ref_model_sync_steps if a.sync_ref_model else 0,
+                 "ref_mixup_alpha": float(a.ref_model_mixup_alpha),
                  "dynamic_sampling": False, "num_iterations": mu, "mask_truncated": a.mask_truncated_completions},
         "train": {"steps": steps, "prompts_per_step": prompts, "micro_batch_size": a.per_device_train_batch_size,
                   "lr": float(a.learning_rate), "warmup_steps": warmup_steps, "weight_decay": float(a.weight_decay),

@@ -56,6 +56,7 @@ _FILE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")  # a plain name: no sep
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 TRAINING_FILES = ("weights.safetensors", "optimizer.safetensors", "optimizer.json", "scheduler.json", "rng.json",
                   "state.json", "config.yaml")
+REFERENCE_FILE = "reference.safetensors"  # only when the reference policy was refreshed (algo.ref_sync_steps)
 LEGACY_FILES = ("weights.safetensors", "optimizer.pt", "scheduler.pt", "rng.pt", "state.json", "config.yaml")
 
 
@@ -396,8 +397,10 @@ def save_training_state(
     state: dict,
     config_yaml: str,
     keep_last: int,
+    reference: dict[str, torch.Tensor] | None = None,
 ) -> Path:
-    """Trainable weights, optimizer, scheduler, every RNG, loop state and config, as one checkpoint."""
+    """Trainable weights, optimizer, scheduler, every RNG, loop state and config, as one checkpoint; with
+    ``reference`` (a refreshed reference policy's tensors), reference.safetensors too."""
     weights = {n: p.detach().contiguous().clone() for n, p in model.named_parameters() if p.requires_grad}
     optimizer_tensors, optimizer_json = _split_optimizer(optimizer.state_dict())
     scheduler_json = json.dumps(scheduler.state_dict())
@@ -411,7 +414,21 @@ def save_training_state(
         "state.json": lambda path: path.write_text(json.dumps({"step": step, **state}, indent=1)),
         "config.yaml": lambda path: path.write_text(config_yaml),
     }
+    if reference:
+        tensors = {n: t.detach().contiguous().clone() for n, t in reference.items()}
+        writers[REFERENCE_FILE] = lambda path: save_file(tensors, str(path))
     return write_checkpoint(root, step, writers, keep_last)
+
+
+def load_reference(path: Path) -> dict[str, torch.Tensor]:
+    """The reference policy's tensors a checkpoint holds (empty when it holds none). Call after
+    ``load_training_state``, which checks every file against the manifest."""
+    if REFERENCE_FILE not in _manifest(path)[1]:
+        return {}
+    try:
+        return load_file(str(path / REFERENCE_FILE))
+    except (OSError, SafetensorError) as err:
+        raise ValueError(f"checkpoint {path}: {REFERENCE_FILE} cannot be loaded: {err}; resume from another") from None
 
 
 def load_training_state(path: Path, model, optimizer, scheduler) -> dict:

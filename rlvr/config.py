@@ -9,7 +9,6 @@ below).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import re
 import types
 import typing
@@ -19,9 +18,9 @@ from typing import Any, Literal
 
 import yaml
 
-from rlvr.core.advantages import SCALES, check_negative_scale
+from rlvr.algo_config import PRESETS, AlgoConfig
+from rlvr.config_checks import at_least, check_choices
 from rlvr.core.ppo import PPOSettings
-from rlvr.core.settings import LossSettings
 from rlvr.models import ALL_LINEAR
 from rlvr.rewards.base import ON_ERROR
 from rlvr.rollout.decode_weights import PRECISIONS
@@ -29,46 +28,10 @@ from rlvr.rollout.decode_weights import PRECISIONS
 ARITHMETIC_SYSTEM_PROMPT = "Reply with only the number."
 TASKS = ("arithmetic", "word_problems", "tool_problems", "jsonl", "math_jsonl", "code_jsonl", "hf")
 
-# Algorithm variants as named settings of the same knobs; the training loop never branches on them. Each lists
-# only what differs from the defaults of AlgoConfig (rlvr.core.LossSettings: scale group, aggregation sequence_mean,
-# eps_low = eps_high = 0.2, beta 0, kl_estimator k3, no dynamic sampling); every preset states beta, since the
-# default run's (grpo's) 0.04 is not LossSettings' 0.
-# - grpo: DeepSeekMath GRPO: group-std advantages, sequence-mean aggregation, symmetric clip 0.2, k3 KL, beta 0.04.
-# - dapo: DAPO: token-mean aggregation, clip-higher (0.2 / 0.28), no KL, dynamic sampling (zero-variance groups
-#   dropped and replaced). Its overlong shaping is a reward (overlong_penalty), not a loss knob.
-# - dr_grpo: Dr. GRPO: no std scaling, token sum over a constant (max_new_tokens x sequences), no KL.
-# - ppo: PPO with a critic (algo.name=ppo): advantages from GAE, the KL penalty in the reward (ppo.kl_coef).
-PRESETS: dict[str, dict[str, object]] = {
-    "grpo": {"beta": 0.04},
-    "dapo": {"aggregation": "token_mean", "eps_high": 0.28, "beta": 0.0, "dynamic_sampling": True},
-    "dr_grpo": {"scale": "none", "aggregation": "token_sum_constant", "beta": 0.0},
-    "ppo": {"scale": "none", "aggregation": "token_mean", "beta": 0.0},
-}
-ALGORITHMS = ("grpo", "ppo")
-# The values of the fields typed Literal[...] below: _check_choices checks them, the docs list them.
+# The values of the fields typed Literal[...] below: check_choices checks them, the docs list them.
 AUTOCAST, BACKENDS, RUNTIMES, TRANSPORTS = ("none", "bf16"), ("local", "server"), ("embedded", "ray"), ("ws", "http")
 ANSWER_FORMATS, PROBLEM_KINDS = ("raw", "gsm8k", "math"), ("products", "word", "two_step")
 GRAMMARS = ("varied", "simple", "mixed")
-
-
-@functools.cache
-def _choices(cls: type) -> dict[str, tuple]:
-    hints = typing.get_type_hints(cls)
-    return {f.name: typing.get_args(hints[f.name]) for f in dataclasses.fields(cls)
-            if typing.get_origin(hints[f.name]) is Literal}
-
-
-def _check_choices(section: Any) -> None:
-    """Each field of ``section`` typed ``Literal[...]`` holds one of its values."""
-    for name, allowed in _choices(type(section)).items():
-        if getattr(section, name) not in allowed:
-            raise ValueError(f"{name} must be one of {', '.join(allowed)}; got {getattr(section, name)!r}")
-
-
-def _at_least(section: Any, low: int, *names: str) -> None:
-    for name in names:
-        if getattr(section, name) < low:
-            raise ValueError(f"{name} must be >= {low}; got {getattr(section, name)}")
 
 
 @dataclass(frozen=True)
@@ -94,8 +57,8 @@ class ModelConfig:
     """Recompute each layer's activations in backward: far less memory for about one extra forward pass."""
 
     def __post_init__(self) -> None:
-        _check_choices(self)
-        _at_least(self, 1, "lora_r")
+        check_choices(self)
+        at_least(self, 1, "lora_r")
         if not self.lora_alpha > 0:
             raise ValueError(f"lora_alpha must be > 0; got {self.lora_alpha}")
         if not 0 <= self.lora_dropout < 1:
@@ -208,9 +171,9 @@ class TaskConfig:
     instead of loading or converting the whole source first."""
 
     def __post_init__(self) -> None:
-        _check_choices(self)
-        _at_least(self, 1, "digits", "curriculum_stage_steps")
-        _at_least(self, 0, "eval_size", "train_size", "few_shot")
+        check_choices(self)
+        at_least(self, 1, "digits", "curriculum_stage_steps")
+        at_least(self, 0, "eval_size", "train_size", "few_shot")
         if not 0 <= self.eval_fraction < 1:
             raise ValueError(f"eval_fraction must be in [0, 1) (the share of the training rows held out; 0: off); "
                              f"got {self.eval_fraction}")
@@ -233,7 +196,7 @@ class RewardConfig:
     """Seconds one call may take (0: no limit); exceeding it counts as an error."""
 
     def __post_init__(self) -> None:
-        _check_choices(self)
+        check_choices(self)
         if self.timeout_s < 0:
             raise ValueError(f"timeout_s must be >= 0 (0: no limit); got {self.timeout_s}")
 
@@ -281,64 +244,13 @@ class RolloutConfig:
     again before the run stops with an error."""
 
     def __post_init__(self) -> None:
-        _check_choices(self)
-        _at_least(self, 1, "group_size", "max_new_tokens", "keep_versions")
-        _at_least(self, 0, "temperature", "top_k", "server_wait_s")
+        check_choices(self)
+        at_least(self, 1, "group_size", "max_new_tokens", "keep_versions")
+        at_least(self, 0, "temperature", "top_k", "server_wait_s")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1]; got {self.top_p}")
         if not self.request_timeout_s > 0:
             raise ValueError(f"request_timeout_s must be > 0; got {self.request_timeout_s}")
-
-
-@dataclass(frozen=True)
-class _AlgoHead:
-    """The algo keys listed before the loss knobs (a base class: a dataclass lists its bases' fields first)."""
-
-    name: Literal[ALGORITHMS] = "grpo"
-    """grpo: group-relative advantages, no value model (its variants are presets); ppo: a critic initialised from
-    the policy, GAE advantages (the baseline that shows what GRPO saves; settings in the ppo section)."""
-    preset: Literal[tuple(PRESETS)] = "grpo"
-    """grpo, dapo, dr_grpo (with algo.name=grpo) or ppo (the default with algo.name=ppo): fills every knob
-    below that is not set explicitly."""
-    scale: Literal[SCALES] = "group"
-    """Advantage scaling: group (GRPO), batch, none (Dr. GRPO)."""
-
-
-@dataclass(frozen=True)
-class AlgoConfig(LossSettings, _AlgoHead):
-    """The objective: the loss knobs of ``rlvr.core.LossSettings`` (documented and checked there) and these."""
-
-    num_iterations: int = 1
-    """mu: optimizer passes over each batch of groups (1: no proximal-policy forward is needed)."""
-    adv_eps: float = 1e-4
-    """Added to the std when scaling advantages."""
-    mask_truncated: bool = False
-    """DAPO's overlong filtering: completions cut at rollout.max_new_tokens are not trained on (they still count
-    in their group's mean and std), so a ramble that ran out of tokens is neither pushed up nor down."""
-    negative_scale: float = 1.0
-    """Multiplier on negative advantages, in [0, 1]: 1 is GRPO; 0 reinforces only completions better than their
-    group's mean. Damping it keeps a weak model on its format when nearly every sample is wrong (measured:
-    docs/experiments/word_problems.md)."""
-    dynamic_sampling: bool = False
-    """DAPO: drop groups whose rewards are all equal (no signal) and sample more prompts until the step has
-    train.prompts_per_step informative groups, or max_resample_rounds extra rounds were spent; then the step trains
-    the informative groups it has (none: the first prompts_per_step groups sampled, as they are). Synchronous and
-    asynchronous runs alike (rlvr/train/dynamic_sampling.py)."""
-    max_resample_rounds: int = 3
-    """Extra rounds a step's dynamic sampling may spend, each up to train.prompts_per_step prompts: a step samples
-    at most (1 + max_resample_rounds) x prompts_per_step groups (asynchronous runs: groups taken from the servers,
-    stale ones not counted)."""
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        _check_choices(self)
-        _at_least(self, 1, "num_iterations")
-        _at_least(self, 0, "adv_eps", "max_resample_rounds")
-        check_negative_scale(self.negative_scale)
-
-    def loss_settings(self) -> LossSettings:
-        """The loss knobs alone, as a plain ``LossSettings``."""
-        return LossSettings(**{f.name: getattr(self, f.name) for f in dataclasses.fields(LossSettings)})
 
 
 PPOConfig = PPOSettings  # the ppo section: its fields are documented and checked in rlvr.core.ppo
@@ -381,9 +293,9 @@ class TrainConfig:
     """Stop after this many consecutive steps whose updates were all skipped as non-finite."""
 
     def __post_init__(self) -> None:
-        _at_least(self, 1, "steps", "prompts_per_step", "micro_batch_size", "logprob_chunk", "keep_last",
+        at_least(self, 1, "steps", "prompts_per_step", "micro_batch_size", "logprob_chunk", "keep_last",
                   "max_consecutive_skips")
-        _at_least(self, 0, "warmup_steps", "weight_decay", "max_grad_norm", "threads", "heap_threshold_kb",
+        at_least(self, 0, "warmup_steps", "weight_decay", "max_grad_norm", "threads", "heap_threshold_kb",
                   "checkpoint_every")
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0; got {self.lr} (a learning rate of 0 trains nothing)")
@@ -404,8 +316,8 @@ class EvalConfig:
     task.eval_path's."""
 
     def __post_init__(self) -> None:
-        _at_least(self, 1, "batch_size")
-        _at_least(self, 0, "every", "max_new_tokens")
+        at_least(self, 1, "batch_size")
+        at_least(self, 0, "every", "max_new_tokens")
 
 
 @dataclass(frozen=True)
@@ -446,9 +358,9 @@ class AsyncConfig:
     (rollout.request_timeout_s + rollout.server_wait_s) + 300 s for scoring, the longest a healthy pool can take)."""
 
     def __post_init__(self) -> None:
-        _check_choices(self)
-        _at_least(self, 1, "server_threads")
-        _at_least(self, 0, "servers", "learner_threads", "max_inflight_groups", "max_staleness", "server_restarts",
+        check_choices(self)
+        at_least(self, 1, "server_threads")
+        at_least(self, 0, "servers", "learner_threads", "max_inflight_groups", "max_staleness", "server_restarts",
                   "learner_wait_s")
 
 
@@ -481,8 +393,8 @@ class EnvConfig:
     writing (and inventing a result) until its end-of-turn token."""
 
     def __post_init__(self) -> None:
-        _check_choices(self)
-        _at_least(self, 1, "max_turns", "max_episode_tokens", "tool_timeout_s")
+        check_choices(self)
+        at_least(self, 1, "max_turns", "max_episode_tokens", "tool_timeout_s")
 
     @property
     def enabled(self) -> bool:
@@ -533,7 +445,7 @@ class RunConfig:
     """Reward functions and weights; the total is their weighted sum."""
     rollout: RolloutConfig = RolloutConfig()
     """Group size and sampling."""
-    algo: AlgoConfig = AlgoConfig(**PRESETS["grpo"])
+    algo: AlgoConfig = field(default_factory=lambda: AlgoConfig(**PRESETS["grpo"]))
     """The objective: preset and knobs."""
     ppo: PPOConfig = field(default_factory=PPOConfig)
     """The critic's settings, used with algo.name=ppo."""

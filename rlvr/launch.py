@@ -30,6 +30,7 @@ def train(cfg: RunConfig, rewards: list[WeightedReward] | None = None,
         update, advantages = PPOUpdate(cfg), None
     else:
         update = GRPOUpdate(cfg)
-        advantages = group_advantage_fn(cfg.rollout.group_size, algo.scale, algo.adv_eps, algo.negative_scale)
+        advantages = group_advantage_fn(cfg.rollout.group_size, algo.scale, algo.adv_eps, algo.negative_scale,
+                                        algo.reward_aggregation)
     source = AsyncSource(cfg, advantages) if cfg.asynchronous.enabled else SyncSource(cfg, advantages)
     return run_loop(open_run(cfg, update, rewards, environment), source, update)

@@ -285,8 +285,8 @@ def test_datasets_checked(tiny_model_dir, tmp_path):
 
 TRL_FIELDS_NOT_SUPPORTED = [
     "vllm_mode", "vllm_server_base_url", "use_adaptive_entropy", "model_init_kwargs", "off_policy_mask_threshold",
-    "sync_ref_model", "vespo_k_pos", "use_bias_correction_kl", "min_p", "repetition_penalty", "generation_kwargs", "num_generations_eval",
-    "multi_objective_aggregation", "cast_lm_head_to_fp32", "steps_per_generation", "generation_batch_size",
+    "vespo_k_pos", "use_bias_correction_kl", "min_p", "repetition_penalty", "generation_kwargs", "num_generations_eval",
+    "cast_lm_head_to_fp32", "steps_per_generation", "generation_batch_size",
     "log_unique_prompts", "deepspeed", "fsdp", "lr_scheduler_kwargs", "torch_compile", "dataloader_num_workers",
 ]
 
@@ -330,6 +330,12 @@ def test_objective_fields_mapping(tiny_model_dir, tmp_path):
              top_entropy_quantile=0.2)
     assert (a.objective, a.aggregation, a.sapo_tau_pos, a.sapo_tau_neg) == ("sapo", "sequence_mean", 0.9, 1.2)
     assert (a.entropy_coef, a.top_entropy_quantile) == (0.01, 0.2)
+    a = algo(multi_objective_aggregation="normalize_then_sum", sync_ref_model=True, beta=0.04,
+             ref_model_sync_steps=4, ref_model_mixup_alpha=1.0)
+    assert (a.reward_aggregation, a.ref_sync_steps, a.ref_mixup_alpha) == ("normalize_then_sum", 4, 1.0)
+    assert algo(beta=0.04).ref_sync_steps == 0  # sync_ref_model=False: the reference stays the starting model
+    with pytest.raises(ValueError, match="sync_ref_model=True: refreshes the KL reference, which beta=0 does not"):
+        GRPOConfig(sync_ref_model=True)
     with pytest.raises(ValueError, match="epsilon_high=None: loss_type='cispo' reads it as the absolute cap"):
         GRPOConfig(loss_type="cispo")
     with pytest.raises(ValueError, match="importance_sampling_level='sequence': rlvr's sapo is token-level"):

@@ -150,3 +150,28 @@ def test_informative_groups_offered_after_b_are_not_kept():
     assert [pick.offer(i, flag) for i, flag in enumerate([True, False, False, True, True, True])] == [
         True, False, False, True, True, False]
     assert pick.done and pick.trained() == [0, 3, 4]
+
+
+def test_normalize_then_sum_weighs_each_reward_within_its_group():
+    """GDPO through collect(): a 0/1 reward and a large-scale one; by the weighted sum the large one decides the
+    order within a group, normalised first each counts by its weight (values as tests/core's hand example)."""
+    import math
+
+    rows = [{"prompt": "p0", "pattern": [1.0, 0.0, 1.0, 1.0], "size": [10.0, 30.0, 20.0, 40.0]}]
+
+    def size_reward(prompts, completions, size, **columns):
+        return [s[int(c.split("#")[1])] for c, s in zip(completions, size)]
+
+    rewards = [WeightedReward("table", table_reward), WeightedReward("size", size_reward, weight=1.0)]
+    G2 = 2
+
+    def run(aggregation):
+        return collect(ScriptedSampler(), lambda: [0, 0], rows, G2, SamplingParams(), rewards,
+                       group_advantage_fn(G2, "group", 0.0, 1.0, aggregation), seed=3).adv
+
+    # two groups of two (the one row twice): rewards (1, 10), (0, 30) | (1, 10), (0, 30)
+    summed = run("sum_then_normalize")
+    assert summed[0] < 0 < summed[1]  # 11 < 30: the large reward wins within each group
+    gdpo = run("normalize_then_sum")
+    # per group: correctness +-1/sqrt(2), size -+1/sqrt(2): every sum 0, so no completion is preferred
+    assert torch.allclose(gdpo, torch.zeros(4), atol=1e-6) and not math.isnan(float(gdpo.sum()))

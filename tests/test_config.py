@@ -44,6 +44,7 @@ ALGO_DEFAULTS = {
     "kl_estimator": "k3", "entropy_coef": 0.0, "top_entropy_quantile": 1.0, "ratio_to": "proximal",
     "is_level": "token", "is_mode": "truncate", "is_cap": 2.0, "gap_mask": 0.0, "num_iterations": 1, "adv_eps": 1e-4,
     "mask_truncated": False, "negative_scale": 1.0, "max_resample_rounds": 3,
+    "reward_aggregation": "sum_then_normalize", "ref_sync_steps": 0, "ref_mixup_alpha": 0.6,
 }
 RESOLVED_PRESETS = {
     "grpo": {"name": "grpo", "scale": "group", "aggregation": "sequence_mean", "eps_high": 0.2, "beta": 0.04,
@@ -54,6 +55,14 @@ RESOLVED_PRESETS = {
                 "dynamic_sampling": False},
     "ppo": {"name": "ppo", "scale": "none", "aggregation": "token_mean", "eps_high": 0.2, "beta": 0.0,
             "dynamic_sampling": False},
+    "gspo": {"name": "grpo", "scale": "group", "objective": "gspo", "aggregation": "sequence_mean", "eps_low": 3e-4,
+             "eps_high": 4e-4, "beta": 0.0, "dynamic_sampling": False},
+    "luspo": {"name": "grpo", "scale": "group", "objective": "gspo", "aggregation": "sequence_sum", "eps_low": 2e-3,
+              "eps_high": 2.5e-3, "beta": 0.0, "dynamic_sampling": False},
+    "cispo": {"name": "grpo", "scale": "group", "objective": "cispo", "aggregation": "token_mean", "eps_low": 1.0,
+              "eps_high": 4.0, "beta": 0.0, "dynamic_sampling": False},
+    "sapo": {"name": "grpo", "scale": "group", "objective": "sapo", "aggregation": "sequence_mean", "eps_high": 0.2,
+             "beta": 0.0, "dynamic_sampling": False},
 }
 
 
@@ -111,7 +120,8 @@ def test_resolved_config_round_trips(tmp_path):
     [
         ("train.stepz=3", "unknown config key 'train.stepz'; allowed keys in train: steps,"),
         ("bogus=1", "unknown config key 'bogus'"),
-        ("algo.preset=reinforce", "algo.preset must be one of grpo, dapo, dr_grpo, ppo; got 'reinforce'"),
+        ("algo.preset=reinforce",
+         "algo.preset must be one of grpo, dapo, dr_grpo, gspo, luspo, cispo, sapo, ppo; got 'reinforce'"),
         ("algo.aggregation=mean", "algo.aggregation must be one of sequence_mean, token_mean, token_sum_constant"),
         ("algo.kl_estimator=k9", "algo.kl_estimator must be one of k1, k2, k3"),
         ("task.name=gsm8k", "task.name must be one of arithmetic, word_problems, tool_problems, jsonl"),

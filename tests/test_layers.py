@@ -9,10 +9,11 @@ PACKAGE = Path(__file__).resolve().parent.parent / "rlvr"
 
 # Bottom up. A unit (a folder of rlvr/, or a top-level module) imports only units of lower tiers.
 TIERS = (
-    ("core", "seeds", "faults", "memory", "offline_models", "trackers", "prompts", "verifiers", "bucket"),
+    ("core", "seeds", "faults", "memory", "offline_models", "trackers", "prompts", "verifiers", "bucket",
+     "config_checks"),
     ("architecture", "checkpoint", "metrics", "envs"),
     ("models",),
-    ("rollout", "rewards", "plan"),
+    ("rollout", "rewards", "plan", "algo_config"),
     ("config",),
     ("tasks", "config_doc"),
     ("train",),

@@ -24,7 +24,8 @@ def _objective(logp, behaviour, adv, mask=None, **knobs):
     lp = torch.log(torch.tensor(logp, dtype=torch.float64)).requires_grad_()
     mask = torch.ones_like(lp) if mask is None else torch.tensor(mask, dtype=torch.float64)
     x = TokenBatch(logp=lp, behaviour_logp=torch.log(torch.tensor(behaviour, dtype=torch.float64)),
-                   adv=torch.tensor(adv, dtype=torch.float64), mask=mask, proximal_logp=knobs.pop("proximal_logp", None))
+                   adv=torch.tensor(adv, dtype=torch.float64), mask=mask,
+                   proximal_logp=knobs.pop("proximal_logp", None))
     loss, stats = token_loss(x, LossSettings(**knobs))
     (grad,) = torch.autograd.grad((loss * mask).sum(), lp)
     return loss.detach() * mask, grad, stats
@@ -161,7 +162,8 @@ def _expected_update(trainer, batch, per_token_loss, lr):
 def _train(trainer, batch, settings, lr):
     model = copy.deepcopy(trainer)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
-    metrics = train_step(model, opt, None, batch, settings, micro_batch_size=5, max_completion_tokens=8, max_grad_norm=0.0)
+    metrics = train_step(model, opt, None, batch, settings, micro_batch_size=5, max_completion_tokens=8,
+                         max_grad_norm=0.0)
     return model, metrics
 
 

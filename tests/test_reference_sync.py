@@ -59,8 +59,8 @@ def test_lora_mix_is_elementwise_from_the_starting_adapter(tokenizer):
     reference.refresh(0.5)
     now = {n: p.detach() for n, p in model.named_parameters() if "lora_" in n}
     held = reference.state_tensors()
-    for n in start:
-        expected = 0.5 * (0.75 * start[n] + 0.25 * first[n]) + 0.5 * now[n]
+    for n, at_start in start.items():
+        expected = 0.5 * (0.75 * at_start + 0.25 * first[n]) + 0.5 * now[n]
         assert torch.allclose(held[n], expected, atol=1e-7), n
     restored = ReferencePolicy(model)
     restored.load_state_tensors(held)

@@ -154,3 +154,23 @@ def test_a_corrupt_log_line_before_the_last_is_an_error_naming_it(tiny_model_dir
     (out / "metrics.jsonl").write_text("".join(lines))
     with pytest.raises(ValueError, match=r"metrics\.jsonl, line 2: not a record with a step .* fix or delete"):
         train(load_config(ROOT / "examples" / "demo.yaml", base + ["train.steps=3", "resume=auto"]))
+
+
+def test_resume_with_a_refreshed_reference_matches_uninterrupted(tiny_model_dir, tmp_path):
+    """algo.ref_sync_steps: the reference adapter (mixed at every step) is checkpointed, so a run killed after step
+    2 and resumed logs the same KL and rewards as one that never stopped; without it the KL would restart from the
+    starting model."""
+    sync = ["algo.ref_sync_steps=1", "algo.ref_mixup_alpha=0.5"]
+    whole = tmp_path / "whole"
+    done = _cli(["examples/demo.yaml", *_overrides(tiny_model_dir, whole, True), *sync])
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = tmp_path / "run"
+    args = ["examples/demo.yaml", *_overrides(tiny_model_dir, out, True), *sync]
+    crashed = _cli(args, fault="after_generate@3")
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
+    assert (out / "checkpoints" / "step-00000002" / "reference.safetensors").is_file()
+    resumed = _cli([*args, "resume=auto"])
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    got, want = _records(out, "metrics.jsonl"), _records(whole, "metrics.jsonl")
+    assert got == want
+    assert [r["update/kl"] for r in want if "update/kl" in r][2] > 0  # the refreshed reference is in use

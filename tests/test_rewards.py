@@ -17,17 +17,18 @@ def test_trl_reward_function_works_unchanged():
     prompts = [[{"role": "user", "content": "q"}]] * 2
     completions = [[{"role": "assistant", "content": "a"}], [{"role": "assistant", "content": "b"}]]
     columns = {"solution": ["a", "a"]}
-    total, _per_fn, _ = score_completions([WeightedReward("trl", trl_style)], prompts, completions, columns)
+    total, _per_fn, _, _ = score_completions([WeightedReward("trl", trl_style)], prompts, completions, columns)
     assert total.tolist() == [1.0, 0.0]
 
 
 def test_weighted_sum_and_none():
     a = WeightedReward("a", lambda prompts, completions, **kw: [1.0, None, None], weight=2.0)
     b = WeightedReward("b", lambda prompts, completions, **kw: [0.5, 0.25, None], weight=-1.0)
-    total, per_fn, _ = score_completions([a, b], ["p"] * 3, ["c"] * 3, {})
+    total, per_fn, _, weights = score_completions([a, b], ["p"] * 3, ["c"] * 3, {})
     # row 0: 2*1 - 0.5; row 1: only b scores -> -0.25; row 2: nothing scored -> NaN (excluded)
     assert total[:2].tolist() == [1.5, -0.25] and math.isnan(total[2])
     assert math.isnan(per_fn["a"][1]) and per_fn["b"][1] == 0.25
+    assert weights == {"a": 2.0, "b": -1.0}  # GDPO's normalize_then_sum weighs the unweighted columns with these
 
 
 def test_nan_is_refused_like_inf():
@@ -45,7 +46,7 @@ def test_real_numbers_of_any_type_are_accepted():
     import numpy as np
 
     f = WeightedReward("np", lambda prompts, completions, **kw: [np.float32(0.5), np.int64(2), torch.tensor(0.25)])
-    total, _, _ = score_completions([f], ["p"] * 3, ["c"] * 3, {})
+    total, *_ = score_completions([f], ["p"] * 3, ["c"] * 3, {})
     assert total.tolist() == [0.5, 2.0, 0.25]
     flag = WeightedReward("bool_fn", lambda prompts, completions, **kw: [True])
     with pytest.raises(RewardError, match="'bool_fn' returned bool at index 0; expected a float or None"):
@@ -122,7 +123,7 @@ def test_import_path_and_unknown_names():
 
 def test_total_dtype():
     ints = WeightedReward("f", lambda prompts, completions, **kw: [1, 0])
-    total, _, _ = score_completions([ints], ["p"] * 2, ["c"] * 2, {})
+    total, *_ = score_completions([ints], ["p"] * 2, ["c"] * 2, {})
     assert total.dtype == torch.float32 and total.tolist() == [1.0, 0.0]
 
 

@@ -256,8 +256,8 @@ def test_rows_without_gradient_are_skipped_with_the_same_update(tokenizer, share
     settings = LossSettings(beta=0.0, aggregation=aggregation, eps_low=0.05, eps_high=0.05)
     model, naive = copy.deepcopy(base), copy.deepcopy(base)
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
-    metrics = train_step(model, opt, None, batch, settings, micro_batch_size=3, max_completion_tokens=8, max_grad_norm=0.0,
-                         share_prompt=share_prompt, chunk_tokens=5)
+    metrics = train_step(model, opt, None, batch, settings, micro_batch_size=3, max_completion_tokens=8,
+                         max_grad_norm=0.0, share_prompt=share_prompt, chunk_tokens=5)
     loss, _ = naive_update(naive, batch, settings, lr=0.5)
     assert metrics["loss"] == pytest.approx(loss, rel=1e-6, abs=1e-9)
     moved = 0.0

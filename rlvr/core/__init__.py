@@ -1,6 +1,6 @@
 """The algorithm core: pure torch functions with documented shapes; no I/O, no configs, no models."""
 
-from rlvr.core.advantages import group_advantages, informative_groups, zero_variance_fraction
+from rlvr.core.advantages import group_advantages, informative_groups, normalize_then_sum, zero_variance_fraction
 from rlvr.core.fused import fused_logprobs
 from rlvr.core.logprobs import token_logprobs
 from rlvr.core.losses import (
@@ -33,6 +33,7 @@ __all__ = [
     "kl_penalty",
     "loss_normaliser",
     "merge_stat_sums",
+    "normalize_then_sum",
     "policy_loss",
     "sequence_log_ratio",
     "stat_sums",

@@ -61,19 +61,24 @@ class RewardError(RuntimeError):
 
 class Scores(NamedTuple):
     total: torch.Tensor  # [N] float32, NaN where no function scored
-    per_function: dict[str, torch.Tensor]  # name -> [N] float32, NaN = None
+    per_function: dict[str, torch.Tensor]  # name -> [N] float32, NaN = None (unweighted)
     errors: dict[str, str]  # name -> what went wrong, for functions contained under on_error="none"
+    weights: dict[str, float] | None = None  # name -> its weight in ``total`` (None: all 1)
+
+    def weight_vector(self) -> torch.Tensor:
+        """[K] the weights of ``per_function``'s columns, in its order."""
+        return torch.tensor([(self.weights or {}).get(k, 1.0) for k in self.per_function], dtype=torch.float64)
 
     def select(self, rows: torch.Tensor) -> Scores:
         """The scores of completions ``rows`` (an index tensor)."""
-        return Scores(self.total[rows], {k: v[rows] for k, v in self.per_function.items()}, self.errors)
+        return Scores(self.total[rows], {k: v[rows] for k, v in self.per_function.items()}, self.errors, self.weights)
 
     @staticmethod
     def concat(parts: list[Scores]) -> Scores:
         """Scores of several batches of completions, in order (the same reward functions in each)."""
         per_function = {k: torch.cat([p.per_function[k] for p in parts]) for k in parts[0].per_function}
         errors = {k: v for p in parts for k, v in p.errors.items()}
-        return Scores(torch.cat([p.total for p in parts]), per_function, errors)
+        return Scores(torch.cat([p.total for p in parts]), per_function, errors, parts[0].weights)
 
     def unscored_warning(self) -> str | None:
         """A one-line message when no completion has a reward (every function returned None, or was contained
@@ -183,7 +188,7 @@ def score_completions(
         total += torch.where(present, reward.weight * v, torch.zeros_like(v))
         scored |= present
     total = torch.where(scored, total, torch.full_like(total, math.nan))
-    return Scores(total.float(), per_fn, errors)
+    return Scores(total.float(), per_fn, errors, {reward.name: reward.weight for reward in rewards})
 
 
 PLACEHOLDERS = ("", "0")  # the completions check_rewards scores: an empty answer and a bare number

@@ -16,7 +16,7 @@ from collections.abc import Callable
 import torch
 
 from rlvr.config import RunConfig
-from rlvr.core import group_advantages, informative_groups
+from rlvr.core import group_advantages, informative_groups, normalize_then_sum
 from rlvr.rewards import Scores, WeightedReward
 from rlvr.rollout import Groups, Sampler, SamplingParams
 from rlvr.rollout.episodes import EpisodeStats
@@ -29,12 +29,20 @@ from rlvr.train.dynamic_sampling import DynamicSampling
 from rlvr.train.rollouts import EpisodeSetup, sample_scored
 from rlvr.train.run import Run
 
-Advantages = Callable[[torch.Tensor], torch.Tensor]  # rewards [N] (NaN: unscored) -> advantages [N]
+Advantages = Callable[[Scores], torch.Tensor]  # a batch's scores -> advantages [N] (0 where unscored)
 
 
-def group_advantage_fn(group_size: int, scale: str, eps: float, negative_scale: float) -> Advantages:
-    """GRPO's advantages (rlvr.core.group_advantages) with the run's settings."""
-    return lambda rewards: group_advantages(rewards, group_size, scale, eps, negative_scale)  # type: ignore[arg-type]
+def group_advantage_fn(group_size: int, scale: str, eps: float, negative_scale: float,
+                       reward_aggregation: str = "sum_then_normalize") -> Advantages:
+    """GRPO's advantages with the run's settings: of the weighted sum of the rewards (rlvr.core.group_advantages),
+    or, with normalize_then_sum, each reward normalised in its group first (GDPO: rlvr.core.normalize_then_sum)."""
+    if reward_aggregation == "normalize_then_sum":
+        def gdpo(scores: Scores) -> torch.Tensor:
+            per_function = torch.stack(list(scores.per_function.values()), dim=1)  # [N, K]
+            adv = normalize_then_sum(per_function, scores.weight_vector(), group_size, eps)
+            return torch.where(adv < 0, adv * negative_scale, adv)
+        return gdpo
+    return lambda scores: group_advantages(scores.total, group_size, scale, eps, negative_scale)  # type: ignore[arg-type]
 
 
 def scored_batch(rounds: list[Round], kept: list[tuple[Round, torch.Tensor]], advantages: Advantages | None,
@@ -50,7 +58,7 @@ def scored_batch(rounds: list[Round], kept: list[tuple[Round, torch.Tensor]], ad
         row_ids=[r.row_ids[i] for r, idx in kept for i in idx.tolist()],
         groups=groups,
         scores=scores,
-        adv=None if advantages is None else advantages(scores.total),  # [N]
+        adv=None if advantages is None else advantages(scores),  # [N]
         time_generate_s=time_generate_s,
         time_reward_s=time_reward_s,
     )

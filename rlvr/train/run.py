@@ -18,7 +18,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from rlvr.checkpoint import latest_valid, load_training_state, read_text, save_training_state
+from rlvr.checkpoint import latest_valid, load_reference, load_training_state, read_text, save_training_state
 from rlvr.config import RunConfig, config_changes, to_dict, to_yaml
 from rlvr.memory import return_freed_memory
 from rlvr.metrics import ACCURACY, EXTRA_ACCURACY, MetricsWriter, plot_run
@@ -146,8 +146,17 @@ class Run:
 
     def checkpoint(self, step: int) -> Path:
         elapsed = self.state["elapsed_s"] + time.perf_counter() - self.started
+        reference = self.reference.state_tensors() if self.cfg.algo.ref_sync_steps and self.reference else None
         return save_training_state(self.run_dir / "checkpoints", step, self.trainable, self.optimizer, self.scheduler,
-                                   {**self.state, "elapsed_s": elapsed}, to_yaml(self.cfg), self.cfg.train.keep_last)
+                                   {**self.state, "elapsed_s": elapsed}, to_yaml(self.cfg), self.cfg.train.keep_last,
+                                   reference)
+
+    def refresh_reference(self, step: int) -> None:
+        """Move the KL reference towards the policy each time the optimizer steps taken cross a multiple of
+        algo.ref_sync_steps (TRL's sync_ref_model)."""
+        every, mu = self.cfg.algo.ref_sync_steps, self.cfg.algo.num_iterations
+        if every and self.reference is not None and step * mu // every > (step - 1) * mu // every:
+            self.reference.refresh(self.cfg.algo.ref_mixup_alpha)
 
     def evaluate_before(self) -> None:
         """Held-out accuracy of the starting weights (a fresh run only)."""
@@ -172,6 +181,7 @@ class Run:
         check_skips(self.state, metrics["update/skipped_updates"], cfg.algo.num_iterations, step,
                     cfg.train.max_consecutive_skips)
         self.state.update(source_state)
+        self.refresh_reference(step)
         if step == cfg.train.steps or (cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0):
             self.checkpoint(step)
 
@@ -270,6 +280,8 @@ def open_run(cfg: RunConfig, update: Update, rewards: list[WeightedReward] | Non
     start = 0
     if checkpoint is not None:
         state = load_training_state(checkpoint, trainable, optimizer, scheduler)
+        if reference is not None:
+            reference.load_state_tensors(load_reference(checkpoint))
         start = state.pop("step")
         state.setdefault("cursor", start * cfg.train.prompts_per_step)  # checkpoints from before the cursor
         retune_optimizer(optimizer, scheduler, cfg.train)

@@ -1,0 +1,31 @@
+"""The checks config sections run on their own fields, each message starting with the field's name (the config
+loader prefixes the section): a ``Literal[...]`` field holds one of its values; a count is at least its bound."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import typing
+from typing import Any, Literal
+
+
+@functools.cache
+def choices(cls: type) -> dict[str, tuple]:
+    """The allowed values of each field of ``cls`` typed ``Literal[...]``."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: typing.get_args(hints[f.name]) for f in dataclasses.fields(cls)
+            if typing.get_origin(hints[f.name]) is Literal}
+
+
+def check_choices(section: Any) -> None:
+    """Each field of ``section`` typed ``Literal[...]`` holds one of its values."""
+    for name, allowed in choices(type(section)).items():
+        if getattr(section, name) not in allowed:
+            raise ValueError(f"{name} must be one of {', '.join(allowed)}; got {getattr(section, name)!r}")
+
+
+def at_least(section: Any, low: float, *names: str) -> None:
+    """Each of ``names`` is >= ``low``."""
+    for name in names:
+        if getattr(section, name) < low:
+            raise ValueError(f"{name} must be >= {low}; got {getattr(section, name)}")
