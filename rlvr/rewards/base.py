@@ -22,8 +22,8 @@ Failure policy, per function (``on_error``):
 - a wrong number of values is always an error naming the function (a silent misalignment would train
   on other completions' rewards); a value that is not a real number or None is an error too, and so is a
   non-finite one: inf and NaN are refused with an error naming the function and the index. A function
-  says "does not apply" with None, never with NaN (a NaN used to be read as None, so a function that
-  returned NaN everywhere trained nothing without a word). Numbers of any real type (int, float, numpy
+  says "does not apply" with None, never with NaN (read as None, a NaN everywhere would train nothing without a
+  word). Numbers of any real type (int, float, numpy
   scalars, one-element tensors) are accepted.
 - ``check_rewards`` calls every function once on a few rows with placeholder completions, so these errors
   come before a run spends minutes on its first evaluation.
