@@ -47,9 +47,9 @@ def test_loss_mask_is_the_sampled_tokens_of_included_rows():
     assert batch.completion_mask.tolist() == mask.tolist()
     assert batch.loss_mask.tolist() == [[1, 0, 1, 0], [0, 0, 0, 0]]
     assert Groups.concat([groups, groups.select([0])]).sampled_mask.tolist() == sampled.tolist() * 2
-    plain = copy.copy(groups)
-    plain.sampled_mask = None
-    both = Groups.concat([plain, groups])  # a single-turn part counts every attended token as sampled
+    plain = Groups(**{**groups.__dict__, "sampled_mask": None})  # single-turn: every attended token was sampled
+    assert torch.equal(plain.sampled_mask, mask)
+    both = Groups.concat([plain, groups])
     assert both.sampled_mask.tolist() == mask.tolist() + sampled.tolist()
     with pytest.raises(ValueError, match="sampled_mask marks tokens that completion_mask leaves out"):
         Groups(**{**groups.__dict__, "sampled_mask": torch.ones(2, 4, dtype=torch.long)})

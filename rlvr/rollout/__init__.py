@@ -1,15 +1,15 @@
 """Rollouts: sample G completions per prompt and record what the trainer needs."""
 
 from rlvr.prompts import Prompt, encode_prompts
-from rlvr.rollout.engine import Completions, SamplingParams, generate_groups
+from rlvr.rollout.engine import SampledTokens, SamplingParams, generate_groups
 from rlvr.rollout.groups import Groups, sample_groups
 from rlvr.rollout.sampler import LocalSampler, Sampler, StaleVersion
 
 __all__ = [
-    "Completions",
     "Groups",
     "LocalSampler",
     "Prompt",
+    "SampledTokens",
     "Sampler",
     "SamplingParams",
     "StaleVersion",

@@ -40,8 +40,9 @@ class SamplingParams:
 
 
 @dataclass
-class Completions:
-    """B*G sampled completions, row i belonging to prompt i // G."""
+class SampledTokens:
+    """What ``generate_groups`` returns: B*G sampled completions as token tensors (the caller decodes the texts),
+    row i belonging to prompt i // G."""
 
     ids: torch.Tensor  # [B*G, T] right-padded with pad_id
     mask: torch.Tensor  # [B*G, T] 1 on generated tokens, EOS included
@@ -163,7 +164,7 @@ def generate_groups(
     stop: Callable[[list[int]], bool] | None = None,
     top_logprobs: int = 0,
     share_prefix: int = 16,
-) -> Completions:
+) -> SampledTokens:
     """Sample ``group_size`` completions for each prompt.
 
     Args:
@@ -224,7 +225,7 @@ def generate_groups(
         next_pos = next_pos + 1
     width = int(lengths.max()) if n else 0
     mask = torch.arange(width, device=device)[None, :] < lengths[:, None]
-    return Completions(
+    return SampledTokens(
         ids=ids[:, :width], mask=mask, behaviour_logp=logps[:, :width], truncated=~finished,
         top_ids=top_ids[:, :width] if k else None, top_logp=top_logp[:, :width] if k else None,
     )

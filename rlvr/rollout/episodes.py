@@ -107,7 +107,7 @@ TRUNCATION_CAUSES = ("max_turns", "episode_tokens", "turn_tokens")
 
 
 @dataclass
-class Episodes:
+class EpisodeBatch:
     """G episodes per prompt: the token streams, what happened, and each episode's turns as chat messages
     (``assistant`` turns and ``tool`` results, for reward functions: TRL passes multi-turn completions so)."""
 
@@ -170,7 +170,7 @@ def run_episodes(
     limits: EpisodeLimits,
     eos_ids: list[int],
     version: int = 0,
-) -> Episodes:
+) -> EpisodeBatch:
     """``group_size`` episodes per prompt (``prompt_ids``: one token list per prompt); ``envs[i]`` belongs to
     episode i (prompt i // group_size)."""
     n = len(prompt_ids) * group_size
@@ -234,7 +234,7 @@ def run_episodes(
         if getattr(env, "stats", None) is not None:
             stats.tools.merge(env.stats)
     groups = _as_groups(tokenizer, prompt_ids, group_size, tokens, sampled, logp, truncated, params, version)
-    return Episodes(groups, stats, messages)
+    return EpisodeBatch(groups, stats, messages)
 
 
 def _as_groups(tokenizer, encoded, group_size, tokens, sampled, logp, truncated, params, version) -> Groups:

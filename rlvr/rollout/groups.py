@@ -30,21 +30,18 @@ class Groups:
     group_size: int
     version: torch.Tensor  # [B*G] long: policy version that sampled each completion
     temperature: torch.Tensor  # [B*G] float: sampling temperature (0 = greedy) behaviour_logp was taken at
-    sampled_mask: torch.Tensor | None = None  # [B*G, T] 1 on tokens the model sampled (None: every attended token).
-    # An episode's observation tokens (tool results) are attended to (completion_mask) but not sampled: not trained.
+    # [B*G, T] 1 on tokens the model sampled; completion_mask when not given. An episode's observation tokens
+    # (tool results) are attended to (completion_mask 1) but not sampled (0 here), so never trained on.
+    sampled_mask: torch.Tensor = None  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
-        if self.sampled_mask is not None:
-            if self.sampled_mask.shape != self.completion_mask.shape:
-                raise ValueError(f"Groups.sampled_mask must be [B*G, T] = {list(self.completion_mask.shape)}, "
-                                 f"got {list(self.sampled_mask.shape)}")
-            if bool((self.sampled_mask.bool() & ~self.completion_mask.bool()).any()):
-                raise ValueError("Groups.sampled_mask marks tokens that completion_mask leaves out")
-
-    @property
-    def trained_tokens(self) -> torch.Tensor:
-        """[B*G, T] the tokens an update may train on: those the model sampled."""
-        return self.completion_mask if self.sampled_mask is None else self.sampled_mask
+        if self.sampled_mask is None:
+            self.sampled_mask = self.completion_mask
+        if self.sampled_mask.shape != self.completion_mask.shape:
+            raise ValueError(f"Groups.sampled_mask must be [B*G, T] = {list(self.completion_mask.shape)}, "
+                             f"got {list(self.sampled_mask.shape)}")
+        if bool((self.sampled_mask.bool() & ~self.completion_mask.bool()).any()):
+            raise ValueError("Groups.sampled_mask marks tokens that completion_mask leaves out")
 
     @property
     def num_groups(self) -> int:
@@ -60,7 +57,7 @@ class Groups:
             behaviour_logp=self.behaviour_logp[rows], truncated=self.truncated[rows],
             texts=[self.texts[i] for i in rows.tolist()], group_size=self.group_size,
             version=self.version[rows], temperature=self.temperature[rows],
-            sampled_mask=None if self.sampled_mask is None else self.sampled_mask[rows],
+            sampled_mask=self.sampled_mask[rows],
         )
 
     @staticmethod
@@ -90,8 +87,7 @@ class Groups:
             group_size=parts[0].group_size,
             version=torch.cat([p.version for p in parts]),
             temperature=torch.cat([p.temperature for p in parts]),
-            sampled_mask=(None if all(p.sampled_mask is None for p in parts)
-                          else torch.cat([right(p.trained_tokens) for p in parts])),
+            sampled_mask=torch.cat([right(p.sampled_mask) for p in parts]),
         )
 
     def completion_token_ids(self) -> list[list[int]]:

@@ -8,11 +8,11 @@ import math
 from rlvr.bucket import AdapterBucket
 from rlvr.prompts import Prompt, prompt_token_ids
 from rlvr.rollout.engine import SamplingParams
-from rlvr.rollout.episodes import Environment, EpisodeLimits, Episodes, Turn, run_episodes
+from rlvr.rollout.episodes import Environment, EpisodeBatch, EpisodeLimits, Turn, run_episodes
 from rlvr.rollout.groups import Groups, eos_token_ids
 from rlvr.rollout.http_client import read_json
 from rlvr.rollout.pool import ServerPool
-from rlvr.rollout.server_answers import Completion, groups_of, is_number, parse_completions
+from rlvr.rollout.server_answers import ServerChoice, groups_of, is_number, parse_completions
 from rlvr.rollout.server_errors import MalformedAnswer
 from rlvr.seeds import request_seed, turn_seed
 
@@ -84,13 +84,13 @@ class RemoteSampler:
         return body
 
     def sample_episodes(self, prompt_ids: list[list[int]], envs: list[Environment], group_size: int,
-                        params: SamplingParams, seed: int, limits: EpisodeLimits) -> Episodes:
+                        params: SamplingParams, seed: int, limits: EpisodeLimits) -> EpisodeBatch:
         """Episodes driven from here: each model turn is one stateless /v1/completions request whose prompt is the
         episode's token ids so far (n = 1, its own seed), sent to any live server; a server lost mid-episode only
         moves the next turn to another one, which has the same adapter version."""
         version, turn = self.version, [0]
 
-        def parse(answer: object) -> list[Completion]:
+        def parse(answer: object) -> list[ServerChoice]:
             return parse_completions(answer, 1, params.max_new_tokens, self.vocab_size)
 
         def turns(contexts: list[list[int]], episodes: list[int]) -> list[Turn]:
@@ -110,7 +110,7 @@ class RemoteSampler:
         bodies = [self._body(ids, group_size, params, request_seed(seed, i), version)
                   for i, ids in enumerate(prompt_ids)]
 
-        def parse(answer: object) -> list[Completion]:
+        def parse(answer: object) -> list[ServerChoice]:
             return parse_completions(answer, group_size, params.max_new_tokens, self.vocab_size)
 
         answers = self.pool.post_many("/v1/completions", bodies, [group_size * params.max_new_tokens] * len(bodies),

@@ -15,7 +15,7 @@ from rlvr.models import autocast
 from rlvr.prompts import Prompt
 from rlvr.rollout.decode_weights import decode_dtype, decoding
 from rlvr.rollout.engine import SamplingParams
-from rlvr.rollout.episodes import Environment, EpisodeLimits, Episodes, local_turns, run_episodes
+from rlvr.rollout.episodes import Environment, EpisodeBatch, EpisodeLimits, local_turns, run_episodes
 from rlvr.rollout.groups import Groups, eos_token_ids, sample_groups
 from rlvr.seeds import episode_seed
 
@@ -34,7 +34,7 @@ class Sampler(Protocol):
         ...
 
     def sample_episodes(self, prompt_ids: list[list[int]], envs: list[Environment], group_size: int,
-                        params: SamplingParams, seed: int, limits: EpisodeLimits) -> Episodes:
+                        params: SamplingParams, seed: int, limits: EpisodeLimits) -> EpisodeBatch:
         """``group_size`` multi-turn episodes per prompt (token ids; ``envs[i]`` is episode i's environment),
         driven by rlvr.rollout.episodes.run_episodes, every turn from the current version."""
         ...
@@ -71,7 +71,7 @@ class LocalSampler:
                                  self.dtype)
 
     def sample_episodes(self, prompt_ids: list[list[int]], envs: list[Environment], group_size: int,
-                        params: SamplingParams, seed: int, limits: EpisodeLimits) -> Episodes:
+                        params: SamplingParams, seed: int, limits: EpisodeLimits) -> EpisodeBatch:
         n = len(prompt_ids) * group_size
         generators = [torch.Generator().manual_seed(episode_seed(seed, i)) for i in range(n)]
         was_training = self.model.training

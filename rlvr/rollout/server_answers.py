@@ -24,7 +24,7 @@ FINISH_REASONS = ("stop", "length")
 
 
 @dataclass
-class Completion:
+class ServerChoice:
     """One validated choice of a /v1/completions answer."""
 
     token_ids: list[int]
@@ -40,7 +40,7 @@ def is_number(x: object) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
-def parse_completions(answer: object, n: int, max_tokens: int | None, vocab_size: int) -> list[Completion]:
+def parse_completions(answer: object, n: int, max_tokens: int | None, vocab_size: int) -> list[ServerChoice]:
     """The n choices of a /v1/completions answer for one prompt, in index order, or ``MalformedAnswer`` saying
     what is wrong: exactly n choices with indices 0..n-1 each once; per choice 1..max_tokens token ids, each in
     [0, vocab_size); exactly one log-prob per token, each a finite number in [LOGP_FLOOR, 0] (up to
@@ -51,7 +51,7 @@ def parse_completions(answer: object, n: int, max_tokens: int | None, vocab_size
         raise MalformedAnswer("no list of choices")
     if len(choices) != n:
         raise MalformedAnswer(f"{len(choices)} choices for n = {n}")
-    out: list[Completion | None] = [None] * n
+    out: list[ServerChoice | None] = [None] * n
     for c in choices:
         i = c.get("index") if isinstance(c, dict) else None
         if not is_int(i) or not 0 <= i < n:
@@ -62,7 +62,7 @@ def parse_completions(answer: object, n: int, max_tokens: int | None, vocab_size
     return out
 
 
-def _parse_choice(c: dict, i: int, max_tokens: int | None, vocab_size: int) -> Completion:
+def _parse_choice(c: dict, i: int, max_tokens: int | None, vocab_size: int) -> ServerChoice:
     ids, lp = c.get("token_ids"), c.get("logprobs")
     logps = lp.get("token_logprobs") if isinstance(lp, dict) else None
     if ids is None or logps is None:
@@ -87,7 +87,7 @@ def _parse_choice(c: dict, i: int, max_tokens: int | None, vocab_size: int) -> C
     reason = c.get("finish_reason")
     if reason not in FINISH_REASONS:
         raise MalformedAnswer(f"choice {i}: finish_reason {show(reason)} is not one of {', '.join(FINISH_REASONS)}")
-    return Completion(list(ids), clean, reason == "length")
+    return ServerChoice(list(ids), clean, reason == "length")
 
 
 def groups_from_completions(answers: list[dict], prompt_ids: list[list[int]], group_size: int, tokenizer,
@@ -100,9 +100,9 @@ def groups_from_completions(answers: list[dict], prompt_ids: list[list[int]], gr
     return groups_of(parsed, prompt_ids, group_size, tokenizer, version, temperature)
 
 
-def groups_of(answers: list[list[Completion]], prompt_ids: list[list[int]], group_size: int, tokenizer,
+def groups_of(answers: list[list[ServerChoice]], prompt_ids: list[list[int]], group_size: int, tokenizer,
               version: int, temperature: float) -> Groups:
-    """Groups from validated answers: one list of ``group_size`` completions per prompt."""
+    """Groups from validated answers: one list of ``group_size`` choices per prompt."""
     completions = [c for answer in answers for c in answer]
     n, width = len(completions), max((len(c.token_ids) for c in completions), default=0)
     completion_ids = torch.zeros(n, width, dtype=torch.long)

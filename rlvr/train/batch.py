@@ -55,14 +55,14 @@ class StepBatch:
     def from_groups(cls, groups: Groups, adv: torch.Tensor, include: torch.Tensor | None = None,
                     mask_truncated: bool = False) -> StepBatch:
         """The batch for ``groups`` with advantages ``adv`` ([N] or [N, T]); only the tokens the model sampled are
-        trained on (``Groups.trained_tokens``: an episode's observation tokens are attended to, not trained).
+        trained on (``Groups.sampled_mask``: an episode's observation tokens are attended to, not trained).
         Completions where ``include`` [N] is False (e.g. no reward) stay in the batch but are not trained on, nor
         (``mask_truncated``, DAPO's overlong filtering) are completions cut at max_new_tokens. Greedy rows
         (temperature 0) are scored at temperature 1, the distribution their log-probs were recorded from."""
         if mask_truncated:
             include = ~groups.truncated if include is None else include & ~groups.truncated
         mask = groups.completion_mask.long()
-        sampled = groups.trained_tokens.long()  # an episode's observation tokens are attended to, not trained on
+        sampled = groups.sampled_mask.long()
         loss_mask = sampled if include is None else sampled * include[:, None].long()
         width = mask.shape[1]
         temperature = torch.where(groups.temperature > 0, groups.temperature, torch.ones_like(groups.temperature))
