@@ -30,8 +30,8 @@ def _step(model, groups: Groups) -> list[torch.Tensor]:
     model = copy.deepcopy(model)
     batch = StepBatch.from_groups(groups, torch.linspace(-1.0, 1.0, 8, dtype=torch.float64))
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
-    train_step(model, opt, None, batch, LossSettings(aggregation="token_mean"), micro_batch_size=8, max_completion_tokens=8,
-               max_grad_norm=0.0, share_prompt=False)
+    train_step(model, opt, None, batch, LossSettings(aggregation="token_mean"), micro_batch_size=8,
+               max_completion_tokens=8, max_grad_norm=0.0, share_prompt=False)
     return [p.detach().clone() for p in model.parameters()]
 
 
