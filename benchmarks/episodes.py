@@ -34,7 +34,7 @@ from rlvr.rollout import LocalSampler, SamplingParams
 from rlvr.rollout.pool import ServerPool
 from rlvr.rollout.remote_sampler import RemoteSampler
 from rlvr.tasks import load_task
-from rlvr.train.rollouts import build_episode_setup, sample_scored
+from rlvr.train.scoring import build_environment_setup, sample_scored
 from tests.serving import ServerProcess
 
 
@@ -42,9 +42,9 @@ def _round(sampler, setup, rows, G, params, seed) -> dict:
     t0 = time.perf_counter()
     got = sample_scored(sampler, rows, G, params, seed, [], setup)
     seconds = time.perf_counter() - t0
-    n = len(got.episodes.turns)
-    return {"s": seconds, "episodes_per_s": n / seconds, "model_tokens_per_s": got.episodes.model_tokens / seconds,
-            "turns": sum(got.episodes.turns) / n, "calls": got.episodes.tools.as_metrics()["calls/_all"] / n}
+    n = len(got.episode_stats.turns)
+    return {"s": seconds, "episodes_per_s": n / seconds, "model_tokens_per_s": got.episode_stats.model_tokens / seconds,
+            "turns": sum(got.episode_stats.turns) / n, "calls": got.episode_stats.tools.as_metrics()["calls/_all"] / n}
 
 
 def main() -> None:
@@ -66,7 +66,7 @@ def main() -> None:
     else:
         model, tokenizer = load_policy(cfg.model.name, LoraSpec(r=16, alpha=32))  # as a run samples (B = 0: the base)
     model.eval()
-    setup = build_episode_setup(cfg.env, tokenizer)
+    setup = build_environment_setup(cfg.env, tokenizer)
     params = SamplingParams(temperature=cfg.rollout.temperature, max_new_tokens=cfg.rollout.max_new_tokens)
     local = LocalSampler(model, tokenizer, precision="auto")  # as rlvr serve decodes by default
     server = ServerProcess(resolve_model_dir(cfg.model.name), threads=args.threads).wait_ready(timeout_s=180)

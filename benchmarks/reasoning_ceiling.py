@@ -26,7 +26,7 @@ def right_per_problem(cfg, sampler, rows, check, n: int, temperature: float) -> 
     """[problem][sample] -> right? for ``n`` samples per problem (temperature 0: one greedy sample)."""
     from rlvr.rewards import WeightedReward
     from rlvr.rollout import SamplingParams
-    from rlvr.train.rollouts import sample_scored
+    from rlvr.train.scoring import sample_scored
 
     params = SamplingParams(temperature=temperature, max_new_tokens=cfg.eval.max_new_tokens or
                             cfg.rollout.max_new_tokens, stop=tuple(cfg.rollout.stop))

@@ -25,7 +25,7 @@ def decode_all(cfg, model, data) -> tuple[list[str], list[bool]]:
     from rlvr.rewards import WeightedReward
     from rlvr.rollout import SamplingParams
     from rlvr.train.build import build_local_sampler
-    from rlvr.train.rollouts import sample_scored
+    from rlvr.train.scoring import sample_scored
 
     greedy = SamplingParams(temperature=0.0, max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
                             stop=tuple(cfg.rollout.stop))

@@ -12,7 +12,7 @@ from typing import Any
 
 from rlvr.envs.environment import load_environment
 from rlvr.rewards import BUILTINS, build_reward
-from rlvr.train.rollouts import EnvironmentObjects, Tools
+from rlvr.train.scoring import EnvironmentObjects, Tools
 
 IN_MAIN = "it is defined in the script (or notebook) that is running"
 

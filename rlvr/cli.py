@@ -50,8 +50,8 @@ def _eval(args: argparse.Namespace) -> int:
     sampler = build_local_sampler(cfg, model.eval(), data.tokenizer)
 
     def accuracy_on(rows: list[dict]) -> float:
-        return evaluate(sampler, rows, data.check, cfg.eval.batch_size,
-                        cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens, tuple(cfg.rollout.stop), data.episodes)
+        return evaluate(sampler, rows, data.check, cfg.eval.batch_size, cfg.eval.max_new_tokens
+                        or cfg.rollout.max_new_tokens, tuple(cfg.rollout.stop), data.environment)
 
     accuracy = accuracy_on(data.eval_rows)
     extra = {}

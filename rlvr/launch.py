@@ -13,8 +13,8 @@ from rlvr.rewards import WeightedReward
 from rlvr.runtime.source import AsyncSource
 from rlvr.train.collect import SyncSource, group_advantage_fn
 from rlvr.train.loop import run_loop
-from rlvr.train.rollouts import EnvironmentObjects
 from rlvr.train.run import NonFiniteError, fresh_run_dir, open_run
+from rlvr.train.scoring import EnvironmentObjects
 from rlvr.train.step import GRPOUpdate
 
 __all__ = ["NonFiniteError", "fresh_run_dir", "train"]

@@ -1,4 +1,4 @@
-"""Episodes through the rollout seam every path uses (rlvr.train.rollouts.sample_scored): a scripted model drives a
+"""Episodes through the rollout seam every path uses (rlvr.train.scoring.sample_scored): a scripted model drives a
 TRL-style environment with two tools; reset's text reaches the prompt; reward functions get the environments and
 the episode as messages, never a tool's output as the answer; get_reward is one more reward; instances go back."""
 
@@ -10,7 +10,7 @@ from rlvr.rewards import WeightedReward, completion_text
 from rlvr.rollout import SamplingParams
 from rlvr.rollout.episodes import EpisodeLimits, Turn, observation_ids, run_episodes
 from rlvr.rollout.groups import Groups
-from rlvr.train.rollouts import EpisodeSetup, build_episode_setup, sample_scored
+from rlvr.train.scoring import EnvironmentSetup, build_environment_setup, sample_scored
 
 
 class Shop:
@@ -79,7 +79,7 @@ ROWS = [{"prompt": [{"role": "user", "content": "Sell some"}], "stock": 3, "targ
 
 def _setup(tokenizer, **kw):
     spec = load_environment(Shop, columns=["prompt", "stock", "target"])
-    return EpisodeSetup(spec, EpisodeLimits(max_turns=4, max_episode_tokens=400), tokenizer, False,
+    return EnvironmentSetup(spec, EpisodeLimits(max_turns=4, max_episode_tokens=400), tokenizer, False,
                         kw.get("stop_after_call", True))
 
 
@@ -113,7 +113,7 @@ def test_a_scripted_model_drives_a_trl_style_environment(tokenizer):
     prompt = tokenizer.decode(g.prompt_ids[0][g.prompt_mask[0].bool()])
     assert "Sell some (stock: 3)<|im_end|>" in prompt and '"name":"sell"' in prompt and '"name":"count"' in prompt
     # stats: turns per episode, tool calls and errors per tool
-    s = got.episodes
+    s = got.episode_stats
     assert s.turns == [3, 2, 2, 1]
     m = s.as_metrics()
     assert m["calls/sell"] == 2 and m["calls/count"] == 1 and m["errors/sell/error"] == 1
@@ -161,18 +161,18 @@ def test_reset_text_must_be_the_same_for_a_groups_episodes(tokenizer):
             """Nothing."""
             return 0
 
-    setup = EpisodeSetup(load_environment(Random), EpisodeLimits(), tokenizer, False, True)
+    setup = EnvironmentSetup(load_environment(Random), EpisodeLimits(), tokenizer, False, True)
     with pytest.raises(EpisodeError, match="different text for the 2 episodes of one row"):
         setup.start(ROWS[:1], 2)
     assert len(setup.spec._idle) == 2  # handed back
 
 
 def test_env_config_builds_the_tools(tokenizer, tmp_path):
-    assert build_episode_setup(EnvConfig(), tokenizer) is None
-    setup = build_episode_setup(EnvConfig(tools=("calculator",), max_turns=2), tokenizer)
+    assert build_environment_setup(EnvConfig(), tokenizer) is None
+    setup = build_environment_setup(EnvConfig(tools=("calculator",), max_turns=2), tokenizer)
     assert setup.spec.tool_names == ("calculator",) and setup.limits.max_turns == 2
     with pytest.raises(Exception, match="env.tools 'nope:tool'"):
-        build_episode_setup(EnvConfig(tools=("nope:tool",)), tokenizer)
+        build_environment_setup(EnvConfig(tools=("nope:tool",)), tokenizer)
     cfg = load_config(None, ["env.tools=[calculator]", "env.max_turns=3"])
     assert cfg.env.enabled and cfg.env.max_turns == 3
     with pytest.raises(ValueError, match="env.max_turns"):
@@ -204,7 +204,7 @@ def test_the_python_tools_sandbox_is_closed_with_the_run(tokenizer):
     from rlvr.verifiers.sandbox import SandboxUnavailable
 
     try:
-        setup = build_episode_setup(EnvConfig(tools=("calculator", "python")), tokenizer)
+        setup = build_environment_setup(EnvConfig(tools=("calculator", "python")), tokenizer)
     except SandboxUnavailable as err:
         pytest.skip(f"no isolation on this machine: {err}")
     sandbox = setup.spec.extra_tools["python"].__self__.sandbox

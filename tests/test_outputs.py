@@ -76,7 +76,7 @@ def test_sample_records_string_prompts_and_bounded_columns():
     groups = SimpleNamespace(texts=texts, group_size=G)
     per_function = {"a": torch.tensor([1.0, float("nan"), 0.0, 1.0]), "b": torch.tensor([0.5, 0.5, float("nan"), 0.0])}
     scores = Scores(torch.tensor([1.5, 0.5, 0.0, 1.0]), per_function, {})
-    c = Collected(rounds=[Round([0], groups, scores, torch.tensor([True]), uids=[7])], row_ids=[0], groups=groups,
+    c = Collected(rounds=[Round([0], groups, scores, uids=[7])], row_ids=[0], groups=groups,
                   scores=scores, adv=None, time_generate_s=0.0, time_reward_s=0.0)
     records = sample_records(c, rows, with_token_ids=False)
     assert [r["text"] for r in records] == texts and all(r["row"] == 0 and r["uid"] == 7 for r in records)

@@ -34,7 +34,7 @@ from rlvr.rollout import Groups, Sampler, SamplingParams, StaleVersion
 from rlvr.rollout.episodes import EpisodeStats
 from rlvr.tasks import data_order
 from rlvr.train.dynamic_sampling import DynamicSampling
-from rlvr.train.rollouts import EpisodeSetup, sample_scored
+from rlvr.train.scoring import EnvironmentSetup, sample_scored
 
 
 @dataclass
@@ -47,7 +47,7 @@ class ScoredGroup:
     informative: torch.Tensor  # [1] bool: its rewards differ (rlvr.core.informative_groups)
     time_generate_s: float = 0.0  # how long its request took (on a server, overlapped with training)
     time_reward_s: float = 0.0  # how long scoring it took
-    episodes: EpisodeStats | None = None  # its episodes' turns and tool calls (None: single completions)
+    episode_stats: EpisodeStats | None = None  # its episodes' turns and tool calls (None: single completions)
 
 
 @dataclass
@@ -89,11 +89,11 @@ class Orchestrator:
         max_staleness: int,
         cursor: int = 0,
         pending: list[int] = (),
-        episodes: EpisodeSetup | None = None,
+        environment: EnvironmentSetup | None = None,
     ):
         self.sampler, self.rows, self.rewards, self.G, self.params = sampler, rows, rewards, group_size, params
         self.data_seed, self.sample_seed = data_seed, sample_seed
-        self.episodes = episodes  # multi-turn episodes: one dispatch = one group of G episodes
+        self.environment = environment  # multi-turn episodes: one dispatch = one group of G episodes
         self.max_inflight, self.max_staleness = max_inflight, max_staleness
         self.cursor = cursor  # next new position in the data stream
         self.stats = OrchestratorStats()
@@ -145,7 +145,7 @@ class Orchestrator:
                 self.stats.dispatched += 1
             try:
                 got = sample_scored(self.sampler, [row], self.G, self.params, self.sample_seed(uid), self.rewards,
-                                    self.episodes, self._score_lock)
+                                    self.environment, self._score_lock)
             except StaleVersion:  # its version was retired meanwhile: sample the prompt again, at the current one
                 with self._lock:
                     self._redo.append(uid)
@@ -160,7 +160,7 @@ class Orchestrator:
                 self.stats.sampled += 1
             self._ready.put(ScoredGroup(uid, row_id, got.groups, got.scores, int(got.groups.version[0]),
                                         informative_groups(got.scores.total, self.G), got.time_generate_s,
-                                        got.time_reward_s, got.episodes))
+                                        got.time_reward_s, got.episode_stats))
 
     def take(self, n: int, version: int, dynamic_sampling: bool = False, max_resample_rounds: int = 0,
              timeout_s: float | None = None) -> Taken:

@@ -94,7 +94,8 @@ def learner_wait_s(cfg: RunConfig) -> float:
 class AsyncSource:
     """Batches from rollout servers that sample and score while the learner trains (async.enabled)."""
 
-    name = "async "
+    label = "async "
+    metrics_section = "async"
 
     def __init__(self, cfg: RunConfig, advantages: Advantages | None):
         self.cfg, self.advantages = cfg, advantages
@@ -122,7 +123,7 @@ class AsyncSource:
             self.sampler, run.data.train_rows, run.rewards, cfg.rollout.group_size, sampling_params(cfg.rollout),
             data_seed=seed, sample_seed=lambda uid: group_seed(seed, uid),
             max_inflight=a.max_inflight_groups or cfg.train.prompts_per_step, max_staleness=a.max_staleness,
-            cursor=run.state["cursor"], pending=run.state.get("pending", []), episodes=run.data.episodes,
+            cursor=run.state["cursor"], pending=run.state.get("pending", []), environment=run.data.environment,
         )
         self._busy, self._stats = self.sampler.busy_seconds(), self.orchestrator.stats.__dict__.copy()
         self._clock = time.perf_counter()
@@ -149,10 +150,11 @@ class AsyncSource:
         self.taken = taken
         groups = taken.groups  # one round: the groups taken for this step (B, or fewer with dynamic sampling)
         round_ = Round([g.row_id for g in groups], Groups.concat([g.groups for g in groups]),
-                       Scores.concat([g.scores for g in groups]), torch.cat([g.informative for g in groups]),
-                       [g.uid for g in groups], EpisodeStats.total([g.episodes for g in groups]))
+                       Scores.concat([g.scores for g in groups]), EpisodeStats.total([g.episode_stats for g in groups]),
+                       sum(g.time_generate_s for g in groups), sum(g.time_reward_s for g in groups),
+                       [g.uid for g in groups])
         return scored_batch([round_], [(round_, torch.arange(len(groups)))], self.advantages,
-                            sum(g.time_generate_s for g in groups), sum(g.time_reward_s for g in groups))
+                            round_.time_generate_s, round_.time_reward_s)
 
     def report(self) -> dict[str, float]:
         busy, now = self.sampler.busy_seconds(), time.perf_counter()

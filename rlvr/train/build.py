@@ -17,7 +17,7 @@ from rlvr.prompts import plain_text
 from rlvr.rewards import RewardFn, WeightedReward, build_reward
 from rlvr.rollout import LocalSampler, Sampler, SamplingParams
 from rlvr.tasks import fit_prompts, load_extra_eval, load_task
-from rlvr.train.rollouts import EnvironmentObjects, EpisodeSetup, build_episode_setup
+from rlvr.train.scoring import EnvironmentObjects, EnvironmentSetup, build_environment_setup
 
 
 @dataclass
@@ -28,13 +28,13 @@ class TaskData:
     dropped_prompts: int  # rows skipped for prompts too long for the context (task.drop_long_prompts)
     model_dir: Path
     tokenizer: object
-    episodes: EpisodeSetup | None = None  # multi-turn episodes (env.factory or env.tools set)
+    environment: EnvironmentSetup | None = None  # multi-turn episodes (env.factory, env.tools or env.url set)
     extra_rows: list[dict] = field(default_factory=list)  # eval.extra_path's held-out rows (none: [])
 
     def close(self) -> None:
         """Release what the episodes' tools hold (nothing without episodes)."""
-        if self.episodes is not None:
-            self.episodes.close()
+        if self.environment is not None:
+            self.environment.close()
 
 
 def lora_spec(model: ModelConfig) -> LoraSpec | None:
@@ -64,10 +64,10 @@ def load_data(cfg: RunConfig, environment: EnvironmentObjects | None = None) -> 
         if warning:
             print(f"rlvr: warning: {warning}", file=sys.stderr, flush=True)
     columns = sorted({k for r in train_rows[:1] for k in r})
-    episodes = build_episode_setup(cfg.env, tokenizer, columns, environment)  # validated before the model loads
-    budget = "env.max_episode_tokens" if episodes else "rollout.max_new_tokens"  # the prompt, then this much
-    room = model_context(model_dir) - (cfg.env.max_episode_tokens if episodes else cfg.rollout.max_new_tokens)
-    encode = episodes.prompt_ids if episodes else None  # episodes: with the tools described
+    setup = build_environment_setup(cfg.env, tokenizer, columns, environment)  # validated before the model loads
+    budget = "env.max_episode_tokens" if setup else "rollout.max_new_tokens"  # the prompt, then this much
+    room = model_context(model_dir) - (cfg.env.max_episode_tokens if setup else cfg.rollout.max_new_tokens)
+    encode = setup.prompt_ids if setup else None  # episodes: with the tools described
     train_rows, dropped_train = fit_prompts(tokenizer, train_rows, room, cfg.task.drop_long_prompts, "train",
                                             encode, budget)
     eval_rows, dropped_eval = fit_prompts(tokenizer, eval_rows, room, cfg.task.drop_long_prompts, "eval", encode,
@@ -77,7 +77,7 @@ def load_data(cfg: RunConfig, environment: EnvironmentObjects | None = None) -> 
         extra_rows, dropped_extra = fit_prompts(tokenizer, extra_rows, room, cfg.task.drop_long_prompts,
                                                 "eval.extra_path", encode, budget)
     return TaskData(train_rows, eval_rows, check, dropped_train + dropped_eval + dropped_extra, model_dir, tokenizer,
-                    episodes, extra_rows)
+                    setup, extra_rows)
 
 
 def build_rewards(rewards: tuple[RewardConfig, ...]) -> list[WeightedReward]:

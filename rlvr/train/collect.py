@@ -16,7 +16,7 @@ from collections.abc import Callable
 import torch
 
 from rlvr.config import RunConfig
-from rlvr.core import group_advantages, informative_groups, normalize_then_sum
+from rlvr.core import group_advantages, normalize_then_sum
 from rlvr.rewards import Scores, WeightedReward
 from rlvr.rollout import Groups, Sampler, SamplingParams
 from rlvr.rollout.episodes import EpisodeStats
@@ -26,8 +26,8 @@ from rlvr.train.build import build_sampler, sampling_params
 from rlvr.train.collected import Collected, Round
 from rlvr.train.curriculum import Curriculum, stage_row_ids
 from rlvr.train.dynamic_sampling import DynamicSampling
-from rlvr.train.rollouts import EpisodeSetup, sample_scored
 from rlvr.train.run import Run
+from rlvr.train.scoring import EnvironmentSetup, sample_scored
 
 Advantages = Callable[[Scores], torch.Tensor]  # a batch's scores -> advantages [N] (0 where unscored)
 
@@ -76,26 +76,24 @@ def collect(
     seed: int,
     dynamic_sampling: bool = False,
     max_resample_rounds: int = 0,
-    episodes: EpisodeSetup | None = None,
+    environment: EnvironmentSetup | None = None,
 ) -> Collected:
     """Sample, score and compute advantages for one step.
 
     ``next_row_ids()`` gives the dataset rows of one round (B of them) and advances the data stream. Rounds are
     sampled, and their groups kept or dropped, as ``DynamicSampling`` decides (rlvr.train.dynamic_sampling):
     without dynamic sampling one round, trained as it is; with it, until B informative groups are in hand or
-    ``max_resample_rounds`` extra rounds were sampled. ``episodes``: multi-turn episodes instead of single
-    completions (rlvr.train.rollouts).
+    ``max_resample_rounds`` extra rounds were sampled. ``environment``: multi-turn episodes instead of
+    single completions (rlvr.train.scoring).
     """
     rounds: list[Round] = []
     t_generate = t_reward = 0.0
     pick: DynamicSampling[tuple[int, int]] | None = None  # (round, group within it)
     while pick is None or not pick.done:
         row_ids = next_row_ids()
-        got = sample_scored(sampler, [rows[i] for i in row_ids], group_size, params, round_seed(seed, len(rounds)),
-                            rewards, episodes)
-        t_generate, t_reward = t_generate + got.time_generate_s, t_reward + got.time_reward_s
-        round_ = Round(row_ids, got.groups, got.scores, informative_groups(got.scores.total, group_size),
-                       episodes=got.episodes)
+        round_ = sample_scored(sampler, [rows[i] for i in row_ids], group_size, params,
+                               round_seed(seed, len(rounds)), rewards, environment, row_ids=row_ids)
+        t_generate, t_reward = t_generate + round_.time_generate_s, t_reward + round_.time_reward_s
         pick = pick or DynamicSampling(len(row_ids), dynamic_sampling, max_resample_rounds)
         for i, informative in enumerate(round_.informative.tolist()):
             pick.offer((len(rounds), i), informative)
@@ -147,7 +145,7 @@ def collect_metrics(c: Collected, version: int) -> dict[str, float]:
 def episode_metrics(c: Collected) -> dict[str, float]:
     """Turns, tool calls and errors per tool, environment time, observation vs model tokens and truncations by
     cause, over every episode sampled this step (empty for single completions)."""
-    total = EpisodeStats.total([r.episodes for r in c.rounds])
+    total = EpisodeStats.total([r.episode_stats for r in c.rounds])
     return total.as_metrics() if total else {}
 
 
@@ -164,7 +162,8 @@ class SyncSource:
     """The synchronous batch source: each step samples B prompts' groups with the run's sampler (the training
     model in this process, or rollout servers: rollout.backend), scores them and computes their advantages."""
 
-    name = ""
+    label = ""  # the progress bar shows the preset alone
+    metrics_section = "data"  # report(): the curriculum's stage
 
     def __init__(self, cfg: RunConfig, advantages: Advantages | None):
         self.cfg, self.advantages = cfg, advantages
@@ -192,7 +191,7 @@ class SyncSource:
         c = collect(run.sampler, next_row_ids, rows, cfg.rollout.group_size, sampling_params(cfg.rollout),
                     run.rewards, self.advantages, seed=step_seed(cfg.train.seed, step),
                     dynamic_sampling=cfg.algo.dynamic_sampling, max_resample_rounds=cfg.algo.max_resample_rounds,
-                    episodes=run.data.episodes)
+                    environment=run.data.environment)
         if self.curriculum:  # the pass rate: the first reward's mean over everything sampled this step
             first = Scores.concat([r.scores for r in c.rounds]).per_function[run.rewards[0].name]
             self.curriculum.record(run.state, float(first[~torch.isnan(first)].mean()) if (~torch.isnan(first)).any()

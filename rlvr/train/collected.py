@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rlvr.core import informative_groups
 from rlvr.rewards import Scores
 from rlvr.rollout.episodes import EpisodeStats
 from rlvr.rollout.groups import Groups
@@ -14,14 +15,20 @@ from rlvr.rollout.groups import Groups
 
 @dataclass
 class Round:
-    """One sampling round: B prompts, G completions each, scored."""
+    """One sampling round: B prompts (dataset rows ``row_ids``), G completions or episodes each, scored."""
 
     row_ids: list[int]
     groups: Groups
     scores: Scores
-    informative: torch.Tensor  # [B] bool: the group's rewards differ
+    episode_stats: EpisodeStats | None = None  # turns, tool calls, truncations (None: single completions)
+    time_generate_s: float = 0.0  # sampling (episodes: tool calls included)
+    time_reward_s: float = 0.0  # the reward functions
     uids: list[int] | None = None  # positions in the data stream (asynchronous runs log them)
-    episodes: EpisodeStats | None = None  # turns, tool calls, truncations (None: single completions)
+
+    @property
+    def informative(self) -> torch.Tensor:
+        """[B] bool: the group's rewards differ (rlvr.core.informative_groups)."""
+        return informative_groups(self.scores.total, self.groups.group_size)
 
 
 @dataclass

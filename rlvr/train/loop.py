@@ -33,7 +33,7 @@ def run_loop(run: Run, source: BatchSource, update: Update) -> dict:
         run.sampler.sync(run.start)  # version = optimizer steps taken; a remote sampler gets the restored weights
         run.evaluate_before()
         bar = tqdm(range(run.start + 1, cfg.train.steps + 1), disable=not cfg.log.progress,
-                   desc=f"{source.name}{cfg.algo.preset}", unit="step", initial=run.start, total=cfg.train.steps)
+                   desc=f"{source.label}{cfg.algo.preset}", unit="step", initial=run.start, total=cfg.train.steps)
         warned = False  # about a batch without any reward: once per run, whichever source
         for step in bar:
             t0 = time.perf_counter()
@@ -58,7 +58,7 @@ def run_loop(run: Run, source: BatchSource, update: Update) -> dict:
                 sections["episode"] = episodes
             report = source.report()
             if report:
-                sections[source.name.strip() or "data"] = report  # async: the servers'; sync: the curriculum's
+                sections[source.metrics_section] = report  # async: the servers'; sync: the curriculum's
             metrics = namespaced(sections)
             run.after_step(step, metrics, batch, source.state(), started=t0)
             bar.set_postfix(reward=f"{metrics[REWARD]:.3f}", acc=f"{run.state['eval_accuracy']:.3f}")

@@ -38,8 +38,8 @@ from rlvr.train.build import (
 )
 from rlvr.train.collected import Collected
 from rlvr.train.evaluate import evaluate
-from rlvr.train.rollouts import EnvironmentObjects
 from rlvr.train.run_files import model_card, sample_records, write_config
+from rlvr.train.scoring import EnvironmentObjects
 
 
 class NonFiniteError(RuntimeError):
@@ -135,7 +135,7 @@ class Run:
         cfg = self.cfg
         return evaluate(self.sampler, self.data.eval_rows if rows is None else rows, self.data.check,
                         cfg.eval.batch_size, cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
-                        tuple(cfg.rollout.stop), self.data.episodes)
+                        tuple(cfg.rollout.stop), self.data.environment)
 
     def evaluate_extra(self, metrics: dict) -> None:
         """eval.extra_path's accuracy into ``metrics`` (nothing without one)."""
@@ -218,7 +218,8 @@ class Run:
 class BatchSource(Protocol):
     """Where a step's batch comes from."""
 
-    name: str  # shown on the progress bar
+    label: str  # before the preset on the progress bar
+    metrics_section: str  # where ``report()``'s metrics are logged (``data/``, ``async/``)
 
     def open(self, run: Run, stack: contextlib.ExitStack) -> Sampler:
         """Start what the source needs (servers, threads; their teardown goes on ``stack``); the run's sampler."""
@@ -229,7 +230,7 @@ class BatchSource(Protocol):
         ...
 
     def report(self) -> dict[str, float]:
-        """The source's own metrics for the step just taken (logged under ``async/``); may be empty."""
+        """The source's own metrics for the step just taken (logged under ``metrics_section``); may be empty."""
         ...
 
     def state(self) -> dict:
@@ -265,7 +266,7 @@ def open_run(cfg: RunConfig, update: Update, rewards: list[WeightedReward] | Non
     seed_everything(cfg.train.seed)
     data = load_data(cfg, environment)  # rows, environment and prompt lengths are checked before the model loads
     rewards = build_rewards(cfg.rewards) if rewards is None else rewards
-    environments = data.episodes.check_environment if data.episodes else None
+    environments = data.environment.check_environment if data.environment else None
     check_rewards(rewards, data.train_rows, environments=environments)  # fails here, in seconds, before the model loads
     model = build_policy(data.model_dir, cfg.model)
     reference = ReferencePolicy(model) if update.needs_reference else None  # before any weights are restored

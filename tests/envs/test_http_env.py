@@ -395,9 +395,9 @@ def test_an_openenv_server_drives_training_episodes(openenv_url, tiny_model_dir,
     from rlvr.models import load_causal_lm
     from rlvr.rewards import WeightedReward
     from rlvr.rollout import LocalSampler, SamplingParams
-    from rlvr.train.rollouts import build_episode_setup, sample_scored
+    from rlvr.train.scoring import build_environment_setup, sample_scored
 
-    setup = build_episode_setup(EnvConfig(url=openenv_url, max_turns=5, max_episode_tokens=400), tokenizer)
+    setup = build_environment_setup(EnvConfig(url=openenv_url, max_turns=5, max_episode_tokens=400), tokenizer)
     sampler = LocalSampler(load_causal_lm(tiny_model_dir), tokenizer)
     row = {"prompt": [{"role": "user", "content": "Go."}], "question": "cats"}
     seen = {}
@@ -414,7 +414,7 @@ def test_an_openenv_server_drives_training_episodes(openenv_url, tiny_model_dir,
     for i, completion in enumerate(seen["completions"]):
         tools = [m["content"] for m in completion if m["role"] == "tool"]
         if rewards[i] == 3.0:  # the server ended the episode on its third step
-            assert got.episodes.turns[i] == 3 and [t.split(":")[0] for t in tools] == ["1", "2"]
+            assert got.episode_stats.turns[i] == 3 and [t.split(":")[0] for t in tools] == ["1", "2"]
         assert all(isinstance(e, HttpEnvironment) for e in seen["environments"])
     assert rewards.count(3.0) >= 2
 

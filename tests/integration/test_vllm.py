@@ -190,10 +190,10 @@ def test_multi_turn_episodes_with_the_calculator_on_vllm(vllm, rlvr_server, trai
     servers open each greedy episode with the same turn."""
     from rlvr.config import EnvConfig
     from rlvr.tasks.tool_problems import tool_problem_rows
-    from rlvr.train.rollouts import build_episode_setup, sample_scored
+    from rlvr.train.scoring import build_environment_setup, sample_scored
 
     model, tokenizer = trained
-    setup = build_episode_setup(EnvConfig(tools=("calculator",), max_turns=3, max_episode_tokens=160), tokenizer)
+    setup = build_environment_setup(EnvConfig(tools=("calculator",), max_turns=3, max_episode_tokens=160), tokenizer)
     _, rows = tool_problem_rows(4, 8, 0, kind="products", shots=1)
     greedy = {}
     for name, url in (("vllm", vllm), ("rlvr", rlvr_server)):
@@ -207,7 +207,7 @@ def test_multi_turn_episodes_with_the_calculator_on_vllm(vllm, rlvr_server, trai
             got = sample_scored(sampler, rows, 4, SamplingParams(temperature=0.7, max_new_tokens=48), 0, [], setup)
         sampler.close()
     g = got.groups
-    assert got.episodes.tools.calls["calculator"] >= 1 and got.episodes.observation_tokens > 0
+    assert got.episode_stats.tools.calls["calculator"] >= 1 and got.episode_stats.observation_tokens > 0
     with torch.no_grad():
         logp, _ = completion_logprobs(model, StepBatch.from_groups(g, torch.zeros(16)), torch.arange(16))
     sampled = g.sampled_mask.bool()

@@ -3,7 +3,7 @@
 ``sample_scored`` is what every batch source calls (the synchronous ``collect``, the asynchronous orchestrator's
 dispatchers) and ``evaluate`` reuses, so episodes run on every path without a second copy of the loop.
 
-An episode round (``EpisodeSetup``): each of the G episodes of a row gets its own environment instance, reset with
+An episode round (``EnvironmentSetup``): each of the G episodes of a row gets its own environment instance, reset with
 the row's columns; the text ``reset`` returns is added to the prompt (TRL's rule, ``prompt_with_observation``) and
 the tools are described in it (the chat template's ``tools=`` when it renders them, else rlvr's default system
 instruction). The G episodes of a group share that prompt, so ``reset`` must return the same text for them (seed
@@ -35,9 +35,10 @@ from rlvr.envs.python_tool import PythonTool
 from rlvr.envs.render import template_renders_tools, tools_instruction, with_tools
 from rlvr.rewards import Scores, WeightedReward, as_completions, import_object, score_completions
 from rlvr.rollout import Groups, Sampler, SamplingParams
-from rlvr.rollout.episodes import EpisodeLimits, EpisodeStats
+from rlvr.rollout.episodes import EpisodeLimits
 from rlvr.rollout.http_client import api_key_from_env
 from rlvr.tasks import reward_columns
+from rlvr.train.collected import Round
 
 CALL_END = "</tool_call>"
 
@@ -62,7 +63,7 @@ def builtin_tool(name: str, closers: list[Callable[[], None]]):
 
 
 @dataclass
-class EpisodeSetup:
+class EnvironmentSetup:
     """What a run's episodes need: the validated environment, the limits, and how prompts are rendered."""
 
     spec: EnvironmentSpec | HttpEnvSpec
@@ -132,9 +133,9 @@ class EnvironmentObjects:
     tools: tuple[Callable, ...] = ()
 
 
-def build_episode_setup(cfg: EnvConfig, tokenizer, columns: list[str] | None = None,
-                        objects: EnvironmentObjects | None = None) -> EpisodeSetup | None:
-    """The run's ``EpisodeSetup`` (None without env.factory, env.tools or env.url); the environment is validated
+def build_environment_setup(cfg: EnvConfig, tokenizer, columns: list[str] | None = None,
+                        objects: EnvironmentObjects | None = None) -> EnvironmentSetup | None:
+    """The run's ``EnvironmentSetup`` (None without env.factory, env.tools or env.url); the environment is validated
     here, once, before the model loads. ``objects``: the factory and tools as objects instead of by name."""
     if not cfg.enabled and objects is None:
         return None
@@ -160,17 +161,8 @@ def build_episode_setup(cfg: EnvConfig, tokenizer, columns: list[str] | None = N
     limits = EpisodeLimits(cfg.max_turns, cfg.max_episode_tokens, cfg.tool_timeout_s)
     if isinstance(spec, EnvironmentSpec):
         closers.append(spec.close)
-    return EpisodeSetup(spec, limits, tokenizer, template_renders_tools(tokenizer), cfg.stop_after_call,
+    return EnvironmentSetup(spec, limits, tokenizer, template_renders_tools(tokenizer), cfg.stop_after_call,
                         tuple(closers))
-
-
-@dataclass
-class Sampled:
-    groups: Groups
-    scores: Scores
-    episodes: EpisodeStats | None  # None: single completions
-    time_generate_s: float  # sampling (episodes: tool calls included)
-    time_reward_s: float  # the reward functions
 
 
 def episode_completions(prompts: list, messages: list[list[dict]]) -> list:
@@ -189,10 +181,12 @@ def score_groups(rewards: list[WeightedReward], groups: Groups, rows: list[dict]
 
 
 def sample_scored(sampler: Sampler, rows: list[dict], group_size: int, params: SamplingParams, seed: int,
-                  rewards: list[WeightedReward], setup: EpisodeSetup | None = None,
-                  score_lock: threading.Lock | None = None) -> Sampled:
+                  rewards: list[WeightedReward], setup: EnvironmentSetup | None = None,
+                  score_lock: threading.Lock | None = None, row_ids: list[int] | None = None) -> Round:
     """G completions (or episodes) per row from ``sampler``, scored by ``rewards`` (holding ``score_lock``, when
-    given, while the reward functions run: the asynchronous dispatchers call them one batch at a time)."""
+    given, while the reward functions run: the asynchronous dispatchers call them one batch at a time), as a
+    ``Round`` of the dataset rows ``row_ids`` (default: the positions of ``rows``)."""
+    row_ids = list(range(len(rows))) if row_ids is None else row_ids
     lock = score_lock or contextlib.nullcontext()
     t0 = time.perf_counter()
     if setup is None:
@@ -201,7 +195,7 @@ def sample_scored(sampler: Sampler, rows: list[dict], group_size: int, params: S
         with lock:
             t2 = time.perf_counter()
             scores = score_groups(rewards, groups, rows)
-            return Sampled(groups, scores, None, t1 - t0, time.perf_counter() - t2)
+            return Round(row_ids, groups, scores, None, t1 - t0, time.perf_counter() - t2)
     envs, prompt_ids = setup.start(rows, group_size)
     try:
         out = sampler.sample_episodes(prompt_ids, envs, group_size, setup.params(params), seed, setup.limits)
@@ -217,4 +211,4 @@ def sample_scored(sampler: Sampler, rows: list[dict], group_size: int, params: S
     finally:
         for env in envs:
             env.release()
-    return Sampled(out.groups, scores, out.stats, t1 - t0, t3 - t2)
+    return Round(row_ids, out.groups, scores, out.stats, t1 - t0, t3 - t2)
