@@ -300,6 +300,7 @@ OBJECTIVE_KNOBS = {  # each objective and loss term through the whole step
     "luspo": {"objective": "gspo", "aggregation": "sequence_sum"},
     "entropy_bonus": {"entropy_coef": 0.05, "aggregation": "token_sum_constant"},
     "top_entropy": {"top_entropy_quantile": 0.5, "beta": 0.1},
+    "top_entropy_rows_without_gradient": {"top_entropy_quantile": 0.5},
 }
 
 
@@ -312,6 +313,8 @@ def test_each_objective_step_equals_naive_reference(tokenizer, knobs):
 
     base = make_model(len(tokenizer))
     batch = _batch(base, tokenizer, temperature=0.8, prompts=SHARED_PREFIX)
+    if knobs == "top_entropy_rows_without_gradient":  # beta = 0: rows with advantage 0 are not computed, yet their
+        batch.adv[::2] = 0.0  # tokens count towards the step's entropy threshold
     base = base.double()
     settings = LossSettings(**{"beta": 0.0, **OBJECTIVE_KNOBS[knobs]})
     model, naive = copy.deepcopy(base), copy.deepcopy(base)
@@ -322,12 +325,14 @@ def test_each_objective_step_equals_naive_reference(tokenizer, knobs):
     with torch.no_grad():
         ref_logp = naive_logprobs(base, batch) if settings.beta else None
         entropy = naive_logprobs(base, batch, with_entropy=True)[1]
-    high = high_entropy_tokens(entropy, batch.loss_mask, settings.top_entropy_quantile) if knobs == "top_entropy" \
-        else None
+    high = None
+    if settings.top_entropy_quantile < 1:
+        high = high_entropy_tokens(entropy, batch.loss_mask, settings.top_entropy_quantile)
     loss, _ = naive_update(naive, batch, settings, lr=0.5, ref_logp=ref_logp, high_entropy=high)
     assert metrics["loss"] == pytest.approx(loss, rel=1e-6, abs=1e-9)
     if high is not None:
-        assert metrics["entropy_masked_frac"] == pytest.approx(1 - float(high.sum() / batch.loss_mask.sum()))
+        computed = batch.loss_mask.bool() & (batch.adv != 0)[:, None]  # the statistics cover the computed rows
+        assert metrics["entropy_masked_frac"] == pytest.approx(1 - float((high & computed).sum() / computed.sum()))
         assert 0.3 < metrics["entropy_masked_frac"] < 0.7
     moved = 0.0
     for name, p in dict(naive.named_parameters()).items():

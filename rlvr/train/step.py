@@ -26,7 +26,7 @@ from rlvr.config import RunConfig
 from rlvr.core import LossSettings, TokenBatch, fused_logprobs, loss_normaliser, merge_stat_sums, policy_loss
 from rlvr.models import ReferencePolicy, autocast, backbone_and_head, trainable_parameters
 from rlvr.train.batch import StepBatch
-from rlvr.train.collect import Collected
+from rlvr.train.collected import Collected
 from rlvr.train.forward import completion_hidden, completion_lengths, completion_logprobs, uniform_temperature
 from rlvr.train.run import Run
 
@@ -141,10 +141,11 @@ def high_entropy_tokens(entropy: torch.Tensor, mask: torch.Tensor, share: float)
 
 def frozen_passes(model: nn.Module, batch: StepBatch, micro_rows: list[torch.Tensor], settings: LossSettings,
                   reference: ReferencePolicy | None, num_iterations: int, chunk_tokens: int = 512,
-                  share_prompt: bool = True) -> FrozenLogprobs:
-    """The no-gradient passes a step needs: the reference only when beta != 0; the proximal policy only when mu > 1
-    and the objective reads it (with mu = 1 the current weights are the proximal policy); the policy's entropies
-    when top_entropy_quantile < 1 (the threshold is over the whole step)."""
+                  share_prompt: bool = True, micro_batch_size: int = 16) -> FrozenLogprobs:
+    """The no-gradient passes a step needs, over the rows of ``micro_rows``: the reference only when beta != 0; the
+    proximal policy only when mu > 1 and the objective reads it (with mu = 1 the current weights are the proximal
+    policy); the policy's entropies when top_entropy_quantile < 1, over every trained row (those without gradient
+    too: the threshold is over the whole step's trained tokens, as the paper takes it)."""
     frozen = FrozenLogprobs()
     if settings.beta != 0.0:
         if reference is None:
@@ -154,7 +155,8 @@ def frozen_passes(model: nn.Module, batch: StepBatch, micro_rows: list[torch.Ten
     needs_proximal = num_iterations > 1 and (settings.ratio_to == "proximal" or settings.is_level != "none")
     needs_entropy = settings.top_entropy_quantile < 1.0
     if needs_proximal or needs_entropy:
-        proximal, entropy = frozen_logprobs(model, batch, micro_rows, chunk_tokens, share_prompt, with_entropy=True)
+        rows = micro_batches(batch, micro_batch_size, skip_zero_advantage=False) if needs_entropy else micro_rows
+        proximal, entropy = frozen_logprobs(model, batch, rows, chunk_tokens, share_prompt, with_entropy=True)
         frozen.proximal = proximal if needs_proximal else None
         if needs_entropy:
             frozen.high_entropy = high_entropy_tokens(entropy, batch.loss_mask, settings.top_entropy_quantile)
@@ -242,7 +244,8 @@ def train_step(
     chunk_tokens = chunk_for_vocab(chunk_tokens, backbone_and_head(model)[1].weight.shape[0])
     normaliser = loss_normaliser(batch.loss_mask, settings.aggregation, max_completion_tokens)
     step_tokens = float(batch.loss_mask.sum())
-    frozen = frozen_passes(model, batch, micro_rows, settings, reference, num_iterations, chunk_tokens, share_prompt)
+    frozen = frozen_passes(model, batch, micro_rows, settings, reference, num_iterations, chunk_tokens, share_prompt,
+                           micro_batch_size)
     model.train()
     params = [p for p in model.parameters() if p.requires_grad] if params is None else params
     sums: dict[str, float] = {}
