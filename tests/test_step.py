@@ -217,6 +217,16 @@ def test_per_token_advantages(tokenizer):
         assert torch.allclose(p, q, rtol=0, atol=1e-6 * float(p.detach().abs().max()))
 
 
+def _assert_same_update(naive, model, base):
+    """The step's weights equal the naive reference's (to float32 precision, see the shared-prompt test), and moved."""
+    moved = 0.0
+    for name, p in dict(naive.named_parameters()).items():
+        q = dict(model.named_parameters())[name]
+        assert torch.allclose(p, q, rtol=0, atol=1e-6 * float(p.detach().abs().max())), name
+        moved += float((q - dict(base.named_parameters())[name]).abs().sum().detach())
+    assert moved > 0
+
+
 def _hand_batch(lengths: list[int], adv: list[float], group_size: int, trained: list[bool] | None = None) -> StepBatch:
     """A batch with no model behind it: completion i attends to its first lengths[i] tokens (T = 6)."""
     n, t = len(lengths), 6
@@ -260,12 +270,7 @@ def test_rows_without_gradient_are_skipped_with_the_same_update(tokenizer, share
                          max_grad_norm=0.0, share_prompt=share_prompt, chunk_tokens=5)
     loss, _ = naive_update(naive, batch, settings, lr=0.5)
     assert metrics["loss"] == pytest.approx(loss, rel=1e-6, abs=1e-9)
-    moved = 0.0
-    for name, p in dict(naive.named_parameters()).items():
-        q = dict(model.named_parameters())[name]
-        assert torch.allclose(p, q, rtol=0, atol=1e-6 * float(p.detach().abs().max())), name
-        moved += float((q - dict(base.named_parameters())[name]).abs().sum().detach())
-    assert moved > 0
+    _assert_same_update(naive, model, base)
 
 
 def test_mask_truncated_leaves_cut_completions_untrained(tokenizer):
@@ -334,9 +339,4 @@ def test_each_objective_step_equals_naive_reference(tokenizer, knobs):
         computed = batch.loss_mask.bool() & (batch.adv != 0)[:, None]  # the statistics cover the computed rows
         assert metrics["entropy_masked_frac"] == pytest.approx(1 - float((high & computed).sum() / computed.sum()))
         assert 0.3 < metrics["entropy_masked_frac"] < 0.7
-    moved = 0.0
-    for name, p in dict(naive.named_parameters()).items():
-        q = dict(model.named_parameters())[name]
-        assert torch.allclose(p, q, rtol=0, atol=1e-6 * float(p.detach().abs().max())), name
-        moved += float((q - dict(base.named_parameters())[name]).abs().sum().detach())
-    assert moved > 0
+    _assert_same_update(naive, model, base)
