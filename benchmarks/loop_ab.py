@@ -1,6 +1,7 @@
-"""The one loop against the two it replaced: same config, same seeds, old and new code run alternately.
+"""A refactor against the code it replaced: same config, same seeds, old and new code run alternately.
 
-    python benchmarks/loop_ab.py --base 6293449 --rounds 3 --steps 4
+    python benchmarks/loop_ab.py --base 9c0969d --rounds 2 --steps 20      # the step refactor (issue 34)
+    python benchmarks/loop_ab.py --base 6293449 --rounds 3 --steps 4       # the one-loop refactor
 
 The old code is checked out with ``git worktree`` at ``--base`` and imported instead of this tree (PYTHONPATH).
 Both train examples/demo.yaml (SmolLM2-135M-Instruct + LoRA) for ``--steps`` steps. Reported: whether every
@@ -46,7 +47,7 @@ def _train(code: Path, out: Path, steps: int) -> list[dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--base", default="6293449", help="the commit before the one-loop refactor")
+    parser.add_argument("--base", default="9c0969d", help="the commit before the refactor")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--new", default="", help="a commit to compare instead of this working tree")
@@ -79,12 +80,12 @@ def main() -> None:
     results = {"base": args.base, "rounds": args.rounds, "steps": args.steps, "identical_values": identical,
                "update_s": update, "step_s": step, "update_ratio": update["new"] / update["old"],
                "step_ratio": step["new"] / step["old"], "machine": describe()}
-    markdown = f"""## The one loop against the two it replaced (old vs new code, same run)
+    markdown = f"""## A refactor against the code it replaced (old vs new code, same run)
 
 `examples/demo.yaml` (SmolLM2-135M-Instruct + LoRA), {args.steps} steps, old ({args.base}) and new code run
 alternately {args.rounds} times; medians over steps 2..{args.steps} of every run.
 
-| | old loop | one loop | new / old |
+| | old code | new code | new / old |
 |---|---|---|---|
 | update (train step) | {update['old']:.2f} s | {update['new']:.2f} s | {results['update_ratio']:.3f} |
 | step (generate + score + update + sync) | {step['old']:.2f} s | {step['new']:.2f} s | {results['step_ratio']:.3f} |
