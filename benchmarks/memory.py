@@ -126,7 +126,7 @@ def _plain_step(model, critic, reference, optimizer, batch, rewards, settings, p
     """One optimizer step of the plain implementation (GRPO, or PPO with the critic)."""
     import torch
 
-    from rlvr.core import TokenInputs, loss_normaliser, policy_loss
+    from rlvr.core import TokenBatch, loss_normaliser, policy_loss
     from rlvr.core.ppo import gae, token_rewards, value_loss, whiten
 
     mask = batch.loss_mask
@@ -149,9 +149,10 @@ def _plain_step(model, critic, reference, optimizer, batch, rewards, settings, p
         ctx = measure[0] if (measure and i == len(micro) - 1) else None
         with ctx or _null():
             logp = _plain_logprobs(model, batch, rows)
-        x = TokenInputs(logp, batch.behaviour_logp[rows], adv[rows],
-                        ref_logp=None if (ref_logp is None or critic is not None) else ref_logp[rows])
-        loss, _ = policy_loss(x, mask[rows], settings if critic is None else _no_kl(settings), norm)
+        x = TokenBatch(logp=logp, behaviour_logp=batch.behaviour_logp[rows], adv=adv[rows],
+                       mask=mask[rows].to(logp.dtype),
+                       ref_logp=None if (ref_logp is None or critic is not None) else ref_logp[rows])
+        loss, _ = policy_loss(x, settings if critic is None else _no_kl(settings), norm, float(mask.sum()))
         loss.backward()
         if critic is not None:
             ctx = measure[1] if (measure and i == len(micro) - 1) else None
@@ -189,7 +190,7 @@ def child(name: str, steps: int) -> dict:
     from rlvr.core.ppo import PPOSettings
     from rlvr.models import LoraSpec, ReferencePolicy, load_policy
     from rlvr.train.batch import StepBatch
-    from rlvr.train.step import micro_batch_loss, train_step
+    from rlvr.train.step import train_step
 
     algo, lora, kl, lean = CONFIGS[name]
     base_kb = _rss_kb("VmRSS")
@@ -255,14 +256,15 @@ def child(name: str, steps: int) -> dict:
     saved_policy = SavedTensors(all_params, 49152)
     saved_critic = SavedTensors(all_params, 49152)
     if lean:  # one micro-batch through the same code the step runs
-        from rlvr.core import loss_normaliser
-        from rlvr.train.step import FrozenLogprobs
+        from rlvr.core import loss_normaliser, policy_loss
+        from rlvr.train.step import FrozenLogprobs, micro_batch_inputs
 
         rows_ = torch.arange(MICRO)
         no_kl = _no_kl(settings)  # the KL term changes no activation
         with saved_policy:
-            loss, _, _ = micro_batch_loss(model, batch, rows_, no_kl, loss_normaliser(batch.loss_mask,
-                                          "token_mean", T), FrozenLogprobs())
+            x = micro_batch_inputs(model, batch, rows_, FrozenLogprobs())
+            loss, _ = policy_loss(x, no_kl, loss_normaliser(batch.loss_mask, "token_mean", T),
+                                  float(batch.loss_mask.sum()))
         del loss
         if critic is not None:
             with saved_critic:

@@ -9,7 +9,7 @@ behaviour log-probs the model's own), same body pass (rlvr's, prompt run once pe
 loss (token mean); one loss + backward:
   naive: logits [M, V] for the M completion tokens, log_softmax, gather, loss, backward (autograd keeps the
          log-softmax output for backward and builds a [M, V] gradient);
-  fused: rlvr.core.fused (rlvr.train.step.micro_batch_loss) at train.logprob_chunk 512 (the default), 128, 32:
+  fused: rlvr.core.fused (rlvr.train.step.micro_batch_inputs) at train.logprob_chunk 512 (the default), 128, 32:
          logits exist one [chunk, V] block at a time, gradients taken in the forward pass.
 Peak: the resident set's high-water mark (Linux VmHWM, reset just before the pass) minus the resident set just
 before it, in a fresh process per variant (model loaded, behaviour log-probs taken); glibc's mmap threshold pinned at
@@ -74,24 +74,25 @@ def _naive_loss(model, batch, rows, settings, normaliser):
     """The textbook path: every completion token's logits at once, kept by autograd for backward."""
     import torch
 
-    from rlvr.core import TokenInputs, policy_loss
+    from rlvr.core import TokenBatch, policy_loss
     from rlvr.models import backbone_and_head
     from rlvr.train.forward import completion_hidden
 
     hidden = completion_hidden(model, batch, rows, share_prompt=True)  # [n, T, H]
     logits = backbone_and_head(model)[1](hidden)  # [n, T, V]
     logp = torch.log_softmax(logits.float(), dim=-1).gather(-1, batch.completion_ids[rows, :, None]).squeeze(-1)
-    x = TokenInputs(logp, batch.behaviour_logp[rows], batch.token_adv(rows))
-    return policy_loss(x, batch.loss_mask[rows], settings, normaliser)[0]
+    mask = batch.loss_mask[rows].to(logp.dtype)
+    x = TokenBatch(logp=logp, behaviour_logp=batch.behaviour_logp[rows], adv=batch.token_adv(rows), mask=mask)
+    return policy_loss(x, settings, normaliser, float(mask.sum()))[0]
 
 
 def child(name: str, threads: int) -> dict:
     import torch
 
-    from rlvr.core import LossSettings, loss_normaliser
+    from rlvr.core import LossSettings, loss_normaliser, policy_loss
     from rlvr.memory import return_freed_memory
     from rlvr.models import LoraSpec, load_policy
-    from rlvr.train.step import FrozenLogprobs, micro_batch_loss
+    from rlvr.train.step import FrozenLogprobs, micro_batch_inputs
 
     torch.set_num_threads(threads or os.cpu_count())
     return_freed_memory(256 << 10)
@@ -107,7 +108,8 @@ def child(name: str, threads: int) -> dict:
     Path("/proc/self/clear_refs").write_text("5")  # reset the high-water mark (VmHWM)
     started = time.perf_counter()
     if chunk:
-        loss = micro_batch_loss(model, batch, rows, settings, normaliser, FrozenLogprobs(), chunk_tokens=chunk)[0]
+        x = micro_batch_inputs(model, batch, rows, FrozenLogprobs(), chunk_tokens=chunk)
+        loss = policy_loss(x, settings, normaliser, float(batch.loss_mask.sum()))[0]
     else:
         loss = _naive_loss(model, batch, rows, settings, normaliser)
     loss.backward()

@@ -2,7 +2,7 @@
 (or resume it) and run the one loop (rlvr/train/loop.py).
 
     source = synchronous (rlvr/train/collect.py) | asynchronous (rlvr/runtime/source.py, async.enabled)
-    update = GRPO (rlvr/train/update.py)         | PPO with a critic (rlvr/baselines/ppo.py, algo.name=ppo)
+    update = GRPO (rlvr/train/step.py)           | PPO with a critic (rlvr/baselines/ppo.py, algo.name=ppo)
 """
 
 from __future__ import annotations
