@@ -166,20 +166,18 @@ class ReferencePolicy:
     ``refresh(alpha)`` moves it towards the policy (TR-DPO's reference update, TRL's sync_ref_model):
     theta_ref <- (1 - alpha) theta_ref + alpha theta. Full fine-tuning mixes every weight. Under LoRA the reference
     becomes an earlier adapter, held as a copy of the adapter's tensors (the base is shared) and swapped in for
-    the reference pass: its A and B are mixed elementwise, starting from the adapter as the run began (B = 0: the
-    base model). With alpha = 1 that is exactly the policy at the refresh; with alpha < 1 the reference's weight
-    change is mixed-B x mixed-A, not the mix of the two weight changes (a LoRA adapter cannot hold that at rank r).
+    the reference pass, its A and B mixed elementwise. Before any refresh it is the base model, an adapter with
+    B = 0 and any A; the first refresh takes A from the policy, so its weight change is exactly alpha times the
+    policy's. Later refreshes with alpha < 1 give mixed-B x mixed-A, not the mix of the two weight changes (an
+    adapter of rank r cannot hold that); with alpha = 1 the reference is exactly the policy at the refresh.
     """
 
     def __init__(self, policy: nn.Module):
         self._policy = policy
         self._copy = None
         self._adapter: dict[str, torch.Tensor] | None = None  # LoRA, after a refresh: the reference's A and B
-        self._start: dict[str, torch.Tensor] = {}
         if not is_lora(policy):
             self._copy = copy.deepcopy(policy).eval().requires_grad_(False)
-        else:
-            self._start = {n: p.detach().clone() for n, p in self._lora_parameters()}
 
     def _lora_parameters(self) -> list[tuple[str, nn.Parameter]]:
         return [(n, p) for n, p in self._policy.named_parameters() if "lora_" in n and ".default." in n]
@@ -210,9 +208,13 @@ class ReferencePolicy:
             for ref, p in zip(self._copy.parameters(), self._policy.parameters()):
                 ref.mul_(1.0 - alpha).add_(p.detach(), alpha=alpha)
             return
-        current = self._start if self._adapter is None else self._adapter
-        self._adapter = {n: current[n].mul(1.0 - alpha).add_(p.detach(), alpha=alpha)
-                         for n, p in self._lora_parameters()}
+        params = self._lora_parameters()
+        if self._adapter is None:  # the base model: B = 0, and A the policy's
+            current = {n: torch.zeros_like(p) if "lora_B" in n or "lora_embedding_B" in n else p.detach()
+                       for n, p in params}
+        else:
+            current = self._adapter
+        self._adapter = {n: current[n].mul(1.0 - alpha).add_(p.detach(), alpha=alpha) for n, p in params}
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
         """What a checkpoint must hold to restore the reference exactly (empty before any refresh under LoRA)."""

@@ -48,9 +48,10 @@ def test_lora_reference_becomes_an_earlier_adapter(tokenizer):
     assert all(p.requires_grad for n, p in model.named_parameters() if "lora_" in n)
 
 
-def test_lora_mix_is_elementwise_from_the_starting_adapter(tokenizer):
+def test_lora_mix_is_elementwise_from_the_base_model(tokenizer):
+    """First refresh from the base (B = 0, A the policy's): exactly alpha times the policy's weight change; then
+    A and B mixed elementwise."""
     model = _lora_model(len(tokenizer))
-    start = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" in n}
     reference = ReferencePolicy(model)
     _move(model, 3)
     first = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" in n}
@@ -59,8 +60,9 @@ def test_lora_mix_is_elementwise_from_the_starting_adapter(tokenizer):
     reference.refresh(0.5)
     now = {n: p.detach() for n, p in model.named_parameters() if "lora_" in n}
     held = reference.state_tensors()
-    for n, at_start in start.items():
-        expected = 0.5 * (0.75 * at_start + 0.25 * first[n]) + 0.5 * now[n]
+    for n, at_first in first.items():
+        start = torch.zeros_like(at_first) if "lora_B" in n else at_first
+        expected = 0.5 * (0.75 * start + 0.25 * at_first) + 0.5 * now[n]
         assert torch.allclose(held[n], expected, atol=1e-7), n
     restored = ReferencePolicy(model)
     restored.load_state_tensors(held)
@@ -84,3 +86,19 @@ def test_full_finetune_reference_mixes_every_weight(tokenizer):
         for n, p in ref.named_parameters():
             assert torch.allclose(p, before[n] + 0.25, atol=1e-6), n
             assert not p.requires_grad
+
+
+def test_first_lora_refresh_is_alpha_times_the_weight_change(tokenizer):
+    """From the base, the reference's weight change after refresh(alpha) is alpha x the policy's: logits of a model
+    whose every B is scaled by alpha."""
+    model = _lora_model(len(tokenizer))
+    reference = ReferencePolicy(model)
+    _move(model, 5)
+    reference.refresh(0.3)
+    with reference.active() as ref:
+        got = _logits(ref)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.mul_(0.3)
+    assert torch.allclose(got, _logits(model), atol=1e-6)
