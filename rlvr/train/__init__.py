@@ -1,2 +1,2 @@
-"""Training: the batch (batch.py), one update (step.py, update.py), the synchronous batch source (collect.py),
-the one loop (loop.py) and the run it drives (run.py), held-out evaluation."""
+"""Training: the one loop (loop.py), GRPO's update (step.py, over forward.py), the batch (batch.py), the synchronous
+batch source (collect.py, scoring.py, dynamic_sampling.py), the run it drives (run.py), held-out evaluation."""

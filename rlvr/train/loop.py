@@ -2,7 +2,7 @@
 
     batch = source.next(step)     sampled, scored, advantages computed (synchronous: collect.py; asynchronous:
                                   rlvr/runtime/source.py)
-    update(run, batch)            GRPO's train step (update.py), or PPO's critic + policy step (rlvr/baselines)
+    update(run, batch)            GRPO's update (step.py: GRPOUpdate -> train_step), or PPO's (rlvr/baselines)
     sampler.sync(step)            the sampler now samples from the new weights (version = optimizer steps taken)
     log, evaluate, checkpoint     (run.py)
 
