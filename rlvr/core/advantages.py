@@ -111,7 +111,7 @@ def normalize_then_sum(rewards: torch.Tensor, weights: torch.Tensor, group_size:
     scored = ~torch.isnan(rewards).all(dim=1)  # [B*G]
     total = (per_function * weights.double()).sum(dim=1)
     valid = total[scored]
-    spread = valid.std() + eps if valid.numel() >= 2 else torch.zeros((), dtype=total.dtype)
+    spread = valid.std() + eps if valid.numel() >= 2 else torch.zeros((), dtype=total.dtype, device=total.device)
     if spread == 0:  # fewer than two scored completions, or every sum equal: no signal
         return torch.zeros_like(total).to(rewards.dtype)
     adv = (total - valid.mean()) / spread

@@ -93,7 +93,7 @@ class _FusedLogprobs(torch.autograd.Function):
                 ent_term = logp_all.add_(entropy[rows, None]).mul_(probs).mul_(-grad_entropy[rows, None].to(acc))
             del logp_all
             dlogits = probs.mul_(-g[:, None])  # reuse the softmax buffer: -p * dL/dlogp
-            dlogits[torch.arange(dlogits.shape[0]), y] += g
+            dlogits[torch.arange(dlogits.shape[0], device=dlogits.device), y] += g
             if grad_entropy is not None:
                 dlogits.add_(ent_term)
                 del ent_term

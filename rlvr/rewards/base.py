@@ -67,7 +67,8 @@ class Scores(NamedTuple):
 
     def weight_vector(self) -> torch.Tensor:
         """[K] the weights of ``per_function``'s columns, in its order."""
-        return torch.tensor([(self.weights or {}).get(k, 1.0) for k in self.per_function], dtype=torch.float64)
+        return torch.tensor([(self.weights or {}).get(k, 1.0) for k in self.per_function], dtype=torch.float64,
+                            device="cpu")
 
     def select(self, rows: torch.Tensor) -> Scores:
         """The scores of completions ``rows`` (an index tensor)."""
