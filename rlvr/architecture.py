@@ -94,9 +94,10 @@ def _probe(inner: nn.Module, head: nn.Linear) -> tuple[torch.Tensor, torch.Tenso
     """Run the model with its backbone's output replaced by chosen hidden states [K, H]; return head(h) and the
     model's logits, both [K, V]."""
     weight = head.weight
-    direction = torch.randn(weight.shape[1], generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    direction = torch.randn(weight.shape[1], generator=torch.Generator().manual_seed(0), dtype=torch.float64,
+                            device="cpu")  # the same probe on every device
     direction /= direction.norm()
-    scales = torch.logspace(-4, 4, _PROBE_ROWS, dtype=torch.float64)
+    scales = torch.logspace(-4, 4, _PROBE_ROWS, dtype=torch.float64, device="cpu")
     hidden = (scales[:, None] * direction * weight.shape[1] ** 0.5).to(weight.dtype).to(weight.device)  # [K, H]
 
     def replace(_module, _args, output):

@@ -125,7 +125,7 @@ def ppo_step(
     micro_rows = micro_batches(batch, micro_batch_size, skip_zero_advantage=False)  # rows with a trained token
     chunk_tokens = chunk_for_vocab(chunk_tokens, backbone_and_head(policy)[1].weight.shape[0])
     with torch.no_grad():
-        old_values = torch.zeros(mask.shape)  # [N, T]; rows no micro-batch covers have no trained token
+        old_values = torch.zeros(mask.shape, device=mask.device)  # [N, T]; rows no micro-batch covers: no trained token
         for rows in micro_rows:
             old_values[rows] = critic.values(batch, rows, share_prompt).float()
         kl = None
@@ -181,7 +181,8 @@ class PPOUpdate:
 
     def __call__(self, run: Run, batch: Collected) -> dict[str, float]:
         cfg = run.cfg
-        placeholder = torch.zeros(batch.groups.completion_ids.shape[0])  # [N]: replaced by GAE inside ppo_step
+        n = batch.groups.completion_ids.shape[0]
+        placeholder = torch.zeros(n, device=batch.groups.completion_ids.device)  # [N]: replaced by GAE in ppo_step
         with autocast(run.model, cfg.model.autocast):
             return ppo_step(run.model, self.critic, run.optimizer, run.scheduler,
                             step_batch(batch, placeholder, cfg.algo.mask_truncated), batch.scores.total,

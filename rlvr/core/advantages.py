@@ -63,7 +63,7 @@ def group_advantages(
         adv = centered / (var.sqrt() + eps)
     elif scale == "batch":
         flat = r[valid]
-        std = flat.std() if flat.numel() >= 2 else torch.zeros((), dtype=r.dtype)
+        std = flat.std() if flat.numel() >= 2 else torch.zeros((), dtype=r.dtype, device=r.device)
         adv = centered / (std + eps)
     else:
         adv = centered

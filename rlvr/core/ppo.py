@@ -51,8 +51,9 @@ def token_rewards(
     """Per-token rewards [N, T]: ``rewards`` [N] at each completion's last real token, minus ``kl_coef * kl``
     [N, T] on every real token."""
     lengths = mask.sum(-1).long()  # [N]
-    out = torch.zeros(mask.shape, dtype=torch.float64 if rewards.dtype == torch.float64 else torch.float32)
-    rows = torch.arange(mask.shape[0])[lengths > 0]
+    out = torch.zeros(mask.shape, dtype=torch.float64 if rewards.dtype == torch.float64 else torch.float32,
+                      device=mask.device)
+    rows = torch.arange(mask.shape[0], device=mask.device)[lengths > 0]
     out[rows, lengths[lengths > 0] - 1] = rewards[lengths > 0].to(out.dtype)
     if kl is not None and kl_coef:
         out = out - kl_coef * kl.to(out.dtype) * mask
@@ -66,7 +67,7 @@ def gae(
     m = mask.to(values.dtype)
     values = values * m
     adv = torch.zeros_like(values)
-    running = torch.zeros(values.shape[0], dtype=values.dtype)
+    running = torch.zeros(values.shape[0], dtype=values.dtype, device=values.device)
     for t in reversed(range(values.shape[1])):
         next_value = values[:, t + 1] if t + 1 < values.shape[1] else torch.zeros_like(running)
         delta = rewards[:, t] + gamma * next_value - values[:, t]

@@ -47,7 +47,8 @@ def _layer_flags(backbone: nn.Module, **flags) -> Iterator[None]:
 
 def completion_lengths(completion_mask: torch.Tensor) -> torch.Tensor:
     """[N] attended length of each right-padded completion row of ``completion_mask`` [N, T]."""
-    return (completion_mask.bool() * torch.arange(1, completion_mask.shape[1] + 1)).amax(dim=1)
+    steps = torch.arange(1, completion_mask.shape[1] + 1, device=completion_mask.device)
+    return (completion_mask.bool() * steps).amax(dim=1)
 
 
 def completion_hidden(
@@ -85,7 +86,7 @@ def completion_hidden(
     for layer in cache.layers:
         layer.__class__ = _PrefixLayer
     mask = torch.cat([cached_mask[local], completion_mask], dim=1)  # [n, P + T]
-    positions = prompt_mask.sum(-1)[local, None] + torch.arange(t)  # [n, T]
+    positions = prompt_mask.sum(-1)[local, None] + torch.arange(t, device=prompt_mask.device)  # [n, T]
     with _layer_flags(backbone, _can_checkpoint_with_cache=True):
         suffix = backbone(
             input_ids=completion_ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True

@@ -81,7 +81,7 @@ def micro_batches(batch: StepBatch, size: int, skip_zero_advantage: bool) -> lis
     trained = batch.loss_mask.bool()  # [N, T]
     keep = trained.any(dim=1)
     if skip_zero_advantage:
-        adv = batch.token_adv(torch.arange(batch.num_completions))  # [N, T]
+        adv = batch.token_adv(torch.arange(batch.num_completions, device="cpu"))  # [N, T]
         keep &= ((adv != 0) & trained).any(dim=1)
     length = completion_lengths(batch.completion_mask)  # [N]
     G = batch.group_size
@@ -89,7 +89,7 @@ def micro_batches(batch: StepBatch, size: int, skip_zero_advantage: bool) -> lis
     length = length.tolist()
     # longest group first, then longest row within it; ties keep batch order
     order = sorted(keep.nonzero().squeeze(-1).tolist(), key=lambda i: (-group_length[i // G], i // G, -length[i], i))
-    return list(torch.tensor(order, dtype=torch.long).split(size)) if order else []
+    return list(torch.tensor(order, dtype=torch.long, device="cpu").split(size)) if order else []  # row indices
 
 
 LOGITS_PER_CHUNK = 1 << 25  # elements of one chunk's [c, V] logits: 128 MB in fp32
@@ -119,13 +119,13 @@ def frozen_logprobs(model, batch, micro_rows, chunk_tokens, share_prompt, with_e
         width = row_width(batch, rows)
         lp, ent = completion_logprobs(model, batch, rows, chunk_tokens, with_entropy, share_prompt, width)
         if logp is None:  # the model's dtype (fp64 in tests, bf16 under autocast)
-            logp = torch.zeros(batch.completion_ids.shape, dtype=lp.dtype)
-            entropy = torch.zeros(batch.completion_ids.shape, dtype=lp.dtype)
+            logp = torch.zeros(batch.completion_ids.shape, dtype=lp.dtype, device=lp.device)
+            entropy = torch.zeros(batch.completion_ids.shape, dtype=lp.dtype, device=lp.device)
         logp[rows, :width] = lp
         if with_entropy:
             entropy[rows, :width] = ent
     if logp is None:
-        logp = entropy = torch.zeros(batch.completion_ids.shape)
+        logp = entropy = torch.zeros(batch.completion_ids.shape, device=batch.completion_ids.device)
     return (logp, entropy) if with_entropy else logp
 
 
