@@ -76,9 +76,9 @@ def prompt_token_ids(tokenizer, prompt: Prompt) -> list[int]:
 def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Left-padded ids and mask, both [B, P], from token-id lists."""
     width = max((len(x) for x in sequences), default=0)
-    ids = torch.tensor([[pad_id] * (width - len(x)) + x for x in sequences], dtype=torch.long)
+    ids = torch.tensor([[pad_id] * (width - len(x)) + x for x in sequences], dtype=torch.long, device="cpu")
     ids = ids.view(len(sequences), width)
-    mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in sequences], dtype=torch.long)
+    mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in sequences], dtype=torch.long, device="cpu")
     return ids, mask.view(len(sequences), width)
 
 

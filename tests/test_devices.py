@@ -1,8 +1,8 @@
-"""Every tensor the train step, the reference and proximal passes, the top-entropy pass and PPO's update create
-follows the model's device: run under a non-CPU *default* device ("meta"), a tensor made without an explicit device
-lands on meta and the first operation that meets the CPU model fails loudly (CPU bookkeeping says device="cpu").
-The step's results must be the same as without the meta default (it changes where factories put tensors, nothing
-else). Still to cover (the accelerator issue): the samplers, the episode driver and rlvr serve's engine."""
+"""Every tensor the train step (reference, proximal and top-entropy passes), PPO's update, the local sampler and the
+in-process episode driver create follows the model's device: run under a non-CPU *default* device ("meta"), a tensor
+made without an explicit device lands on meta and the first operation that meets the CPU model fails loudly (CPU
+bookkeeping says device="cpu"). The results must equal a plain run (the default device changes where factories put
+tensors, nothing else). Still to cover (the accelerator issue): the remote sampler and rlvr serve's engine."""
 
 import copy
 
@@ -74,3 +74,50 @@ def test_ppo_step_makes_every_tensor_on_the_models_device(tokenizer):
     with torch.device("meta"):
         got = run(model, *parts, batch)
     assert got == want
+
+
+def _same_groups(a, b):
+    for name in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "behaviour_logp", "truncated",
+                 "version", "temperature", "sampled_mask"):
+        x, y = getattr(a, name), getattr(b, name)
+        assert x.device.type == "cpu" and torch.equal(x, y), name
+    assert a.texts == b.texts
+
+
+@pytest.mark.parametrize("params", [SamplingParams(max_new_tokens=8), SamplingParams(temperature=0.0, max_new_tokens=8),
+                                    SamplingParams(max_new_tokens=8, stop=("1",), top_k=5)],
+                         ids=["sampled", "greedy", "stop-top-k"])
+def test_the_local_sampler_makes_every_tensor_on_the_models_device(tokenizer, params):
+    """LocalSampler (folded LoRA decoding weights, KV cache, a prefix common to the prompts): the groups come back on
+    the CPU, the same as without the meta default."""
+    from rlvr.rollout import LocalSampler
+
+    model, _ = _setup(tokenizer, lora=True)
+    sampler = LocalSampler(model, tokenizer)
+    want = sampler.sample(PROMPTS, 4, params, seed=3)
+    with torch.device("meta"):
+        got = sampler.sample(PROMPTS, 4, params, seed=3)
+    _same_groups(got, want)
+
+
+def test_the_episode_driver_makes_every_tensor_on_the_models_device(tokenizer):
+    """Episodes in process: model turns, observation tokens appended, per-episode generators."""
+    from rlvr.prompts import prompt_token_ids
+    from rlvr.rollout import LocalSampler
+    from rlvr.rollout.episodes import EpisodeLimits
+    from tests.test_episodes import Scripted
+
+    model, _ = _setup(tokenizer, lora=True)
+    model.generation_config.eos_token_id = list(range(0, len(tokenizer), 5))  # turns end at varied lengths
+    prompt_ids = [prompt_token_ids(tokenizer, p) for p in PROMPTS]
+
+    def run():
+        envs = [Scripted(calls=2) for _ in range(4)]
+        return LocalSampler(model, tokenizer).sample_episodes(prompt_ids, envs, 2, SamplingParams(max_new_tokens=16),
+                                                              0, EpisodeLimits(max_turns=3, max_episode_tokens=80))
+
+    want = run()
+    with torch.device("meta"):
+        got = run()
+    _same_groups(got.groups, want.groups)
+    assert got.messages == want.messages

@@ -72,8 +72,9 @@ Generators = torch.Generator | list[torch.Generator] | None  # one for the batch
 def _uniforms(rows: torch.Tensor, generator: Generators) -> torch.Tensor:
     """One uniform per active row [A, 1]; ``rows`` are the rows' indices in the full batch."""
     if isinstance(generator, list):
-        return torch.cat([torch.rand(1, generator=generator[r]) for r in rows.tolist()])[:, None]
-    return torch.rand(rows.shape[0], 1, generator=generator)
+        return torch.cat([torch.rand(1, generator=generator[r], device=generator[r].device)
+                          for r in rows.tolist()])[:, None]
+    return torch.rand(rows.shape[0], 1, generator=generator, device=generator.device if generator else "cpu")
 
 
 def _next_tokens(
@@ -209,7 +210,7 @@ def generate_groups(
         done = torch.isin(tokens, eos)
         if stop is not None:  # stop strings: checked on each still-running row's tokens so far
             done |= torch.tensor([bool(not d and stop(ids[row, : t + 1].tolist()))
-                                  for row, d in zip(active.tolist(), done.tolist())])
+                                  for row, d in zip(active.tolist(), done.tolist())], device=done.device)
         finished[active] = done
         if t + 1 == params.max_new_tokens or bool(done.all()):
             break

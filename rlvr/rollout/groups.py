@@ -49,8 +49,8 @@ class Groups:
 
     def select(self, groups: Sequence[int]) -> Groups:
         """The given groups (by index), whole, in the given order."""
-        g = torch.as_tensor(list(groups), dtype=torch.long)
-        rows = (g[:, None] * self.group_size + torch.arange(self.group_size)).reshape(-1)  # [len(g) * G]
+        g = torch.as_tensor(list(groups), dtype=torch.long, device="cpu")
+        rows = (g[:, None] * self.group_size + torch.arange(self.group_size, device="cpu")).reshape(-1)  # [len(g) * G]
         return Groups(
             prompt_ids=self.prompt_ids[g], prompt_mask=self.prompt_mask[g],
             completion_ids=self.completion_ids[rows], completion_mask=self.completion_mask[rows],
@@ -132,31 +132,31 @@ def sample_groups(
 ) -> Groups:
     """G completions per prompt from an in-process model, tagged with ``version``; decoded with LoRA folded into
     the weights and the matmuls in ``dtype`` (rlvr.rollout.decode_weights)."""
-    prompt_ids, prompt_mask = encode_prompts(tokenizer, prompts)
+    prompt_ids, prompt_mask = encode_prompts(tokenizer, prompts)  # [B, P] on the CPU
+    device = next(model.parameters()).device
     was_training = model.training
     model.eval()
     try:
         with decoding(model, dtype) as (backbone, head):
             out = generate_groups(
-                backbone, head, prompt_ids, prompt_mask, group_size, params,
+                backbone, head, prompt_ids.to(device), prompt_mask.to(device), group_size, params,
                 eos_ids=eos_token_ids(model, tokenizer), pad_id=tokenizer.pad_token_id, generator=generator,
                 stop=stop_string_checker(tokenizer, params.stop),
             )
     finally:
         model.train(was_training)
-    texts = tokenizer.batch_decode(
-        [row[m.bool()].tolist() for row, m in zip(out.ids, out.mask)], skip_special_tokens=True
-    )
-    n = out.ids.shape[0]
+    ids, mask = out.ids.cpu(), out.mask.cpu()  # the groups cross to the CPU once, for rewards and bookkeeping
+    texts = tokenizer.batch_decode([row[m.bool()].tolist() for row, m in zip(ids, mask)], skip_special_tokens=True)
+    n = ids.shape[0]
     return Groups(
         prompt_ids=prompt_ids,
         prompt_mask=prompt_mask,
-        completion_ids=out.ids,
-        completion_mask=out.mask.long(),
-        behaviour_logp=out.behaviour_logp,
-        truncated=out.truncated,
+        completion_ids=ids,
+        completion_mask=mask.long(),
+        behaviour_logp=out.behaviour_logp.cpu(),
+        truncated=out.truncated.cpu(),
         texts=texts,
         group_size=group_size,
-        version=torch.full((n,), version, dtype=torch.long),
-        temperature=torch.full((n,), float(params.temperature)),
+        version=torch.full((n,), version, dtype=torch.long, device="cpu"),
+        temperature=torch.full((n,), float(params.temperature), device="cpu"),
     )
