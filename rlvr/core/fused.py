@@ -13,7 +13,7 @@ chunk's logits at a time (one more [c, H] x [H, V] product per chunk) and applie
     grad_W       += (...)^T @ hidden                                                                 [V, H]
 
 Memory: the hidden states [M, H] (+ [V, H] when the output layer trains) instead of [M, V]; within a chunk at most
-two [c, V] buffers at once (three with an entropy gradient or a soft-cap).
+two [c, V] buffers at once in forward and one in backward (one more each with an entropy gradient or a soft-cap).
 
 The output layer is the model's whole head (rlvr.core.head): a bias, a logit scale and a soft-cap enter the chain
 rule as d logits / d z.
@@ -88,8 +88,10 @@ class _FusedLogprobs(torch.autograd.Function):
             h, y, g = hidden[rows], targets[rows], grad_logp[rows].to(acc)
             temp = _chunk_temperature(temperature, rows)
             logp_all, dz, _ = _chunk_logprobs(layer, h, temp, acc, lse[rows])
-            probs = logp_all.exp()  # [c, V]
-            if grad_entropy is not None:  # -g_H * p * (log p + H), into the log-prob buffer
+            if grad_entropy is None:
+                probs = logp_all.exp_()  # [c, V], in place: one [c, V] buffer
+            else:  # -g_H * p * (log p + H), into the log-prob buffer
+                probs = logp_all.exp()
                 ent_term = logp_all.add_(entropy[rows, None]).mul_(probs).mul_(-grad_entropy[rows, None].to(acc))
             del logp_all
             dlogits = probs.mul_(-g[:, None])  # reuse the softmax buffer: -p * dL/dlogp
