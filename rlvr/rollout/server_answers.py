@@ -105,9 +105,9 @@ def groups_of(answers: list[list[ServerChoice]], prompt_ids: list[list[int]], gr
     """Groups from validated answers: one list of ``group_size`` choices per prompt."""
     completions = [c for answer in answers for c in answer]
     n, width = len(completions), max((len(c.token_ids) for c in completions), default=0)
-    completion_ids = torch.zeros(n, width, dtype=torch.long)
-    behaviour = torch.zeros(n, width)
-    mask = torch.zeros(n, width, dtype=torch.long)
+    completion_ids = torch.zeros(n, width, dtype=torch.long, device="cpu")  # a server's answer: CPU bookkeeping
+    behaviour = torch.zeros(n, width, device="cpu")
+    mask = torch.zeros(n, width, dtype=torch.long, device="cpu")
     for r, c in enumerate(completions):
         completion_ids[r, : len(c.token_ids)] = torch.tensor(c.token_ids, dtype=torch.long)
         behaviour[r, : len(c.logprobs)] = torch.tensor(c.logprobs)
