@@ -52,7 +52,8 @@ NO_EVAL_DATASET_EVAL_SIZE = 100  # training prompts measured before and after wh
 # Fields of TRL's GRPOConfig (or of transformers' TrainingArguments) that users often set and rlvr does not support,
 # with what to do instead; any other unknown field gets the generic message.
 _HINTS = {
-    "model_init_kwargs": "rlvr loads the model from its directory in fp32 (bf16=True runs it under bf16 autocast)",
+    "model_init_kwargs": "rlvr loads the model from its directory in fp32, or bf16 under LoRA on a bf16 GPU "
+                         "(bf16=True runs it under bf16 autocast)",
     "use_adaptive_entropy": "rlvr's entropy bonus has a fixed coefficient (entropy_coef)",
     "off_policy_mask_threshold": "rlvr's trust region for stale samples is algo.gap_mask (DPPO) in a YAML config",
     "use_bias_correction_kl": "rlvr's KL is the plain k3 estimator (DeepSeekMath), not multiplied by the ratio",
@@ -231,7 +232,8 @@ class GRPOConfig:
     fp16: bool = False
     """Refused when True: rlvr runs fp32 or bf16 autocast."""
     use_cpu: bool = False
-    """Accepted either way: rlvr trains on the CPU (use_cpu=False does not move training to a GPU)."""
+    """TRL's switch: True trains on the CPU even where a GPU is visible (train.device=cpu); False lets rlvr pick a
+    CUDA GPU when one is visible (train.device=auto)."""
     gradient_checkpointing: bool = False
     """Recompute activations in backward (model.gradient_checkpointing). Off by default (TRL's default is on)."""
     remove_unused_columns: bool = False
@@ -750,7 +752,7 @@ def _run_config(a: GRPOConfig, model_name: str, lora: dict | None, n_train: int,
         "train": {"steps": steps, "prompts_per_step": prompts, "micro_batch_size": a.per_device_train_batch_size,
                   "lr": float(a.learning_rate), "warmup_steps": warmup_steps, "weight_decay": float(a.weight_decay),
                   "max_grad_norm": float(a.max_grad_norm), "seed": a.seed, "checkpoint_every": every,
-                  "keep_last": keep},
+                  "keep_last": keep, "device": "cpu" if a.use_cpu else "auto"},
         "eval": {"every": eval_every,
                  **({"batch_size": a.per_device_eval_batch_size} if a.per_device_eval_batch_size else {})},
         "log": {"trackers": _trackers(a.report_to), "run_name": a.run_name or "", "progress": not a.disable_tqdm,

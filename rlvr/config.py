@@ -16,11 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import torch
 import yaml
 
 from rlvr.algo_config import PRESETS, AlgoConfig
 from rlvr.config_checks import at_least, check_choices
 from rlvr.core.ppo import PPOSettings
+from rlvr.devices import DTYPES, check_device_spec, weight_dtype
 from rlvr.models import ALL_LINEAR
 from rlvr.rewards.base import ON_ERROR
 from rlvr.rollout.decode_weights import PRECISIONS
@@ -55,9 +57,16 @@ class ModelConfig:
     log-probs and the loss stay fp32). Only worth it where the hardware has bf16 units (AMX, GPUs)."""
     gradient_checkpointing: bool = False
     """Recompute each layer's activations in backward: far less memory for about one extra forward pass."""
+    dtype: Literal[DTYPES] = "auto"
+    """The weights' dtype: auto is bf16 for the frozen base under LoRA on a GPU with bf16 units (compute capability
+    8.0+) and fp32 everywhere else, the CPU included; fp32; or bf16 (LoRA only: full fine-tuning would step bf16
+    weights - use model.autocast=bf16 there). LoRA parameters, optimizer state, log-probs and the loss stay fp32
+    either way (docs/concepts/devices.md)."""
 
     def __post_init__(self) -> None:
         check_choices(self)
+        if self.dtype == "bf16" and not self.lora:
+            weight_dtype("bf16", torch.device("cpu"), lora=False)  # raises, saying why and what to use instead
         at_least(self, 1, "lora_r")
         if not self.lora_alpha > 0:
             raise ValueError(f"lora_alpha must be > 0; got {self.lora_alpha}")
@@ -219,7 +228,14 @@ class RolloutConfig:
     """Decoding matmuls (the in-process sampler, and the rollout servers the run starts): fp32; bf16 (bf16 copies of
     the weights, activations and the sampled distribution fp32; the importance weight corrects the log-prob gap); or
     auto: bf16 for a model of 50M+ parameters where the hardware has bf16 matmul units (AMX, AVX512-BF16, CUDA), fp32
-    otherwise. LoRA adapters are folded into the decoding weights either way."""
+    otherwise. LoRA adapters are folded into the decoding weights (rollout.fold_lora); without folding the sampler
+    decodes in the model's own dtype."""
+    fold_lora: bool | str = "auto"
+    """The in-process sampler decodes with each LoRA adapter folded into a copy of its layer's weight (one matmul a
+    layer instead of three); the copy is made when a generation starts and freed when it ends, and costs the size of
+    every adapted weight (269 MB at 135M in bf16, ~13 GB for a 7B model). true, false, or auto: on a GPU, fold
+    only while a quarter of the device's memory stays free after the copies (`rlvr plan` counts them); on the CPU,
+    always. Samples are the same either way up to rounding."""
     backend: Literal[BACKENDS] = "local"
     """local: sample from the training model in this process; server: sample on rollout servers (rlvr serve or
     vLLM) over HTTP, with the LoRA adapter published to rollout.bucket and loaded by every server after each
@@ -251,6 +267,10 @@ class RolloutConfig:
             raise ValueError(f"top_p must be in (0, 1]; got {self.top_p}")
         if not self.request_timeout_s > 0:
             raise ValueError(f"request_timeout_s must be > 0; got {self.request_timeout_s}")
+        if isinstance(self.fold_lora, str) and self.fold_lora.lower() in ("true", "false"):
+            object.__setattr__(self, "fold_lora", self.fold_lora.lower() == "true")
+        if self.fold_lora not in ("auto", True, False):
+            raise ValueError(f"fold_lora must be auto, true or false; got {self.fold_lora!r}")
 
 
 PPOConfig = PPOSettings  # the ppo section: its fields are documented and checked in rlvr.core.ppo
@@ -276,6 +296,10 @@ class TrainConfig:
     """Seeds data order, sampling and initialisation."""
     threads: int = 0
     """torch intra-op threads (0: all cores)."""
+    device: str = "auto"
+    """Where the policy, the reference, the optimizer state, PPO's critic, the in-process sampler and the train step
+    live: auto (the current CUDA device when one is visible, else the CPU), cpu, cuda, cuda:N or mps. Rewards,
+    verifiers and environments always run on the CPU (docs/concepts/devices.md)."""
     heap_threshold_kb: int = 0
     """glibc only: allocations of at least this many KiB are mmapped and go back to the system when freed
     (rlvr/memory.py); 0 leaves glibc's defaults (freed memory is kept for the next step). 512 cuts a LoRA step's peak
@@ -293,6 +317,7 @@ class TrainConfig:
     """Stop after this many consecutive steps whose updates were all skipped as non-finite."""
 
     def __post_init__(self) -> None:
+        check_device_spec(self.device)
         at_least(self, 1, "steps", "prompts_per_step", "micro_batch_size", "logprob_chunk", "keep_last",
                   "max_consecutive_skips")
         at_least(self, 0, "warmup_steps", "weight_decay", "max_grad_norm", "threads", "heap_threshold_kb",

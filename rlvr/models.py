@@ -179,6 +179,9 @@ class ReferencePolicy:
         if not is_lora(policy):
             self._copy = copy.deepcopy(policy).eval().requires_grad_(False)
 
+    def _policy_device(self) -> torch.device:
+        return next(self._policy.parameters()).device
+
     def _lora_parameters(self) -> list[tuple[str, nn.Parameter]]:
         return [(n, p) for n, p in self._policy.named_parameters() if "lora_" in n and ".default." in n]
 
@@ -236,7 +239,8 @@ class ReferencePolicy:
                 for n, p in self._copy.named_parameters():
                     p.copy_(tensors[n])
         else:
-            self._adapter = {n: t.clone() for n, t in tensors.items()}
+            device = self._policy_device()
+            self._adapter = {n: t.to(device, copy=True) for n, t in tensors.items()}
 
 
 def backbone_and_head(model: nn.Module) -> tuple[nn.Module, OutputLayer]:
@@ -258,9 +262,13 @@ def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
     return [p for p in model.parameters() if p.requires_grad]
 
 
-def load_trainable(model_dir: Path, lora: LoraSpec | None, gradient_checkpointing: bool = False) -> nn.Module:
-    """The trainable policy: the model, LoRA-wrapped when ``lora`` is given."""
-    model = load_causal_lm(model_dir)
+def load_trainable(model_dir: Path, lora: LoraSpec | None, gradient_checkpointing: bool = False,
+                   device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> nn.Module:
+    """The trainable policy on ``device``: the model with its weights in ``dtype``, LoRA-wrapped when ``lora`` is
+    given (peft keeps the adapters in fp32 over a bf16 base: rlvr.devices.weight_dtype)."""
+    model = load_causal_lm(model_dir, dtype)
+    if torch.device(device).type != "cpu":
+        model = model.to(device)
     if gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return add_lora(model, lora) if lora is not None else model

@@ -27,6 +27,7 @@ from torch import nn
 from rlvr.config import RunConfig
 from rlvr.core import LossSettings
 from rlvr.core.ppo import PPOSettings, gae, token_rewards, value_loss, whiten
+from rlvr.devices import model_device
 from rlvr.models import ReferencePolicy, autocast, backbone_and_head, is_lora
 from rlvr.train.batch import StepBatch
 from rlvr.train.collect import Collected
@@ -53,10 +54,11 @@ class Critic(nn.Module):
             self._trainable()
         else:
             self.body = copy.deepcopy(policy).requires_grad_(True)
-        self.head = nn.Linear(hidden, 1)
+        self.head = nn.Linear(hidden, 1, device="cpu")  # drawn on the CPU (the same start on every device), then moved
         with torch.no_grad():
             self.head.weight.normal_(0.0, 1.0 / math.sqrt(hidden + 1))
             self.head.bias.zero_()
+        self.head.to(model_device(policy))
 
     def _trainable(self) -> None:
         """peft makes only the active adapter trainable; both of ours are, always."""
@@ -121,6 +123,8 @@ def ppo_step(
 
     ``rewards`` [N] are the completions' verifiable rewards (NaN: not trained, like GRPO's excluded rows).
     """
+    device = model_device(policy)
+    batch, rewards = batch.to(device), rewards.to(device)  # the step's tensors cross to the model's device once
     mask = batch.loss_mask
     micro_rows = micro_batches(batch, micro_batch_size, skip_zero_advantage=False)  # rows with a trained token
     chunk_tokens = chunk_for_vocab(chunk_tokens, backbone_and_head(policy)[1].weight.shape[0])
@@ -182,7 +186,7 @@ class PPOUpdate:
     def __call__(self, run: Run, batch: Collected) -> dict[str, float]:
         cfg = run.cfg
         n = batch.groups.completion_ids.shape[0]
-        placeholder = torch.zeros(n, device=batch.groups.completion_ids.device)  # [N]: replaced by GAE in ppo_step
+        placeholder = torch.zeros(n, device="cpu")  # [N], like the groups: replaced by GAE in ppo_step
         with autocast(run.model, cfg.model.autocast):
             return ppo_step(run.model, self.critic, run.optimizer, run.scheduler,
                             step_batch(batch, placeholder, cfg.algo.mask_truncated), batch.scores.total,

@@ -218,13 +218,17 @@ def _swap(root: nn.Module, name: str, module: nn.Module) -> nn.Module:
 
 
 @contextlib.contextmanager
-def decoding(model: nn.Module, dtype: torch.dtype = torch.float32,
-             cache: DecodeCache | None = None) -> Iterator[tuple[nn.Module, object]]:
+def decoding(model: nn.Module, dtype: torch.dtype = torch.float32, cache: DecodeCache | None = None,
+             fold: bool = True) -> Iterator[tuple[nn.Module, object]]:
     """(backbone, head) to decode with: the model's own body with its LoRA layers folded (and, for bf16, every
-    linear layer cast), and its output layer. The model is restored on exit; do not train it meanwhile."""
+    linear layer cast), and its output layer, whose logits are fp32. ``fold=False`` copies no weight: the body
+    decodes through peft in the model's own dtype (``dtype`` is then ignored). The model is restored on exit; do
+    not train it meanwhile."""
     backbone, head = backbone_and_head(model)
-    swaps = _replacements(backbone, dtype, cache)
-    if dtype != head.weight.dtype:
+    if not fold:
+        dtype = head.weight.dtype
+    swaps = _replacements(backbone, dtype, cache) if fold else []
+    if dtype != head.weight.dtype or head.weight.dtype in (torch.bfloat16, torch.float16):  # fp32 logits always
         key = (id(head.weight), head.weight._version, dtype)
         if cache is not None and cache.head is not None and cache.head[0] == key:
             head = cache.head[1]
@@ -264,8 +268,9 @@ per-kernel overhead, and bf16 only adds casts."""
 
 
 def decode_dtype(precision: str, model: nn.Module | None = None) -> torch.dtype:
-    """The dtype decoding matmuls run in: fp32, bf16, or auto: bf16 for an fp32 model of at least
-    AUTO_BF16_MIN_PARAMETERS on hardware with bf16 matmul units, else fp32. Without a model, auto means fp32."""
+    """The dtype decoding matmuls run in: fp32, bf16, or auto: the model's own dtype when it is bf16 (or fp16); bf16 for an
+    fp32 model of at least AUTO_BF16_MIN_PARAMETERS on hardware with bf16 matmul units; else fp32. Without a model,
+    auto means fp32."""
     if precision not in PRECISIONS:
         raise ValueError(f"decode precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     if precision != "auto":
@@ -273,6 +278,37 @@ def decode_dtype(precision: str, model: nn.Module | None = None) -> torch.dtype:
     if model is None:
         return torch.float32
     weight = next(model.parameters())
+    if weight.dtype in (torch.bfloat16, torch.float16):  # a bf16 model (model.dtype) decodes in it: no fp32 copies
+        return weight.dtype
     big = sum(p.numel() for p in model.parameters()) >= AUTO_BF16_MIN_PARAMETERS
     bf16 = weight.dtype == torch.float32 and big and bf16_matmul_hardware(weight.device.type)
     return torch.bfloat16 if bf16 else torch.float32
+
+
+def folded_bytes(model: nn.Module, dtype: torch.dtype) -> int:
+    """Bytes the folded copies of a generation take: every layer ``decoding`` replaces, in ``dtype``, and the output
+    layer when it is cast."""
+    backbone, head = backbone_and_head(model)
+    layers = [backbone.get_submodule(name) for group in _groups(backbone, dtype) for name in group]
+    total = sum((m.get_base_layer() if hasattr(m, "get_base_layer") else m).weight.numel() for m in layers)
+    return (total + (head.weight.numel() if dtype != head.weight.dtype else 0)) * dtype.itemsize
+
+
+FOLD_HEADROOM = 0.25
+"""auto folds on a GPU only while the device keeps this share of its memory free after the copies."""
+
+
+def fold_fits(model: nn.Module, dtype: torch.dtype) -> bool:
+    """rollout.fold_lora=auto: on a CUDA device, whether the folded copies leave FOLD_HEADROOM of the device free
+    (free memory counts what torch's allocator caches but no tensor holds); elsewhere always."""
+    device = next(model.parameters()).device
+    if device.type != "cuda":
+        return True
+    free, total = torch.cuda.mem_get_info(device)
+    free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    return free - folded_bytes(model, dtype) >= FOLD_HEADROOM * total
+
+
+def fold_choice(fold_lora: bool | str, model: nn.Module, dtype: torch.dtype) -> bool:
+    """rollout.fold_lora resolved for one generation: true, false, or auto (``fold_fits``)."""
+    return fold_fits(model, dtype) if fold_lora == "auto" else bool(fold_lora)

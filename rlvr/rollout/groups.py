@@ -129,15 +129,17 @@ def sample_groups(
     generator: torch.Generator | None = None,
     version: int = 0,
     dtype: torch.dtype = torch.float32,
+    fold: bool = True,
 ) -> Groups:
     """G completions per prompt from an in-process model, tagged with ``version``; decoded with LoRA folded into
-    the weights and the matmuls in ``dtype`` (rlvr.rollout.decode_weights)."""
+    the weights and the matmuls in ``dtype``, or through peft in the model's dtype when not ``fold``
+    (rlvr.rollout.decode_weights)."""
     prompt_ids, prompt_mask = encode_prompts(tokenizer, prompts)  # [B, P] on the CPU
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
     try:
-        with decoding(model, dtype) as (backbone, head):
+        with decoding(model, dtype, fold=fold) as (backbone, head):
             out = generate_groups(
                 backbone, head, prompt_ids.to(device), prompt_mask.to(device), group_size, params,
                 eos_ids=eos_token_ids(model, tokenizer), pad_id=tokenizer.pad_token_id, generator=generator,

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from typing import Protocol
 
-import torch
 from torch import nn
 
+from rlvr.devices import model_device, sampling_generator
 from rlvr.models import autocast
 from rlvr.prompts import Prompt
-from rlvr.rollout.decode_weights import decode_dtype, decoding
+from rlvr.rollout.decode_weights import decode_dtype, decoding, fold_choice
 from rlvr.rollout.engine import SamplingParams
 from rlvr.rollout.episodes import Environment, EpisodeBatch, EpisodeLimits, local_turns, run_episodes
 from rlvr.rollout.groups import Groups, eos_token_ids, sample_groups
@@ -60,25 +60,28 @@ class LocalSampler:
     hardware has bf16 units, else fp32)."""
 
     def __init__(self, model: nn.Module, tokenizer, autocast_mode: str = "none", version: int = 0,
-                 precision: str = "auto"):
+                 precision: str = "auto", fold_lora: bool | str = "auto"):
         self.model, self.tokenizer, self.autocast_mode, self.version = model, tokenizer, autocast_mode, version
         self.dtype = decode_dtype(precision, model)
+        self.fold_lora = fold_lora  # rollout.fold_lora: decided per generation (auto: whether the copies fit)
 
     def sample(self, prompts: list[Prompt], group_size: int, params: SamplingParams, seed: int) -> Groups:
-        generator = torch.Generator().manual_seed(seed)
+        generator = sampling_generator(seed, model_device(self.model))
         with autocast(self.model, self.autocast_mode):
             return sample_groups(self.model, self.tokenizer, prompts, group_size, params, generator, self.version,
-                                 self.dtype)
+                                 self.dtype, fold_choice(self.fold_lora, self.model, self.dtype))
 
     def sample_episodes(self, prompt_ids: list[list[int]], envs: list[Environment], group_size: int,
                         params: SamplingParams, seed: int, limits: EpisodeLimits) -> EpisodeBatch:
         n = len(prompt_ids) * group_size
-        generators = [torch.Generator().manual_seed(episode_seed(seed, i)) for i in range(n)]
+        device = model_device(self.model)
+        generators = [sampling_generator(episode_seed(seed, i), device) for i in range(n)]
         was_training = self.model.training
         self.model.eval()
         try:
             eos = eos_token_ids(self.model, self.tokenizer)
-            with autocast(self.model, self.autocast_mode), decoding(self.model, self.dtype) as decoder:
+            fold = fold_choice(self.fold_lora, self.model, self.dtype)
+            with autocast(self.model, self.autocast_mode), decoding(self.model, self.dtype, fold=fold) as decoder:
                 return run_episodes(local_turns(decoder, self.tokenizer, eos, params, generators), self.tokenizer,
                                     prompt_ids, envs, group_size, params, limits, eos, self.version)
         finally:

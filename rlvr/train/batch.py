@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -41,6 +42,14 @@ class StepBatch:
             raise ValueError(f"StepBatch.adv must be [N] or [N, T] = {[n, t]}, got {list(self.adv.shape)}")
         if bool((self.loss_mask.bool() & ~self.completion_mask.bool()).any()):
             raise ValueError("StepBatch.loss_mask marks tokens that completion_mask leaves out")
+
+    def to(self, device: torch.device) -> StepBatch:
+        """This batch with every tensor on ``device`` (itself when they are there already): the one crossing of the
+        step's tensors from the CPU to the model's device."""
+        if self.completion_ids.device == device:
+            return self
+        return dataclasses.replace(self, **{f.name: getattr(self, f.name).to(device) for f in dataclasses.fields(self)
+                                            if isinstance(getattr(self, f.name), torch.Tensor)})
 
     @property
     def num_completions(self) -> int:

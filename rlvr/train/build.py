@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from rlvr.config import ModelConfig, RewardConfig, RolloutConfig, RunConfig, TrainConfig
+from rlvr.devices import weight_dtype
 from rlvr.models import LoraSpec, load_tokenizer, load_trainable, model_context, resolve_model_dir, trainable_parameters
 from rlvr.prompts import plain_text
 from rlvr.rewards import RewardFn, WeightedReward, build_reward
@@ -84,8 +85,11 @@ def build_rewards(rewards: tuple[RewardConfig, ...]) -> list[WeightedReward]:
     return [WeightedReward(r.name, build_reward(r.name, r.kwargs), r.weight, r.on_error, r.timeout_s) for r in rewards]
 
 
-def build_policy(model_dir: Path, model: ModelConfig) -> nn.Module:
-    return load_trainable(model_dir, lora_spec(model), model.gradient_checkpointing)
+def build_policy(model_dir: Path, model: ModelConfig, device: torch.device | None = None) -> nn.Module:
+    """The policy on ``device`` (default: the CPU) with its weights in model.dtype resolved for that device."""
+    device = torch.device("cpu") if device is None else device
+    return load_trainable(model_dir, lora_spec(model), model.gradient_checkpointing, device,
+                          weight_dtype(model.dtype, device, model.lora))
 
 
 def build_optimizer(model: nn.Module, train: TrainConfig, params: list | None = None) -> torch.optim.Optimizer:
@@ -125,7 +129,8 @@ def sampling_params(rollout: RolloutConfig, max_new_tokens: int | None = None, g
 
 def build_local_sampler(cfg: RunConfig, model: nn.Module, tokenizer) -> Sampler:
     """Completions from ``model`` itself, in this process."""
-    return LocalSampler(model, tokenizer, cfg.model.autocast, precision=cfg.rollout.precision)
+    return LocalSampler(model, tokenizer, cfg.model.autocast, precision=cfg.rollout.precision,
+                        fold_lora=cfg.rollout.fold_lora)
 
 
 def build_sampler(cfg: RunConfig, model: nn.Module, tokenizer, run_dir: Path) -> Sampler:

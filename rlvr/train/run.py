@@ -20,6 +20,7 @@ import torch
 
 from rlvr.checkpoint import latest_valid, load_reference, load_training_state, read_text, save_training_state
 from rlvr.config import RunConfig, config_changes, to_dict, to_yaml
+from rlvr.devices import resolve_device
 from rlvr.memory import return_freed_memory
 from rlvr.metrics import ACCURACY, EXTRA_ACCURACY, MetricsWriter, plot_run
 from rlvr.models import ReferencePolicy, save_policy
@@ -264,11 +265,12 @@ def open_run(cfg: RunConfig, update: Update, rewards: list[WeightedReward] | Non
     if cfg.train.heap_threshold_kb:
         return_freed_memory(cfg.train.heap_threshold_kb << 10)
     seed_everything(cfg.train.seed)
+    device = resolve_device(cfg.train.device)  # a GPU that is not there fails here, before data and model load
     data = load_data(cfg, environment)  # rows, environment and prompt lengths are checked before the model loads
     rewards = build_rewards(cfg.rewards) if rewards is None else rewards
     environments = data.environment.check_environment if data.environment else None
     check_rewards(rewards, data.train_rows, environments=environments)  # fails here, in seconds, before the model loads
-    model = build_policy(data.model_dir, cfg.model)
+    model = build_policy(data.model_dir, cfg.model, device)
     reference = ReferencePolicy(model) if update.needs_reference else None  # before any weights are restored
     trainable, params = update.attach(model)
     optimizer = build_optimizer(model, cfg.train, params)

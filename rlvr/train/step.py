@@ -24,6 +24,7 @@ from torch import nn
 
 from rlvr.config import RunConfig
 from rlvr.core import LossSettings, TokenBatch, fused_logprobs, loss_normaliser, merge_stat_sums, policy_loss
+from rlvr.devices import model_device
 from rlvr.models import ReferencePolicy, autocast, backbone_and_head, trainable_parameters
 from rlvr.train.batch import StepBatch
 from rlvr.train.collected import Collected
@@ -80,8 +81,9 @@ def micro_batches(batch: StepBatch, size: int, skip_zero_advantage: bool) -> lis
     gradient are those of the whole batch."""
     trained = batch.loss_mask.bool()  # [N, T]
     keep = trained.any(dim=1)
+    device = batch.completion_ids.device
     if skip_zero_advantage:
-        adv = batch.token_adv(torch.arange(batch.num_completions, device="cpu"))  # [N, T]
+        adv = batch.token_adv(torch.arange(batch.num_completions, device=device))  # [N, T]
         keep &= ((adv != 0) & trained).any(dim=1)
     length = completion_lengths(batch.completion_mask)  # [N]
     G = batch.group_size
@@ -89,7 +91,7 @@ def micro_batches(batch: StepBatch, size: int, skip_zero_advantage: bool) -> lis
     length = length.tolist()
     # longest group first, then longest row within it; ties keep batch order
     order = sorted(keep.nonzero().squeeze(-1).tolist(), key=lambda i: (-group_length[i // G], i // G, -length[i], i))
-    return list(torch.tensor(order, dtype=torch.long, device="cpu").split(size)) if order else []  # row indices
+    return list(torch.tensor(order, dtype=torch.long, device=device).split(size)) if order else []  # row indices
 
 
 LOGITS_PER_CHUNK = 1 << 25  # elements of one chunk's [c, V] logits: 128 MB in fp32
@@ -239,6 +241,7 @@ def train_step(
       second loss per micro-batch, backpropagated after the policy's (PPO's critic).
     - An update whose loss or gradient norm is not finite is skipped and counted in ``skipped_updates``.
     """
+    batch = batch.to(model_device(model))  # the step's tensors cross to the model's device once
     skip_zero_adv = settings.beta == 0.0 and extra_loss is None
     micro_rows = micro_batches(batch, micro_batch_size, skip_zero_advantage=skip_zero_adv)
     chunk_tokens = chunk_for_vocab(chunk_tokens, backbone_and_head(model)[1].weight.shape[0])
