@@ -1,4 +1,4 @@
-"""Memory planner: the peak training memory of a GRPO or PPO run, per device, component by component.
+"""Memory planner: the peak training (and sampling) memory of a GRPO or PPO run, per device, component by component.
 
 Every component is a formula in the model's numbers (layers L, hidden H, MLP width I, attention heads a,
 key/value width H_kv = kv_heads * head_dim, vocabulary V, parameters P) and the run's (precision, optimizer,
@@ -40,9 +40,31 @@ Sharding over D devices (ZeRO): stage 1 divides the optimizer states, stage 2 al
 The peak of a step is the sum: weights and optimizer states persist; with several micro-batches the gradients
 of the earlier ones are held while the last one's activations and logits are alive.
 
+Sampling (the in-process sampler, rlvr/rollout/decode_weights.py) has a peak of its own, ``sampling()``: in a
+synchronous run it comes between train steps, never during one. n = B * G / D rows; d = the decoding dtype's bytes
+(rollout.precision: bf16 2, fp32 4; auto: the weights' when bf16, else bf16 from 50M parameters, the hardware
+assumed to have bf16 units as GPUs do, else fp32):
+
+resident       weights, reference, critic, gradients (the last step's, dropped when the next one starts) and
+               optimizer states, as in training (from the second step on)
+folded copies  d * (L * sum over copied linears of in * out + V * H when d != w), made when a generation starts
+               and freed at its end; the copied linears are the adapted ones, every one when d != w (cast): under
+               all-linear LoRA every weight but the embedding and norms, and the output layer when cast.
+               rollout.fold_lora=false: 0. auto folds on a GPU while the resident state and the copies leave
+               FOLD_HEADROOM (a quarter) of its memory free (decode_weights.fold_fits, which does not count the
+               KV cache and logits allocated after it)
+KV cache       2 * L * n * (P_len + T_len) * H_kv * e    keys and values preallocated for the whole generation,
+                                                         in the weights' dtype (rlvr/rollout/kv_cache.py)
+logits         n * V * 4 * 2                             one step's fp32 logits while the next step's are computed
+                                                         (or the sampler's CDF of the same shape is built)
+               + n * V * 2                               the bf16 product before its fp32 cast, when the output
+                                                         layer decodes in bf16
+
 Not modelled: the allocator's slack (freed memory it keeps: glibc heap holes on CPU, the CUDA caching
 allocator's fragmentation), the framework and library baseline, and attention kernels that save less than the
-math path counted here (flash attention). Against measured CPU peaks (benchmarks/memory.py) the plain step is
+math path counted here (flash attention); while sampling, the prefill's transients (B prompts of P_len tokens
+through one layer at a time), top-k / top-p / temperature's extra [n, V] buffers, and the gathering of ZeRO-3's
+sharded weights (the copies are counted whole). Against measured CPU peaks (benchmarks/memory.py) the plain step is
 within 1 % and rlvr's lean step ~9 % under, the gap being freed heap (rlvr/memory.py).
 """
 
@@ -51,6 +73,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from rlvr.models import ALL_LINEAR
+from rlvr.rollout.decode_weights import AUTO_BF16_MIN_PARAMETERS, FOLD_HEADROOM
 
 GB = 1e9
 
@@ -140,6 +163,7 @@ class Run:
     chunk: int = 512  # tokens per output-layer chunk (lean step)
     devices: int = 1
     zero: int = 0  # ZeRO stage: 0 none, 1 optimizer, 2 + gradients, 3 + weights (FSDP)
+    decode_precision: str = "auto"  # rollout.precision: the decoding matmuls' dtype (fp32, bf16, auto)
     extra: dict = field(default_factory=dict)
 
 
@@ -215,6 +239,72 @@ def plan(arch: Arch, run: Run) -> dict[str, float]:
     return out
 
 
+def decode_bytes(arch: Arch, run: Run) -> int:
+    """Bytes per weight of the decoding matmuls (rlvr.rollout.decode_weights.decode_dtype): rollout.precision, or
+    auto: the weights' when they are bf16, bf16 from AUTO_BF16_MIN_PARAMETERS on (bf16 units assumed), else fp32."""
+    if run.decode_precision not in ("auto", "fp32", "bf16"):
+        raise ValueError(f"decode_precision must be auto, fp32 or bf16, got {run.decode_precision!r}")
+    if run.decode_precision != "auto":
+        return _bytes(run.decode_precision)
+    return 2 if run.precision == "bf16" or arch.params >= AUTO_BF16_MIN_PARAMETERS else 4
+
+
+def folded_copies(arch: Arch, run: Run) -> int:
+    """Bytes of the weight copies a folded generation holds (rlvr.rollout.decode_weights.folded_bytes): every
+    adapted linear, and every linear plus the output layer when the decoding dtype is not the weights'."""
+    d = decode_bytes(arch, run)
+    cast = d != _bytes(run.precision)
+    shapes = arch.linear_shapes()
+    copied = tuple(shapes) if cast else (arch.adapted(run.lora_targets) if run.lora_rank else ())
+    per_layer = sum(shapes[t][0] * shapes[t][1] for t in copied)
+    return (arch.layers * per_layer + (arch.vocab * arch.hidden if cast else 0)) * d
+
+
+def sampling(arch: Arch, run: Run, fold: bool = True) -> dict[str, float]:
+    """Bytes per device of every component at the peak of the sampling phase (the in-process sampler, between two
+    train steps), with the LoRA adapters folded into copies of the weights (``fold``) or not, and the total."""
+    train = plan(arch, run)
+    out = {k: train[k] for k in ("weights", "reference", "critic", "gradients", "optimizer")}
+    rows = -(-run.prompts * run.group // run.devices)  # each device samples its share of the B * G completions
+    out["folded"] = float(folded_copies(arch, run)) if fold else 0.0
+    out["kv_cache"] = (2 * arch.layers * rows * (run.prompt_len + run.completion_len) * arch.kv_width
+                       * _bytes(run.precision))
+    head_bytes = decode_bytes(arch, run) if fold else _bytes(run.precision)
+    out["logits"] = rows * arch.vocab * (2 * 4 + (2 if head_bytes == 2 else 0))
+    out["total"] = sum(out.values())
+    return out
+
+
+def fold_threshold(arch: Arch, run: Run) -> float:
+    """The smallest device memory (bytes) on which rollout.fold_lora=auto folds: the state resident when a generation
+    starts and the copies must leave FOLD_HEADROOM of it free (rlvr.rollout.decode_weights.fold_fits)."""
+    s = sampling(arch, run, fold=True)
+    return (s["total"] - s["kv_cache"] - s["logits"]) / (1.0 - FOLD_HEADROOM)
+
+
+def auto_folds(arch: Arch, run: Run, device_memory: float) -> bool:
+    """rollout.fold_lora=auto's choice on a GPU of ``device_memory`` bytes (on a CPU it always folds)."""
+    return device_memory >= fold_threshold(arch, run)
+
+
+SAMPLING_ROWS = {"weights": "weights", "reference": "reference", "critic": "critic", "gradients": "gradients",
+                 "optimizer": "optimizer", "folded": "folded copies", "kv_cache": "KV cache", "logits": "logits",
+                 "total": "total, folded"}
+
+
+def sampling_table(arch: Arch, runs: dict[str, Run]) -> str:
+    """A markdown table of the sampling phase's components (GB per device), folded, and its total not folded."""
+    folded = {name: sampling(arch, r, fold=True) for name, r in runs.items()}
+    unfolded = {name: sampling(arch, r, fold=False) for name, r in runs.items()}
+    lines = ["| component | " + " | ".join(runs) + " |", "|---|" + "---|" * len(runs)]
+    for k, label in SAMPLING_ROWS.items():
+        cells = [f"{p[k] / GB:.2f}" if k != "total" else f"**{p[k] / GB:.2f}**" for p in folded.values()]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    lines.append("| total, not folded | " + " | ".join(f"**{p['total'] / GB:.2f}**" for p in unfolded.values())
+                 + " |")
+    return "\n".join(lines)
+
+
 def table(arch: Arch, runs: dict[str, Run]) -> str:
     """A markdown table of every component (GB per device) for several runs."""
     plans = {name: plan(arch, r) for name, r in runs.items()}
@@ -259,9 +349,16 @@ def report(arch: Arch, run: Run) -> str:
                + (", activation checkpointing" if run.checkpointing else "")
                + (", rlvr's lean step" if run.lean else ", plain step")
                + (f", {run.devices} devices with ZeRO-{run.zero}" if run.devices > 1 else ""))
-    return (f"{setting}\nper device, GB:\n\n"
-            + table(arch, {"PPO": replace(run, algo="ppo"), "GRPO": replace(run, algo="grpo")})
-            + f"\n\nGRPO's saving over PPO: {saving:.0%} ({(ppo['total'] - grpo['total']) / GB:.2f} GB per device)\n")
+    runs = {"PPO": replace(run, algo="ppo"), "GRPO": replace(run, algo="grpo")}
+    rows = -(-run.prompts * run.group // run.devices)
+    dtype = "bf16" if decode_bytes(arch, run) == 2 else "fp32"
+    thresholds = ", ".join(f"{name} from {fold_threshold(arch, r) / GB:.1f} GB" for name, r in runs.items())
+    return (f"{setting}\ntraining step, per device, GB:\n\n" + table(arch, runs)
+            + f"\n\nGRPO's saving over PPO: {saving:.0%} ({(ppo['total'] - grpo['total']) / GB:.2f} GB per device)\n"
+            + f"\nsampling (in-process, between train steps: {rows} rows of {run.prompt_len}+{run.completion_len} "
+            f"tokens, decoding in {dtype}), per device, GB:\n\n" + sampling_table(arch, runs)
+            + f"\n\nrollout.fold_lora=auto folds on a GPU with a quarter of its memory free after the copies: "
+            f"{thresholds} (always on a CPU)\n")
 
 
 def arch_from_config(config) -> Arch:

@@ -1,11 +1,29 @@
 """The memory planner: its arithmetic against hand-computed cases, and its per-token activation count against
 the tensors a real (tiny) Llama saves for backward."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 from rlvr.models import LoraSpec, add_lora
-from rlvr.plan import ARCHS, Arch, Run, arch_from_config, plan, ppo_vs_grpo, resolve_arch
+from rlvr.plan import (
+    ARCHS,
+    Arch,
+    Run,
+    arch_from_config,
+    auto_folds,
+    decode_bytes,
+    fold_threshold,
+    folded_copies,
+    plan,
+    ppo_vs_grpo,
+    report,
+    resolve_arch,
+    sampling,
+)
+from rlvr.rollout.decode_weights import folded_bytes
+from rlvr.rollout.kv_cache import preallocated_cache
 from tests.conftest import make_model
 
 TOY = Arch("toy", layers=2, hidden=8, intermediate=16, heads=2, kv_heads=1, vocab=10)
@@ -127,3 +145,103 @@ def test_named_architectures_and_errors():
         resolve_arch("13q")
     with pytest.raises(ValueError, match="algo must be grpo or ppo"):
         plan(TOY, Run(algo="a2c"))
+
+
+ALL = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def test_folded_copies_by_hand_for_the_issues_models():
+    """SmolLM2-135M, LoRA on all linear layers: per layer q, o 576*576, k, v 576*192 (3 KV heads of 64), gate, up,
+    down 576*1536; 30 layers. An fp32 model decoding in bf16 (auto: 50M+ parameters) also casts the tied output
+    layer, 49152*576: the 269 MB of rollout.fold_lora's description."""
+    linears = 30 * (2 * 576 * 576 + 2 * 576 * 192 + 3 * 576 * 1536)
+    assert linears == 106_168_320
+    smol = ARCHS["smollm2-135m"]
+    fp32 = Run(precision="fp32", lora_rank=16)
+    assert decode_bytes(smol, fp32) == 2
+    assert folded_copies(smol, fp32) == (linears + 49152 * 576) * 2 == 268_959_744
+    # a bf16 model decodes in its own dtype: the output layer is not cast
+    assert folded_copies(smol, Run(precision="bf16", lora_rank=16)) == linears * 2
+    # Qwen2.5-7B in bf16: q, o 3584*3584, k, v 3584*512 (4 KV heads of 128), MLP 3 * 3584*18944, 28 layers: ~13 GB
+    seven = 28 * (2 * 3584 * 3584 + 2 * 3584 * 512 + 3 * 3584 * 18944) * 2
+    assert folded_copies(ARCHS["7b"], Run(precision="bf16", lora_rank=64)) == seven == 13_050_576_896
+    assert folded_copies(smol, Run(precision="fp32", lora_rank=16, decode_precision="fp32")) == linears * 4
+    assert folded_copies(smol, Run(precision="fp32", lora_rank=0, decode_precision="fp32")) == 0  # nothing to fold
+
+
+@pytest.mark.parametrize("model_dtype, decode, targets, expected_linears, head_cast", [
+    # the tiny Llama: 2 layers of q, o 32*32, k, v 32*16 (2 KV heads of 8), gate, up, down 32*64 = 9216 values
+    (torch.float32, torch.float32, ALL, 2 * 9216, False),
+    (torch.float32, torch.bfloat16, ALL, 2 * 9216, True),  # cast: every linear and the output layer
+    (torch.bfloat16, torch.bfloat16, ALL, 2 * 9216, False),
+    (torch.float32, torch.float32, ("q_proj", "v_proj", "down_proj"), 2 * (1024 + 512 + 2048), False),
+    (torch.float32, torch.bfloat16, ("q_proj", "v_proj", "down_proj"), 2 * 9216, True),
+    (torch.float32, torch.float32, (), 0, False),  # full fine-tuning, no cast: no copy
+    (torch.float32, torch.bfloat16, (), 2 * 9216, True),
+])
+def test_folded_copies_match_what_decoding_copies(tokenizer, model_dtype, decode, targets, expected_linears,
+                                                  head_cast):
+    model = make_model(len(tokenizer), dtype=model_dtype)
+    arch = arch_from_config(model.config)
+    assert (arch.layers, arch.hidden, arch.intermediate, arch.kv_width) == (2, 32, 64, 16)
+    if targets:
+        model = add_lora(model, LoraSpec(r=4, target_modules=targets))
+    expected = (expected_linears + (len(tokenizer) * 32 if head_cast else 0)) * decode.itemsize
+    assert folded_bytes(model, decode) == expected
+    run = Run(precision="bf16" if model_dtype == torch.bfloat16 else "fp32", lora_rank=4 if targets else 0,
+              lora_targets=targets or ALL, decode_precision="bf16" if decode == torch.bfloat16 else "fp32")
+    assert folded_copies(arch, run) == expected
+
+
+def test_kv_cache_matches_the_preallocated_cache(tokenizer):
+    """2 prompts of 3 tokens prefilled, repeated for G = 3, with room for 4 new tokens: 6 rows of 7 positions."""
+    model = make_model(len(tokenizer))
+    cache = preallocated_cache(3 + 4)
+    with torch.no_grad():
+        model.model(input_ids=torch.randint(3, 300, (2, 3)), cache=cache, use_cache=True)
+    cache.batch_repeat_interleave(3)
+    held = sum(layer.key_buffer.nbytes + layer.value_buffer.nbytes for layer in cache.layers)
+    assert held == 2 * 2 * 6 * 2 * 7 * 8 * 4  # layers x (keys, values) x [6 rows, 2 KV heads, 7, 8] fp32
+    run = Run(prompts=2, group=3, prompt_len=3, completion_len=4)
+    assert sampling(arch_from_config(model.config), run)["kv_cache"] == held
+
+
+def test_sampling_by_hand():
+    # TOY: 2 layers, H 8, I 16, 1 KV head of 4, V 10; 2 prompts x G 3 = 6 rows of 3 + 4 tokens
+    run = Run(precision="fp32", lora_rank=2, beta=0.1, prompts=2, group=3, prompt_len=3, completion_len=4,
+              micro_batch=6, decode_precision="bf16")
+    train = plan(TOY, run)
+    resident = train["weights"] + train["gradients"] + train["optimizer"]  # no reference under LoRA, no critic
+    folded, unfolded = sampling(TOY, run), sampling(TOY, run, fold=False)
+    copies = (2 * (64 + 32 + 32 + 64 + 3 * 128) + 10 * 8) * 2  # bf16 copies of every linear and the output layer
+    assert folded["folded"] == copies == 2464 and unfolded["folded"] == 0
+    assert folded["kv_cache"] == unfolded["kv_cache"] == 2 * 2 * 6 * 7 * 4 * 4  # fp32, as the weights
+    assert folded["logits"] == 6 * 10 * (4 + 4 + 2)  # two fp32 [6, 10] and the bf16 product
+    assert unfolded["logits"] == 6 * 10 * (4 + 4)  # not folded: the output layer decodes in fp32
+    assert folded["total"] == resident + 2464 + 2688 + 600
+    assert unfolded["total"] == resident + 2688 + 480
+    assert sampling(TOY, replace(run, decode_precision="fp32"))["folded"] == 2 * 576 * 4  # the adapted only
+    halves = sampling(TOY, replace(run, devices=2))
+    assert halves["kv_cache"] == 2688 / 2 and halves["logits"] == 300  # 3 rows a device
+    ppo = sampling(TOY, replace(run, algo="ppo"))
+    assert ppo["critic"] == plan(TOY, replace(run, algo="ppo"))["critic"] > 0
+    assert ppo["total"] - folded["total"] == ppo["critic"]
+
+
+def test_auto_folds_while_a_quarter_stays_free():
+    run = Run(precision="fp32", lora_rank=2, prompts=2, group=3, prompt_len=3, completion_len=4,
+              decode_precision="bf16")
+    s = sampling(TOY, run)
+    threshold = (s["weights"] + s["gradients"] + s["optimizer"] + 2464) / 0.75
+    assert fold_threshold(TOY, run) == pytest.approx(threshold)
+    assert auto_folds(TOY, run, threshold * 1.001) and not auto_folds(TOY, run, threshold * 0.999)
+    seven = Run(precision="bf16", lora_rank=64, prompts=8, group=8, prompt_len=256, completion_len=1024)
+    assert auto_folds(ARCHS["7b"], seven, 80e9) and not auto_folds(ARCHS["7b"], seven, 24e9)
+
+
+def test_report_shows_the_sampling_phase():
+    text = report(ARCHS["smollm2-135m"], Run(precision="fp32", lora_rank=16))
+    assert "| folded copies | 0.27 | 0.27 |" in text
+    assert "total, not folded" in text and "rollout.fold_lora=auto folds on a GPU" in text
+    with pytest.raises(ValueError, match="decode_precision"):
+        sampling(TOY, Run(decode_precision="fp16"))
