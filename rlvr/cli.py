@@ -73,7 +73,7 @@ def _serve(args: argparse.Namespace) -> int:
           allowed_adapter_roots=tuple(r for r in args.allowed_adapter_roots.split(",") if r),
           allowed_protocols=tuple(p for p in args.allowed_protocols.split(",") if p),
           max_batch_tokens=args.max_batch_tokens, max_queued_rows=args.max_queued_rows, max_body_mb=args.max_body_mb,
-          body_timeout_s=args.body_timeout_s, precision=args.precision)
+          body_timeout_s=args.body_timeout_s, precision=args.precision, device=args.device, dtype=args.dtype)
     return 0
 
 
@@ -172,6 +172,12 @@ def main(argv: list[str] | None = None) -> int:
     p_serve.add_argument("--precision", choices=PRECISIONS, default="auto",
                          help="decoding matmuls: fp32, bf16, or auto (bf16 for a model of 50M+ parameters where the "
                               "hardware has bf16 units: AMX, AVX512-BF16, CUDA; fp32 otherwise)")
+    p_serve.add_argument("--device", default="auto",
+                         help="where the model runs: auto (a CUDA GPU when one is visible, else the CPU), cpu, cuda, "
+                              "cuda:N or mps")
+    p_serve.add_argument("--dtype", choices=("auto", "fp32", "bf16"), default="auto",
+                         help="the base model's weights: auto (bf16 on a GPU with bf16 units, fp32 elsewhere), fp32 "
+                              "or bf16; LoRA adapters keep their own dtype")
     p_serve.set_defaults(run=_serve)
     p_plan = sub.add_parser("plan", help="peak training memory per device, PPO vs GRPO, component by component")
     p_plan.add_argument("model", help="1.5b, 7b, 8b, 70b, smollm2-135m, a built-in alias or a local model directory")

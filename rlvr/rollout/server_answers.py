@@ -102,21 +102,23 @@ def groups_from_completions(answers: list[dict], prompt_ids: list[list[int]], gr
 
 def groups_of(answers: list[list[ServerChoice]], prompt_ids: list[list[int]], group_size: int, tokenizer,
               version: int, temperature: float) -> Groups:
-    """Groups from validated answers: one list of ``group_size`` choices per prompt."""
+    """Groups from validated answers: one list of ``group_size`` choices per prompt, every tensor on the CPU (made
+    there explicitly, so a trainer whose model is on a GPU gets CPU groups too)."""
     completions = [c for answer in answers for c in answer]
     n, width = len(completions), max((len(c.token_ids) for c in completions), default=0)
     completion_ids = torch.zeros(n, width, dtype=torch.long, device="cpu")  # a server's answer: CPU bookkeeping
     behaviour = torch.zeros(n, width, device="cpu")
     mask = torch.zeros(n, width, dtype=torch.long, device="cpu")
     for r, c in enumerate(completions):
-        completion_ids[r, : len(c.token_ids)] = torch.tensor(c.token_ids, dtype=torch.long)
-        behaviour[r, : len(c.logprobs)] = torch.tensor(c.logprobs)
+        completion_ids[r, : len(c.token_ids)] = torch.tensor(c.token_ids, dtype=torch.long, device="cpu")
+        behaviour[r, : len(c.logprobs)] = torch.tensor(c.logprobs, device="cpu")
         mask[r, : len(c.token_ids)] = 1
     ids, pmask = left_pad(prompt_ids, tokenizer.pad_token_id)
     return Groups(
         prompt_ids=ids, prompt_mask=pmask, completion_ids=completion_ids, completion_mask=mask,
-        behaviour_logp=behaviour, truncated=torch.tensor([c.truncated for c in completions], dtype=torch.bool),
+        behaviour_logp=behaviour,
+        truncated=torch.tensor([c.truncated for c in completions], dtype=torch.bool, device="cpu"),
         texts=tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True),
-        group_size=group_size, version=torch.full((n,), version, dtype=torch.long),
-        temperature=torch.full((n,), float(temperature)),
+        group_size=group_size, version=torch.full((n,), version, dtype=torch.long, device="cpu"),
+        temperature=torch.full((n,), float(temperature), device="cpu"),
     )

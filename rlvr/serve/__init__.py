@@ -28,13 +28,16 @@ def serve(model: str, host: str = "127.0.0.1", port: int = 8000, max_loras: int 
           parent_pid: int = 0, cores: tuple[int, ...] = (), *, api_key: str | None = None,
           allowed_adapter_roots: tuple[str, ...] = (), allowed_protocols: tuple[str, ...] = ("file",),
           max_batch_tokens: int = 0, max_queued_rows: int = DEFAULT_QUEUED_ROWS,
-          max_body_mb: float = 4.0, body_timeout_s: float = 30.0, precision: str = "auto") -> None:
+          max_body_mb: float = 4.0, body_timeout_s: float = 30.0, precision: str = "auto", device: str = "auto",
+          dtype: str = "auto") -> None:
     """Listen on host:port (0: any free port) and serve until interrupted. The first line printed names the URL;
     the model loads in the background (requests get 503 until it is ready). ``parent_pid``: exit when that
     process dies; ``cores``: run on these CPU cores only. ``api_key`` None: the ``RLVR_API_KEY`` environment
     variable (if set). Without ``allowed_adapter_roots``, a loopback server loads adapters from any local
     directory and any other refuses every adapter path (rlvr.serve.security). ``precision``: the decoding matmuls'
-    (rlvr.rollout.decode_weights: fp32, bf16, or auto)."""
+    (rlvr.rollout.decode_weights: fp32, bf16, or auto). ``device``: where the model runs (auto, cpu, cuda, cuda:N or
+    mps; auto: a CUDA GPU when one is visible, else the CPU); a device that is not there is a ValueError before
+    anything loads. ``dtype``: the base model's weights (auto: bf16 on a bf16-capable GPU, fp32 elsewhere)."""
     import os
 
     import uvicorn
@@ -58,7 +61,7 @@ def serve(model: str, host: str = "127.0.0.1", port: int = 8000, max_loras: int 
 
     engine = Engine(model, max_loras, max_model_len, max_num_seqs, batch_wait_ms / 1000, threads,
                     max_batch_tokens=max_batch_tokens, max_queued_rows=max_queued_rows, adapter_policy=policy,
-                    precision=precision).start()
+                    precision=precision, device=device, dtype=dtype).start()
     app = create_app(engine, served_model_name or model, api_key=api_key, max_body_bytes=int(max_body_mb * 2**20),
                      body_timeout_s=body_timeout_s)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -66,7 +69,9 @@ def serve(model: str, host: str = "127.0.0.1", port: int = 8000, max_loras: int 
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     bound = sock.getsockname()[1]
-    print(f"rlvr serve: listening on http://{host}:{bound} (model {served_model_name or model})", flush=True)
+    weights = str(engine.weight_dtype).removeprefix("torch.")
+    print(f"rlvr serve: listening on http://{host}:{bound} (model {served_model_name or model} on {engine.device}, "
+          f"{weights} weights)", flush=True)
     print(f"rlvr serve: {policy.describe()}; API key {'required' if api_key else 'not required'}", flush=True)
     if not is_loopback(host):
         if not api_key:

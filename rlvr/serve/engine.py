@@ -19,6 +19,12 @@ client went away) is dropped: its queued prompts never run, and a running batch 
 cancelled stops at the next decoding step. Nothing sent after an adapter load or unload joins a batch that
 runs before it, so a request sent after ``load_inplace`` never sees the old weights.
 
+Device: the model lives on one device (``--device``: auto is a CUDA GPU when one is visible, else the CPU), in
+``--dtype`` (auto: bf16 on a bf16-capable GPU, fp32 elsewhere); prompts are padded on the CPU and cross to the
+model's device once per batch, every tensor of the generation is made there (sampling generators included), and
+the batch's results cross back to the CPU once, as Python values, before anything is answered. Adapters are read
+straight onto the model's device.
+
 Adapter paths are checked against an ``AdapterPolicy`` (rlvr.serve.security) before anything is read or
 fetched; errors say "adapter path not allowed" or "could not load adapter" with a fixed reason, never the
 text of an exception (which may quote a remote server or a path). A downloaded copy is deleted once loaded.
@@ -43,11 +49,12 @@ from pathlib import Path
 import torch
 
 from rlvr.bucket import fetch_version
+from rlvr.devices import DTYPES, bf16_capable, resolve_device, sampling_generator
 from rlvr.faults import fault_point
 from rlvr.models import load_causal_lm, load_tokenizer, model_context, resolve_model_dir
 from rlvr.prompts import left_pad
 from rlvr.rollout.decode_weights import DecodeCache, decode_dtype, decoding
-from rlvr.rollout.engine import SamplingParams, generate_groups
+from rlvr.rollout.engine import SampledTokens, SamplingParams, generate_groups
 from rlvr.rollout.groups import eos_token_ids, stop_string_checker
 from rlvr.seeds import completion_seed
 from rlvr.serve.security import NOT_ALLOWED, AdapterPathError, AdapterPolicy
@@ -135,6 +142,33 @@ def _log(message: str) -> None:
     print(f"rlvr serve: {message}", file=sys.stderr, flush=True)
 
 
+def serve_device(spec: str) -> torch.device:
+    """The device ``--device`` names (rlvr.devices.resolve_device), or a ValueError naming ``--device`` and what to
+    do; raised before any model is loaded."""
+    try:
+        return resolve_device(spec)
+    except ValueError as err:
+        raise ValueError(str(err).replace("train.device=", "--device ").replace("device must", "--device must")) \
+            from None
+
+
+def serve_dtype(spec: str, device: torch.device) -> torch.dtype:
+    """The base model's weights for ``--dtype``: auto is bf16 on a bf16-capable CUDA GPU and fp32 elsewhere (the CPU
+    included: unchanged); bf16 is allowed for any model, since nothing is trained here. Adapters peft loads keep
+    their own dtype."""
+    if spec not in DTYPES:
+        raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}; got {spec!r}")
+    if spec == "auto":
+        return torch.bfloat16 if bf16_capable(device) else torch.float32
+    return torch.bfloat16 if spec == "bf16" else torch.float32
+
+
+def _to_host(out: SampledTokens) -> SampledTokens:
+    """A batch's results on the CPU: one crossing per tensor, the first waiting for the generation to end."""
+    return SampledTokens(*(None if t is None else t.cpu() for t in (
+        out.ids, out.mask, out.behaviour_logp, out.truncated, out.top_ids, out.top_logp)))
+
+
 def check_adapter_files(path: Path) -> dict:
     """The adapter's config, after checking that its config and weights can be read (before any model change)."""
     from safetensors.torch import load_file
@@ -157,9 +191,11 @@ class Engine:
     def __init__(self, model: str, max_loras: int = 4, max_model_len: int = 0, max_num_seqs: int = 256,
                  batch_wait_s: float = 0.01, threads: int = 0, *, max_batch_tokens: int = 0,
                  max_queued_rows: int = DEFAULT_QUEUED_ROWS, adapter_policy: AdapterPolicy | None = None,
-                 precision: str = "auto"):
+                 precision: str = "auto", device: str = "auto", dtype: str = "auto"):
         decode_dtype(precision)  # an unknown precision fails here, before the model loads (resolved once it has)
         self.precision = precision
+        self.device = serve_device(device)  # a device that is not there fails here, before the model loads
+        self.weight_dtype = serve_dtype(dtype, self.device)
         self.model_dir = resolve_model_dir(model)
         self.tokenizer = load_tokenizer(self.model_dir)
         context = model_context(self.model_dir)
@@ -243,9 +279,7 @@ class Engine:
         try:
             if self.threads:
                 torch.set_num_threads(self.threads)
-            self._base = load_causal_lm(self.model_dir).eval()
-            self.dtype = decode_dtype(self.precision, self._base)
-            self.eos_ids = eos_token_ids(self._base, self.tokenizer)
+            self.load_model()
         except Exception as err:  # noqa: BLE001 (reported by /health and every request)
             self.load_error = f"{type(err).__name__}: {err}"
             _log(f"the model failed to load: {self.load_error}")
@@ -273,6 +307,12 @@ class Engine:
                 time.sleep(self.batch_wait_s)  # let requests sent together arrive together
                 self._drain()
             self._generate(self._next_batch())
+
+    def load_model(self) -> None:
+        """Load the base model onto the engine's device, in its weight dtype (the engine thread does this first)."""
+        self._base = load_causal_lm(self.model_dir, self.weight_dtype).to(self.device).eval()
+        self.dtype = decode_dtype(self.precision, self._base)
+        self.eos_ids = eos_token_ids(self._base, self.tokenizer)
 
     def _drain(self) -> None:
         while True:  # everything queued so far, in arrival order
@@ -361,9 +401,12 @@ class Engine:
                 if self._peft is None:
                     from peft import PeftModel
 
-                    self._peft = PeftModel.from_pretrained(self._base, str(local), adapter_name=internal).eval()
+                    # torch_device: read onto the model's device (peft's own guess is the first GPU, whatever
+                    # device the model is on)
+                    self._peft = PeftModel.from_pretrained(self._base, str(local), adapter_name=internal,
+                                                           torch_device=str(self.device)).eval()
                 else:
-                    self._peft.load_adapter(str(local), adapter_name=internal)
+                    self._peft.load_adapter(str(local), adapter_name=internal, torch_device=str(self.device))
             except Exception as err:  # noqa: BLE001 (whatever peft raises, the resident adapters stay as they were)
                 self._drop(internal)
                 _log(f"peft could not load {str(local)!r}: {type(err).__name__}: {err}")
@@ -404,12 +447,12 @@ class Engine:
             if first.adapter is not None and first.adapter not in self._internal:
                 raise EngineError(f"The model `{first.adapter}` does not exist.", status=404)
             prompts = [p for job, a, b in pieces for p in job.prompts[a:b]]
-            ids, mask = left_pad(prompts, self.tokenizer.pad_token_id)
+            ids, mask = left_pad(prompts, self.tokenizer.pad_token_id)  # on the CPU; to the model's device once
             generators = []
             for job, a, b in pieces:
                 if job.seed is None:  # one seed per request, however many batches it runs in
                     job.seed = secrets.randbits(62)
-                generators += [torch.Generator().manual_seed(completion_seed(job.seed, i, c))
+                generators += [sampling_generator(completion_seed(job.seed, i, c), self.device)
                                for i in range(a, b) for c in range(job.n)]
 
             def abandoned(*_):
@@ -420,11 +463,12 @@ class Engine:
                     decoding(model, self.dtype, self._decode_cache) as (backbone, head):
                 hook = backbone.register_forward_pre_hook(abandoned)
                 try:
-                    out = generate_groups(backbone, head, ids, mask, first.n, first.params, self.eos_ids,
-                                          self.tokenizer.pad_token_id, generators,
+                    out = generate_groups(backbone, head, ids.to(self.device), mask.to(self.device), first.n,
+                                          first.params, self.eos_ids, self.tokenizer.pad_token_id, generators,
                                           stop_string_checker(self.tokenizer, first.params.stop), first.top_logprobs)
                 finally:
                     hook.remove()
+            out = _to_host(out)  # the batch's results cross to the CPU once
         except _Abandoned:
             self._finish(jobs)
             return
@@ -459,7 +503,8 @@ class Engine:
         self._peft.set_adapter(self._internal[adapter])
         return contextlib.nullcontext(self._peft)
 
-    def _generation(self, prompt: list[int], out, rows: range, stops: tuple[str, ...]) -> Generation:
+    def _generation(self, prompt: list[int], out: SampledTokens, rows: range, stops: tuple[str, ...]) -> Generation:
+        """One prompt's completions as Python values, from the batch's results on the CPU."""
         g = Generation(prompt, [], [], [] if out.top_ids is not None else None, [], [])
         for r in rows:
             n = int(out.mask[r].sum())
@@ -469,8 +514,9 @@ class Engine:
             if g.top_logprobs is not None:
                 g.top_logprobs.append([list(zip(out.top_ids[r, t].tolist(), out.top_logp[r, t].tolist()))
                                        for t in range(n)])
-            ended_by_string = not out.truncated[r] and n > 0 and tokens[-1] not in self.eos_ids
+            truncated = bool(out.truncated[r])
+            ended_by_string = not truncated and n > 0 and tokens[-1] not in self.eos_ids
             text = self.tokenizer.decode(tokens, skip_special_tokens=True) if ended_by_string else ""
             g.stop_reason.append(next((s for s in stops if s in text), None) if ended_by_string else None)
-            g.finish_reason.append("length" if out.truncated[r] else "stop")
+            g.finish_reason.append("length" if truncated else "stop")
         return g
