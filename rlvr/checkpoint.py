@@ -241,6 +241,8 @@ def _rng_state() -> dict:
                   "pos": int(np_state["state"]["pos"]), "has_gauss": int(np_state["has_gauss"]),
                   "gauss": float(np_state["gauss"])},
         "torch": torch.get_rng_state().numpy().tobytes().hex(),
+        **({"cuda": [t.numpy().tobytes().hex() for t in torch.cuda.get_rng_state_all()]}
+           if torch.cuda.is_available() and torch.cuda.is_initialized() else {}),  # dropout draws on the device
     }
 
 
@@ -270,13 +272,33 @@ def _rng_setter(rng) -> Callable[[], None]:
     np_state = {"bit_generator": "MT19937", "state": {"key": np.array(npy["key"], dtype=np.uint32), "pos": npy["pos"]},
                 "has_gauss": npy["has_gauss"], "gauss": float(npy["gauss"])}
     torch_state = torch.frombuffer(bytearray.fromhex(raw), dtype=torch.uint8)
+    cuda = _cuda_rng_states(rng.get("cuda"))
 
     def restore() -> None:
         random.setstate(state)
         np.random.set_state(np_state)
         torch.set_rng_state(torch_state)
+        if cuda:
+            torch.cuda.set_rng_state_all(cuda)
 
     return restore
+
+
+def _cuda_rng_states(saved) -> list[torch.Tensor]:
+    """The CUDA generators' states a checkpoint holds, to restore when this machine has as many CUDA devices (none
+    otherwise: a run resumed elsewhere continues with fresh device streams; docs/concepts/devices.md)."""
+    if saved is None:
+        return []
+    if not (isinstance(saved, list) and len(saved) <= 1024 and all(isinstance(x, str) and len(x) <= 1 << 12
+                                                                   and re.fullmatch(r"(?:[0-9a-f]{2})*", x)
+                                                                   for x in saved)):
+        raise ValueError("the random generator states are not what rlvr writes")
+    if not torch.cuda.is_available() or torch.cuda.device_count() != len(saved):
+        return []
+    states = [torch.frombuffer(bytearray.fromhex(x), dtype=torch.uint8) for x in saved]
+    if any(s.numel() != t.numel() for s, t in zip(states, torch.cuda.get_rng_state_all())):
+        raise ValueError("the CUDA random generator states are not what this torch writes")
+    return states
 
 
 def _split_optimizer(sd: dict) -> tuple[dict[str, torch.Tensor], str]:
@@ -401,7 +423,7 @@ def save_training_state(
 ) -> Path:
     """Trainable weights, optimizer, scheduler, every RNG, loop state and config, as one checkpoint; with
     ``reference`` (a refreshed reference policy's tensors), reference.safetensors too."""
-    weights = {n: p.detach().contiguous().clone() for n, p in model.named_parameters() if p.requires_grad}
+    weights = {n: p.detach().to("cpu", copy=True).contiguous() for n, p in model.named_parameters() if p.requires_grad}
     optimizer_tensors, optimizer_json = _split_optimizer(optimizer.state_dict())
     scheduler_json = json.dumps(scheduler.state_dict())
     rng_json = json.dumps(_rng_state())
@@ -415,7 +437,7 @@ def save_training_state(
         "config.yaml": lambda path: path.write_text(config_yaml),
     }
     if reference:
-        tensors = {n: t.detach().contiguous().clone() for n, t in reference.items()}
+        tensors = {n: t.detach().to("cpu", copy=True).contiguous() for n, t in reference.items()}  # no device copy
         writers[REFERENCE_FILE] = lambda path: save_file(tensors, str(path))
     return write_checkpoint(root, step, writers, keep_last)
 

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from rlvr.config import ConfigError, load_config
+from rlvr.devices import DeviceMemoryError
 from rlvr.launch import NonFiniteError, train
 from rlvr.rewards import RewardError, reward_search_path
 from rlvr.rollout.decode_weights import PRECISIONS
@@ -31,6 +32,7 @@ def _train(args: argparse.Namespace) -> int:
 def _eval(args: argparse.Namespace) -> int:
     import torch
 
+    from rlvr.devices import resolve_device, weight_dtype
     from rlvr.models import load_causal_lm
     from rlvr.train.build import build_local_sampler, load_data
     from rlvr.train.evaluate import evaluate
@@ -42,7 +44,9 @@ def _eval(args: argparse.Namespace) -> int:
     torch.set_num_threads(cfg.train.threads or torch.get_num_threads())
     data = load_data(cfg)
     trained_full = run_dir is not None and (run_dir / "model").is_dir()
-    model = load_causal_lm(run_dir / "model" if trained_full else data.model_dir)
+    device = resolve_device(cfg.train.device)
+    dtype = weight_dtype(cfg.model.dtype, device, lora=not trained_full)  # nothing trains: bf16 on a bf16 GPU
+    model = load_causal_lm(run_dir / "model" if trained_full else data.model_dir, dtype).to(device)
     if run_dir and (run_dir / "adapter").is_dir():
         from peft import PeftModel
 
@@ -203,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.run(args)
     except (ConfigError, FileNotFoundError, ValueError, KeyError, RewardError, NonFiniteError, NoServerError,
-            AdapterSyncError, ServerRequestError) as err:
+            AdapterSyncError, ServerRequestError, DeviceMemoryError) as err:
         if os.environ.get("RLVR_DEBUG"):
             raise
         message = err.args[0] if isinstance(err, KeyError) and err.args else err

@@ -20,7 +20,7 @@ import torch
 import yaml
 
 from rlvr.algo_config import PRESETS, AlgoConfig
-from rlvr.config_checks import at_least, check_choices
+from rlvr.config_checks import at_least, check_choices, switch
 from rlvr.core.ppo import PPOSettings
 from rlvr.devices import DTYPES, check_device_spec, weight_dtype
 from rlvr.models import ALL_LINEAR
@@ -55,8 +55,9 @@ class ModelConfig:
     autocast: Literal[AUTOCAST] = "none"
     """none (fp32) or bf16: run generation and training matmuls under bf16 autocast (fp32 master weights;
     log-probs and the loss stay fp32). Only worth it where the hardware has bf16 units (AMX, GPUs)."""
-    gradient_checkpointing: bool = False
-    """Recompute each layer's activations in backward: far less memory for about one extra forward pass."""
+    gradient_checkpointing: bool | str = "auto"
+    """Recompute each layer's activations in backward: far less memory for about one extra forward pass. auto: on
+    for a CUDA device (where memory is what runs out; TRL's default), off on the CPU (where time is)."""
     dtype: Literal[DTYPES] = "auto"
     """The weights' dtype: auto is bf16 for the frozen base under LoRA on a GPU with bf16 units (compute capability
     8.0+) and fp32 everywhere else, the CPU included; fp32; or bf16 (LoRA only: full fine-tuning would step bf16
@@ -65,6 +66,7 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         check_choices(self)
+        switch(self, "gradient_checkpointing")
         if self.dtype == "bf16" and not self.lora:
             weight_dtype("bf16", torch.device("cpu"), lora=False)  # raises, saying why and what to use instead
         at_least(self, 1, "lora_r")
@@ -267,10 +269,7 @@ class RolloutConfig:
             raise ValueError(f"top_p must be in (0, 1]; got {self.top_p}")
         if not self.request_timeout_s > 0:
             raise ValueError(f"request_timeout_s must be > 0; got {self.request_timeout_s}")
-        if isinstance(self.fold_lora, str) and self.fold_lora.lower() in ("true", "false"):
-            object.__setattr__(self, "fold_lora", self.fold_lora.lower() == "true")
-        if self.fold_lora not in ("auto", True, False):
-            raise ValueError(f"fold_lora must be auto, true or false; got {self.fold_lora!r}")
+        switch(self, "fold_lora")
 
 
 PPOConfig = PPOSettings  # the ppo section: its fields are documented and checked in rlvr.core.ppo

@@ -29,3 +29,12 @@ def at_least(section: Any, low: float, *names: str) -> None:
     for name in names:
         if getattr(section, name) < low:
             raise ValueError(f"{name} must be >= {low}; got {getattr(section, name)}")
+
+
+def switch(section: Any, name: str) -> None:
+    """Field ``name`` is auto, true or false (the strings 'true' / 'false' become booleans)."""
+    value = getattr(section, name)
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        object.__setattr__(section, name, value.lower() == "true")
+    elif value not in ("auto", True, False) or isinstance(value, int) and not isinstance(value, bool):
+        raise ValueError(f"{name} must be auto, true or false; got {value!r}")

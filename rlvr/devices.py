@@ -80,6 +80,10 @@ def sampling_generator(seed: int, device: torch.device) -> torch.Generator:
     return torch.Generator(device=device).manual_seed(seed)
 
 
+class DeviceMemoryError(RuntimeError):
+    """The run's device ran out of memory; the message names the settings to lower."""
+
+
 def out_of_memory_advice(device: torch.device, settings: dict[str, object], checkpoint: str) -> str:
     """One line for a device out-of-memory error: how much the device held, the knobs that lower the peak with
     their current values, and the checkpoint a resumed run continues from."""

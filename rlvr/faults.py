@@ -1,4 +1,5 @@
-"""Fault injection for crash tests: ``RLVR_FAULT=NAME@STEP`` SIGKILLs the process at that point.
+"""Fault injection for crash tests: ``RLVR_FAULT=NAME@STEP`` SIGKILLs the process at that point;
+``RLVR_FAULT=NAME@STEP:oom`` raises the out-of-memory error a GPU's allocator raises there.
 
 Points: ``after_generate`` (completions sampled, nothing updated), ``after_update`` (weights updated, step
 not yet logged or checkpointed), ``checkpoint_file_written`` (one checkpoint file on disk, the rest not), and
@@ -14,5 +15,10 @@ import signal
 
 
 def fault_point(name: str, step: int) -> None:
-    if os.environ.get("RLVR_FAULT") == f"{name}@{step}":
+    fault = os.environ.get("RLVR_FAULT")
+    if fault == f"{name}@{step}":
         os.kill(os.getpid(), signal.SIGKILL)
+    if fault == f"{name}@{step}:oom":  # what a device allocator raises when it runs out
+        import torch
+
+        raise torch.OutOfMemoryError(f"injected out-of-memory at {name}@{step} (RLVR_FAULT)")

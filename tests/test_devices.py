@@ -2,7 +2,9 @@
 in-process episode driver create follows the model's device: run under a non-CPU *default* device ("meta"), a tensor
 made without an explicit device lands on meta and the first operation that meets the CPU model fails loudly (CPU
 bookkeeping says device="cpu"). The results must equal a plain run (the default device changes where factories put
-tensors, nothing else). Still to cover (the accelerator issue): the remote sampler and rlvr serve's engine."""
+tensors, nothing else). rlvr serve's engine and the remote sampler: tests/test_devices_serve.py. Then what a run on a
+device is made of: train.device, model.dtype (a bf16 base with fp32 adapters, trained and sampled here on the CPU),
+rollout.fold_lora, the out-of-memory line, the CUDA generator states in checkpoints."""
 
 import copy
 
@@ -121,3 +123,137 @@ def test_the_episode_driver_makes_every_tensor_on_the_models_device(tokenizer):
         got = run()
     _same_groups(got.groups, want.groups)
     assert got.messages == want.messages
+
+
+# ----------------------------------------------------------------------------------------------- a run's device
+def test_train_device_spellings_and_a_missing_gpu():
+    from rlvr.config import TrainConfig
+    from rlvr.devices import resolve_device
+
+    for spec in ("auto", "cpu", "cuda", "cuda:1", "mps"):
+        TrainConfig(device=spec)
+    for spec in ("gpu", "cuda:", "CUDA", "cuda:x", ""):
+        with pytest.raises(ValueError, match="auto, cpu, cuda, cuda:N or mps"):
+            TrainConfig(device=spec)
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the missing-GPU errors cannot be seen")
+    assert resolve_device("auto") == torch.device("cpu") == resolve_device("cpu")
+    for spec in ("cuda", "cuda:0"):
+        with pytest.raises(ValueError, match="no CUDA device is visible.*train.device=cpu"):
+            resolve_device(spec)
+
+
+def test_trl_use_cpu_maps_to_train_device(tmp_path):
+    from rlvr.api import GRPOConfig, _run_config
+
+    for use_cpu, device in ((True, "cpu"), (False, "auto")):
+        args = GRPOConfig(output_dir=str(tmp_path), use_cpu=use_cpu, report_to=None)
+        assert _run_config(args, "m", None, 16, "t.jsonl", "e.jsonl", 4, "numeric_match",
+                           [("numeric_match", {}, 1.0)], {}).train.device == device
+
+
+def test_weight_dtype_choices():
+    from rlvr.config import ModelConfig
+    from rlvr.devices import weight_dtype
+
+    cpu = torch.device("cpu")
+    assert weight_dtype("auto", cpu, lora=True) == torch.float32 == weight_dtype("auto", cpu, lora=False)
+    assert weight_dtype("bf16", cpu, lora=True) == torch.bfloat16 and weight_dtype("fp32", cpu, True) == torch.float32
+    with pytest.raises(ValueError, match="model.autocast=bf16"):
+        ModelConfig(lora=False, dtype="bf16")
+    assert ModelConfig().gradient_checkpointing == "auto" and ModelConfig(gradient_checkpointing="false") \
+        .gradient_checkpointing is False
+
+
+def test_the_step_batch_crosses_once(tokenizer):
+    _, batch = _setup(tokenizer, lora=False)
+    assert batch.to(torch.device("cpu")) is batch  # already there: no copy
+    moved = batch.to(torch.device("meta"))
+    assert moved is not batch and {t.device.type for t in vars(moved).values() if isinstance(t, torch.Tensor)} \
+        == {"meta"} and moved.group_size == batch.group_size
+
+
+def test_a_bf16_base_with_fp32_adapters_trains_and_samples(tokenizer, tiny_model_dir):
+    """model.dtype=bf16 under LoRA (what auto picks on a bf16 GPU), here on the CPU: base weights bf16, adapters and
+    optimizer state fp32, log-probs fp32; the sampler decodes in bf16 with fp32 logits and folds into bf16 copies."""
+    from rlvr.config import ModelConfig
+    from rlvr.rollout import LocalSampler
+    from rlvr.rollout.decode_weights import decode_dtype, decoding, folded_bytes
+    from rlvr.train.build import build_policy
+
+    model = build_policy(tiny_model_dir, ModelConfig(name=str(tiny_model_dir), lora_r=4, dtype="bf16"))
+    dtypes = {n: p.dtype for n, p in model.named_parameters()}
+    assert {d for n, d in dtypes.items() if "lora_" in n} == {torch.float32}
+    assert {d for n, d in dtypes.items() if "lora_" not in n} == {torch.bfloat16}
+    assert decode_dtype("auto", model) == torch.bfloat16  # no fp32 copies of a bf16 model
+    with torch.no_grad(), decoding(model, decode_dtype("auto", model)) as (backbone, head):
+        hidden = backbone(input_ids=torch.tensor([[5, 6, 7]])).last_hidden_state[:, -1]
+        assert head(hidden).dtype == torch.float32
+    # q/k/v/o, gate/up/down of 2 layers in bf16 (the tied head stays the model's own)
+    adapted = sum(m.get_base_layer().weight.numel() for n, m in model.named_modules() if hasattr(m, "lora_A")
+                  and hasattr(m, "get_base_layer"))
+    assert folded_bytes(model, torch.bfloat16) == adapted * 2
+    groups = LocalSampler(model, tokenizer).sample(PROMPTS, 4, SamplingParams(max_new_tokens=8), seed=0)
+    assert groups.behaviour_logp.dtype == torch.float32
+    batch = StepBatch.from_groups(groups, torch.tensor([1.0, -1.0] * 4))
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    stats = train_step(model, opt, None, batch, LossSettings(beta=0.04), reference=ReferencePolicy(model),
+                       micro_batch_size=3, max_completion_tokens=8)
+    assert stats["skipped_updates"] == 0 and abs(stats["logp_gap"]) < 0.05  # sampler and trainer: the same bf16 base
+    changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
+    assert changed and all("lora_" in n for n in changed)
+    assert {s.dtype for state in opt.state.values() for s in state.values() if s.dim()} == {torch.float32}
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=0.0, max_new_tokens=8),
+                                    SamplingParams(max_new_tokens=8)], ids=["greedy", "sampled"])
+def test_decoding_without_folding_gives_the_same_samples(tokenizer, params):
+    """rollout.fold_lora=false decodes through peft (no weight copies); in fp64 the two agree to the last bit of
+    every token choice and to float32 rounding in the recorded log-probs."""
+    from rlvr.rollout import LocalSampler
+
+    model = add_lora(make_model(len(tokenizer), dtype=torch.float64), LoraSpec(r=4, alpha=8))
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0.0, 0.1)  # a trained adapter, so folding has something to fold
+    folded = LocalSampler(model, tokenizer, fold_lora=True).sample(PROMPTS, 4, params, seed=5)
+    unfolded = LocalSampler(model, tokenizer, fold_lora=False).sample(PROMPTS, 4, params, seed=5)
+    assert torch.equal(folded.completion_ids, unfolded.completion_ids)
+    assert torch.allclose(folded.behaviour_logp, unfolded.behaviour_logp, atol=2e-6, rtol=0)
+
+
+def test_fold_lora_auto_folds_on_the_cpu(tokenizer):
+    from rlvr.rollout.decode_weights import fold_choice
+
+    model = add_lora(make_model(len(tokenizer)), LoraSpec(r=4, alpha=8))
+    assert fold_choice("auto", model, torch.float32) is True and fold_choice(False, model, torch.float32) is False
+
+
+def test_out_of_memory_is_one_line_naming_the_knobs_and_the_checkpoint(tiny_model_dir, tmp_path):
+    from tests.test_resume import _cli, _overrides
+
+    out = tmp_path / "run"
+    args = ["examples/demo.yaml", *_overrides(tiny_model_dir, out, True)]
+    failed = _cli(args, fault="after_generate@3:oom")
+    assert failed.returncode == 2, failed.stderr[-2000:]
+    line = failed.stderr.strip().splitlines()[-1]
+    assert "Traceback" not in failed.stderr
+    for part in ("step 3", "ran out of memory", "train.micro_batch_size (now 3)", "rollout.max_new_tokens (now 6)",
+                 "rollout.group_size (now 4)", "rollout.fold_lora (now auto)", "model.gradient_checkpointing (now off)",
+                 str(out / "checkpoints" / "step-00000002"), "resume=auto"):
+        assert part in line, line
+    resumed = _cli([*args, "resume=auto"])
+    assert resumed.returncode == 0 and "(step 2)" in resumed.stdout, resumed.stderr[-2000:]
+
+
+def test_cuda_generator_states_in_a_checkpoint_are_checked_and_kept_for_a_gpu(tmp_path):
+    from rlvr.checkpoint import _cuda_rng_states
+
+    assert _cuda_rng_states(None) == []
+    if not torch.cuda.is_available():  # a checkpoint from a GPU machine resumes here with fresh device streams
+        assert _cuda_rng_states(["00ff" * 8]) == []
+    for bad in ("00", ["zz"], [1], ["0"], ["00"] * 2000):
+        with pytest.raises(ValueError, match="random generator states"):
+            _cuda_rng_states(bad)

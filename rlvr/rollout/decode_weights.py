@@ -268,9 +268,9 @@ per-kernel overhead, and bf16 only adds casts."""
 
 
 def decode_dtype(precision: str, model: nn.Module | None = None) -> torch.dtype:
-    """The dtype decoding matmuls run in: fp32, bf16, or auto: the model's own dtype when it is bf16 (or fp16); bf16 for an
-    fp32 model of at least AUTO_BF16_MIN_PARAMETERS on hardware with bf16 matmul units; else fp32. Without a model,
-    auto means fp32."""
+    """The dtype decoding matmuls run in: fp32, bf16, or auto: the model's own dtype when it is bf16 (or fp16);
+    bf16 for an fp32 model of at least AUTO_BF16_MIN_PARAMETERS on hardware with bf16 matmul units; else fp32.
+    Without a model, auto means fp32."""
     if precision not in PRECISIONS:
         raise ValueError(f"decode precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     if precision != "auto":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from dataclasses import dataclass
 
@@ -48,8 +49,11 @@ class StepBatch:
         step's tensors from the CPU to the model's device."""
         if self.completion_ids.device == device:
             return self
-        return dataclasses.replace(self, **{f.name: getattr(self, f.name).to(device) for f in dataclasses.fields(self)
-                                            if isinstance(getattr(self, f.name), torch.Tensor)})
+        moved = copy.copy(self)  # checked when it was built: no second check (a host sync on a GPU)
+        for f in dataclasses.fields(self):
+            if isinstance(getattr(self, f.name), torch.Tensor):
+                setattr(moved, f.name, getattr(self, f.name).to(device))
+        return moved
 
     @property
     def num_completions(self) -> int:

@@ -86,9 +86,13 @@ def build_rewards(rewards: tuple[RewardConfig, ...]) -> list[WeightedReward]:
 
 
 def build_policy(model_dir: Path, model: ModelConfig, device: torch.device | None = None) -> nn.Module:
-    """The policy on ``device`` (default: the CPU) with its weights in model.dtype resolved for that device."""
+    """The policy on ``device`` (default: the CPU) with its weights in model.dtype and activation checkpointing
+    (model.gradient_checkpointing) resolved for that device."""
     device = torch.device("cpu") if device is None else device
-    return load_trainable(model_dir, lora_spec(model), model.gradient_checkpointing, device,
+    checkpointing = model.gradient_checkpointing
+    if checkpointing == "auto":
+        checkpointing = device.type == "cuda"
+    return load_trainable(model_dir, lora_spec(model), checkpointing, device,
                           weight_dtype(model.dtype, device, model.lora))
 
 

@@ -15,9 +15,14 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Iterator
 
+import torch
 from tqdm.auto import tqdm
 
+from rlvr.architecture import unwrap
+from rlvr.checkpoint import latest_valid
+from rlvr.devices import DeviceMemoryError, model_device, out_of_memory_advice
 from rlvr.faults import fault_point
 from rlvr.metrics import REWARD, namespaced
 from rlvr.train.collect import collect_metrics, episode_metrics, warn_unscored
@@ -37,11 +42,12 @@ def run_loop(run: Run, source: BatchSource, update: Update) -> dict:
         warned = False  # about a batch without any reward: once per run, whichever source
         for step in bar:
             t0 = time.perf_counter()
-            batch = source.next(run, step)
-            warned = warn_unscored(batch, step, warned)
-            fault_point("after_generate", step)
-            t1 = time.perf_counter()
-            stats = update(run, batch)
+            with out_of_memory(run, step):
+                batch = source.next(run, step)
+                warned = warn_unscored(batch, step, warned)
+                fault_point("after_generate", step)
+                t1 = time.perf_counter()
+                stats = update(run, batch)
             t2 = time.perf_counter()
             run.sampler.sync(step)
             fault_point("after_update", step)
@@ -68,4 +74,25 @@ def run_loop(run: Run, source: BatchSource, update: Update) -> dict:
     return run.finish()
 
 
-__all__ = ["BatchSource", "Update", "run_loop"]
+@contextlib.contextmanager
+def out_of_memory(run: Run, step: int) -> Iterator[None]:
+    """A device out-of-memory error in ``step`` becomes one line: the settings that lower the peak (with their values
+    now) and the last checkpoint, untouched by the failed step, to resume from."""
+    try:
+        yield
+    except torch.OutOfMemoryError:
+        cfg = run.cfg
+        knobs = {"train.micro_batch_size": cfg.train.micro_batch_size, "rollout.max_new_tokens":
+                 cfg.rollout.max_new_tokens, "rollout.group_size": cfg.rollout.group_size}
+        if cfg.model.lora and cfg.rollout.backend == "local":
+            knobs["rollout.fold_lora"] = cfg.rollout.fold_lora
+        if not getattr(unwrap(run.model), "is_gradient_checkpointing", True):
+            knobs["model.gradient_checkpointing"] = "off"
+        last = latest_valid(run.run_dir / "checkpoints")
+        saved = (f"The last checkpoint, {last}, is intact: lower one and continue with resume=auto." if last else
+                 "No checkpoint was written yet: lower one and start again.")
+        where = f"step {step}: "
+        raise DeviceMemoryError(where + out_of_memory_advice(model_device(run.model), knobs, saved)) from None
+
+
+__all__ = ["BatchSource", "Update", "out_of_memory", "run_loop"]
