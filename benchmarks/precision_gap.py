@@ -52,9 +52,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--no-write-md", action="store_true", help="results JSON only, BENCHMARKS.md untouched")
+    parser.add_argument("--only", type=int, nargs="*", help="indices of the settings to run (default: all)")
     args = parser.parse_args()
     results = {"machine": describe(), "device": args.device, "steps": args.steps, "settings": {}}
-    for name, overrides in SETTINGS.items():
+    for i, (name, overrides) in enumerate(SETTINGS.items()):
+        if args.only and i not in args.only:
+            continue
         results["settings"][name] = _run(overrides, args.steps, args.device)
         print(name, results["settings"][name], flush=True)
     command = f"python benchmarks/precision_gap.py --steps {args.steps} --device {args.device}"

@@ -48,7 +48,23 @@ def output_layer(model: nn.Module) -> OutputLayer:
     fitted = inner.__dict__.get("_rlvr_logit_map")
     if fitted is None:
         fitted = inner.__dict__["_rlvr_logit_map"] = _fit_logit_map(inner, head)
-    return OutputLayer(head.weight, head.bias, *fitted)
+    return OutputLayer(*_fp32_if_frozen_half(inner, head), *fitted)
+
+
+def _fp32_if_frozen_half(inner: nn.Module, head: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The output layer's (weight, bias), as an fp32 copy when they are bf16 / fp16 and frozen (a bf16 base under
+    LoRA, a server's model): logits in bf16 keep 8 significant bits, so a hidden state that moves by a rounding
+    step moves a logit by up to 1/16 at 8-16 (ScaleRL's and MiniMax-M1's fp32 head). The copy (V x H x 4 bytes) is
+    made once and kept while the weight is unchanged; sampler and learner both compute through it."""
+    weight, bias = head.weight, head.bias
+    if weight.dtype not in (torch.bfloat16, torch.float16) or weight.requires_grad:
+        return weight, bias
+    key = (id(weight), weight._version)
+    cached = inner.__dict__.get("_rlvr_fp32_head")
+    if cached is None or cached[0] != key:
+        with torch.no_grad():
+            cached = inner.__dict__["_rlvr_fp32_head"] = (key, weight.float(), None if bias is None else bias.float())
+    return cached[1], cached[2]
 
 
 @torch.no_grad()

@@ -50,7 +50,7 @@ def _eval(args: argparse.Namespace) -> int:
     if run_dir and (run_dir / "adapter").is_dir():
         from peft import PeftModel
 
-        model = PeftModel.from_pretrained(model, run_dir / "adapter")
+        model = PeftModel.from_pretrained(model, run_dir / "adapter", torch_device=str(device))
     sampler = build_local_sampler(cfg, model.eval(), data.tokenizer)
 
     def accuracy_on(rows: list[dict]) -> float:

@@ -356,6 +356,10 @@ class AsyncConfig:
     """Rollout servers to start (ignored when rollout.servers lists servers that already run)."""
     server_threads: int = 1
     """torch threads per started server."""
+    server_device: str = "cpu"
+    """Where the servers the run starts decode (rlvr serve --device): cpu (the default: on a GPU machine the GPU is
+    the learner's), auto, cuda or cuda:N (each server holds its own copy of the model there); Ray servers asking
+    for a GPU reserve one (num_gpus=1) and see it as cuda."""
     learner_threads: int = 0
     """torch threads of the learner (0: the cores the servers leave)."""
     pin: bool = True
@@ -383,6 +387,7 @@ class AsyncConfig:
 
     def __post_init__(self) -> None:
         check_choices(self)
+        check_device_spec(self.server_device)
         at_least(self, 1, "server_threads")
         at_least(self, 0, "servers", "learner_threads", "max_inflight_groups", "max_staleness", "server_restarts",
                   "learner_wait_s")

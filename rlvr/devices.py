@@ -48,7 +48,7 @@ def resolve_device(spec: str = "auto") -> torch.device:
 
 def bf16_capable(device: torch.device) -> bool:
     """A CUDA device whose matmul units take bf16 (compute capability 8.0+, where torch reports native support)."""
-    return device.type == "cuda" and torch.cuda.is_bf16_supported(including_emulation=False)
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 0)
 
 
 def weight_dtype(spec: str, device: torch.device, lora: bool) -> torch.dtype:

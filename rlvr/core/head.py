@@ -25,8 +25,9 @@ class OutputLayer:
     softcap: float | None = None
 
     def linear(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [..., H] -> hidden @ W.T + bias [..., V], in the hidden states' dtype."""
-        return F.linear(hidden, self.weight, self.bias)
+        """hidden [..., H] -> hidden @ W.T + bias [..., V], in the weight's dtype (bf16 hidden states of a model whose
+        frozen head is kept in fp32 are upcast first; rlvr.architecture.output_layer)."""
+        return F.linear(hidden.to(self.weight.dtype), self.weight, self.bias)
 
     def transform(self, z: torch.Tensor, inplace: bool = False) -> torch.Tensor:
         """Scale and soft-cap the linear output z [..., V] (in place when ``inplace``, else z is untouched)."""

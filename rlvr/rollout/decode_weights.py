@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rlvr.architecture import unwrap
 from rlvr.core.head import OutputLayer
 from rlvr.models import backbone_and_head
 
@@ -225,9 +226,12 @@ def decoding(model: nn.Module, dtype: torch.dtype = torch.float32, cache: Decode
     decodes through peft in the model's own dtype (``dtype`` is then ignored). The model is restored on exit; do
     not train it meanwhile."""
     backbone, head = backbone_and_head(model)
+    own = unwrap(model).get_output_embeddings().weight
     if not fold:
-        dtype = head.weight.dtype
+        dtype = own.dtype
     swaps = _replacements(backbone, dtype, cache) if fold else []
+    if head.weight is not own:  # the fp32 copy of a frozen bf16 head: decoded in fp32 as the learner computes it
+        dtype = head.weight.dtype
     if dtype != head.weight.dtype or head.weight.dtype in (torch.bfloat16, torch.float16):  # fp32 logits always
         key = (id(head.weight), head.weight._version, dtype)
         if cache is not None and cache.head is not None and cache.head[0] == key:
@@ -291,7 +295,8 @@ def folded_bytes(model: nn.Module, dtype: torch.dtype) -> int:
     backbone, head = backbone_and_head(model)
     layers = [backbone.get_submodule(name) for group in _groups(backbone, dtype) for name in group]
     total = sum((m.get_base_layer() if hasattr(m, "get_base_layer") else m).weight.numel() for m in layers)
-    return (total + (head.weight.numel() if dtype != head.weight.dtype else 0)) * dtype.itemsize
+    own = unwrap(model).get_output_embeddings().weight  # not cast when the head computes through an fp32 copy
+    return (total + (head.weight.numel() if head.weight is own and dtype != own.dtype else 0)) * dtype.itemsize
 
 
 FOLD_HEADROOM = 0.25

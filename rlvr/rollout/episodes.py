@@ -147,15 +147,15 @@ def local_turns(decoder: tuple[nn.Module, Callable], tokenizer, eos: list[int], 
     pad = tokenizer.pad_token_id
     stop = stop_string_checker(tokenizer, params.stop)
 
+    device = next(backbone.parameters()).device
+
     def turns(contexts: list[list[int]], episodes: list[int]) -> list[Turn]:
-        ids, mask = left_pad(contexts, pad)
-        out = generate_groups(backbone, head, ids, mask, 1, params, eos, pad,
+        ids, mask = left_pad(contexts, pad)  # [n, P] on the CPU
+        out = generate_groups(backbone, head, ids.to(device), mask.to(device), 1, params, eos, pad,
                               generator=[generators[i] for i in episodes], stop=stop)
-        made = []
-        for row in range(len(contexts)):
-            n = int(out.mask[row].sum())
-            made.append(Turn(out.ids[row, :n].tolist(), out.behaviour_logp[row, :n].tolist(), bool(out.truncated[row])))
-        return made
+        ids, mask, logp, truncated = out.ids.tolist(), out.mask.sum(-1).tolist(), out.behaviour_logp.tolist(), \
+            out.truncated.tolist()  # one crossing to the host per turn
+        return [Turn(ids[row][:n], logp[row][:n], truncated[row]) for row, n in enumerate(mask)]
 
     return turns
 

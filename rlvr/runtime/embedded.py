@@ -61,7 +61,7 @@ class EmbeddedServers:
     def __init__(self, model: str, count: int, threads: int, run_dir: Path, *, cores: list[list[int]] | None = None,
                  restarts: int = 3, max_loras: int = 4, env: dict | None = None, api_key: str | None = None,
                  adapter_roots: tuple[str, ...] = (), adapter_protocols: tuple[str, ...] = ("file",),
-                 precision: str = "auto"):
+                 precision: str = "auto", device: str = "cpu"):
         self.model, self.threads, self.run_dir, self.restarts_allowed = model, threads, run_dir, restarts
         self.max_loras = max_loras
         self.env = dict(os.environ if env is None else env)
@@ -71,7 +71,7 @@ class EmbeddedServers:
         if any("," in r for r in (*adapter_roots, *adapter_protocols)):
             raise ValueError(f"rlvr serve takes adapter roots as a comma-separated list: {adapter_roots} cannot be "
                              "passed (use a bucket path without commas)")
-        self.adapter_flags = ["--precision", precision]
+        self.adapter_flags = ["--precision", precision, "--device", device]
         if adapter_roots:  # the servers load adapters from the run's bucket and nowhere else
             self.adapter_flags += ["--allowed-adapter-roots", ",".join(adapter_roots),
                                   "--allowed-protocols", ",".join(adapter_protocols)]

@@ -27,7 +27,7 @@ def _actor_class():
     @ray.remote(max_concurrency=4)
     class RolloutServer:
         def __init__(self, model: str, threads: int, max_loras: int, host: str, adapter_roots: tuple[str, ...],
-                     adapter_protocols: tuple[str, ...], precision: str):
+                     adapter_protocols: tuple[str, ...], precision: str, device: str):
             import socket
             import threading
 
@@ -42,7 +42,7 @@ def _actor_class():
             policy = AdapterPolicy.parse(adapter_roots, adapter_protocols) if adapter_roots else \
                 AdapterPolicy.default(bind)
             engine = Engine(model, max_loras=max_loras, threads=threads, adapter_policy=policy,
-                            precision=precision).start()
+                            precision=precision, device=device).start()
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind((bind, 0))
@@ -71,7 +71,7 @@ class RayServers:
     def __init__(self, model: str, count: int, threads: int, *, address: str = "", restarts: int = 3,
                  max_loras: int = 4, run_dir: Path | None = None, host: str = "127.0.0.1", api_key: str | None = None,
                  adapter_roots: tuple[str, ...] = (), adapter_protocols: tuple[str, ...] = ("file",),
-                 precision: str = "auto"):
+                 precision: str = "auto", device: str = "cpu"):
         try:
             import ray
         except ImportError:
@@ -80,7 +80,7 @@ class RayServers:
         self.model, self.count, self.threads, self.restarts, self.max_loras = model, count, threads, restarts, max_loras
         self.address, self.run_dir, self.host, self.api_key = address, run_dir, host, api_key
         self.adapter_roots, self.adapter_protocols = tuple(adapter_roots), tuple(adapter_protocols)
-        self.precision = precision
+        self.precision, self.device = precision, device
         self._started_ray = False
         self.actors: list = []
 
@@ -93,6 +93,8 @@ class RayServers:
             self._started_ray = True
         options = {"num_cpus": self.threads, "max_restarts": self.restarts, "max_task_retries": -1,
                    "runtime_env": {"env_vars": {"RLVR_API_KEY": self.api_key or ""}}}
+        if self.device.startswith("cuda"):  # Ray hands the actor one GPU of its own, visible to it as cuda:0
+            options["num_gpus"] = 1
         if _loopback(self.host):  # a loopback server is only reachable from its own node: the learner's
             from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -100,7 +102,8 @@ class RayServers:
             options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=here, soft=False)
         cls = _actor_class().options(**options)
         self.actors = [cls.remote(self.model, self.threads, self.max_loras, self.host, self.adapter_roots,
-                                  self.adapter_protocols, self.precision) for _ in range(self.count)]
+                                  self.adapter_protocols, self.precision,
+                                  "cuda" if self.device.startswith("cuda") else self.device) for _ in range(self.count)]
         urls = ray.get([a.url.remote() for a in self.actors], timeout=600)
         if self.run_dir is not None:  # for operators and tests, as the embedded runtime writes it
             nodes = ray.get([a.node.remote() for a in self.actors], timeout=30)

@@ -49,7 +49,7 @@ def _start_servers(cfg: RunConfig, model_dir, run_dir, stack_: contextlib.ExitSt
         servers = RayServers(str(model_dir), a.servers, a.server_threads, address=a.ray_address,
                              restarts=a.server_restarts, max_loras=a.max_staleness + 3, run_dir=run_dir,
                              host=a.server_host, api_key=api_key, adapter_roots=roots, adapter_protocols=protocols,
-                             precision=cfg.rollout.precision)
+                             precision=cfg.rollout.precision, device=a.server_device)
         stack_.callback(servers.stop)
         return servers.start(), servers.resolve, servers, api_key
     from rlvr.runtime.embedded import EmbeddedServers, plan_cores
@@ -57,7 +57,8 @@ def _start_servers(cfg: RunConfig, model_dir, run_dir, stack_: contextlib.ExitSt
     plan = plan_cores(a.servers, a.server_threads, a.learner_threads) if a.pin else None
     servers = EmbeddedServers(str(model_dir), a.servers, a.server_threads, run_dir, restarts=a.server_restarts,
                               cores=plan[1] if plan else None, max_loras=a.max_staleness + 3, api_key=api_key,
-                              adapter_roots=roots, adapter_protocols=protocols, precision=cfg.rollout.precision)
+                              adapter_roots=roots, adapter_protocols=protocols, precision=cfg.rollout.precision,
+                              device=a.server_device)
     stack_.callback(servers.stop)
     urls = servers.start()
     if plan:  # the learner keeps to its own cores while it runs

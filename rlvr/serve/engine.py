@@ -310,7 +310,7 @@ class Engine:
 
     def load_model(self) -> None:
         """Load the base model onto the engine's device, in its weight dtype (the engine thread does this first)."""
-        self._base = load_causal_lm(self.model_dir, self.weight_dtype).to(self.device).eval()
+        self._base = load_causal_lm(self.model_dir, self.weight_dtype).to(self.device).eval().requires_grad_(False)
         self.dtype = decode_dtype(self.precision, self._base)
         self.eos_ids = eos_token_ids(self._base, self.tokenizer)
 
