@@ -4,7 +4,8 @@ Every component is a formula in the model's numbers (layers L, hidden H, MLP wid
 key/value width H_kv = kv_heads * head_dim, vocabulary V, parameters P) and the run's (precision, optimizer,
 LoRA, beta, batch, lengths, micro-batch, checkpointing, devices):
 
-weights        P * w               w = 4 (fp32) or 2 (bf16)
+weights        P * w               w = 4 (fp32) or 2 (bf16); + V * H * 4 for a bf16 base under LoRA (the frozen
+                                   output layer computes through an fp32 copy: rlvr.architecture.output_layer)
 reference      P * w               full fine-tuning with a KL term (beta > 0, or PPO's reward KL); 0 under LoRA
                                    (the reference is the base model with the adapter switched off)
 trainable      P_t = P (full) or the adapter: r * sum over adapted linears of (in + out), times L
@@ -191,7 +192,8 @@ def plan(arch: Arch, run: Run) -> dict[str, float]:
     shard_w = d if run.zero >= 3 else 1
 
     out: dict[str, float] = {}
-    out["weights"] = (P * w + (P_t * 4 if lora else 0)) / shard_w
+    head_fp32 = arch.vocab * arch.hidden * 4 if lora and w == 2 else 0  # a frozen bf16 head's fp32 copy
+    out["weights"] = (P * w + (P_t * 4 if lora else 0) + head_fp32) / shard_w
     kl = run.beta != 0.0
     out["reference"] = P * w / shard_w if (kl and not lora) else 0.0
     out["gradients"] = P_t * grad_b / shard_grad

@@ -117,6 +117,8 @@ def test_ppo_adds_a_trained_critic_and_grpo_saves_it():
     lora = plan(TOY, Run(algo="ppo", lora_rank=2, beta=0.1))
     P_t = TOY.lora_params(2, ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"))
     assert lora["critic"] == P_t * (4 + 4 + 8) + head and lora["reference"] == 0
+    bf16 = plan(TOY, Run(algo="ppo", lora_rank=2, beta=0.1, precision="bf16"))  # + the head's fp32 copy, V x H x 4
+    assert bf16["weights"] == TOY.params * 2 + P_t * 4 + TOY.vocab * 8 * 4
 
 
 def test_bf16_and_sharding_by_hand():
