@@ -11,6 +11,7 @@ from pathlib import Path
 
 from rlvr.config import ConfigError, load_config
 from rlvr.devices import DeviceMemoryError
+from rlvr.distributed import LearnerLost
 from rlvr.launch import NonFiniteError, train
 from rlvr.rewards import RewardError, reward_search_path
 from rlvr.rollout.decode_weights import PRECISIONS
@@ -21,6 +22,8 @@ def _train(args: argparse.Namespace) -> int:
     reward_search_path([Path(args.config).parent])  # module:function rewards: the working directory, then here
     cfg = load_config(args.config, args.overrides)
     summary = train(cfg)
+    if "saved" not in summary:  # a learner other than rank 0 of a torchrun job: rank 0 reports
+        return 0
     before, after = summary["eval_accuracy_before"], summary["eval_accuracy_after"]
     print(
         f"held-out accuracy: {before:.1%} -> {after:.1%} ({(after - before) * 100:+.1f} points) "
@@ -207,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.run(args)
     except (ConfigError, FileNotFoundError, ValueError, KeyError, RewardError, NonFiniteError, NoServerError,
-            AdapterSyncError, ServerRequestError, DeviceMemoryError) as err:
+            AdapterSyncError, ServerRequestError, DeviceMemoryError, LearnerLost) as err:
         if os.environ.get("RLVR_DEBUG"):
             raise
         message = err.args[0] if isinstance(err, KeyError) and err.args else err

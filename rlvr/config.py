@@ -232,6 +232,11 @@ class RolloutConfig:
     auto: bf16 for a model of 50M+ parameters where the hardware has bf16 matmul units (AMX, AVX512-BF16, CUDA), fp32
     otherwise. LoRA adapters are folded into the decoding weights (rollout.fold_lora); without folding the sampler
     decodes in the model's own dtype."""
+    per_completion_seeds: bool | str = "auto"
+    """Draw each completion's tokens from a generator of its own, seeded by the completion's position in the step's
+    batch, instead of one generator for the batch: then how the batch is split (over the learners of a torchrun
+    job, or its micro-batches) cannot change what is sampled. auto: on with several learners, off in one process
+    (one generator: a few percent faster decoding; the demo's numbers)."""
     fold_lora: bool | str = "auto"
     """The in-process sampler decodes with each LoRA adapter folded into a copy of its layer's weight (one matmul a
     layer instead of three); the copy is made when a generation starts and freed when it ends, and costs the size of
@@ -270,6 +275,7 @@ class RolloutConfig:
         if not self.request_timeout_s > 0:
             raise ValueError(f"request_timeout_s must be > 0; got {self.request_timeout_s}")
         switch(self, "fold_lora")
+        switch(self, "per_completion_seeds")
 
 
 PPOConfig = PPOSettings  # the ppo section: its fields are documented and checked in rlvr.core.ppo
@@ -298,7 +304,11 @@ class TrainConfig:
     device: str = "auto"
     """Where the policy, the reference, the optimizer state, PPO's critic, the in-process sampler and the train step
     live: auto (the current CUDA device when one is visible, else the CPU), cpu, cuda, cuda:N or mps. Rewards,
-    verifiers and environments always run on the CPU (docs/concepts/devices.md)."""
+    verifiers and environments always run on the CPU (docs/concepts/devices.md). Under torchrun every learner
+    takes cuda:LOCAL_RANK for auto and cuda."""
+    collective_timeout_s: float = 600.0
+    """Several learners (torchrun): seconds any collective (gathering a step's groups, summing gradients) may wait
+    for the other ranks before the job stops with an error; a rank that died ends the others within it."""
     heap_threshold_kb: int = 0
     """glibc only: allocations of at least this many KiB are mmapped and go back to the system when freed
     (rlvr/memory.py); 0 leaves glibc's defaults (freed memory is kept for the next step). 512 cuts a LoRA step's peak
@@ -317,6 +327,8 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_device_spec(self.device)
+        if not self.collective_timeout_s > 0:
+            raise ValueError(f"collective_timeout_s must be > 0; got {self.collective_timeout_s}")
         at_least(self, 1, "steps", "prompts_per_step", "micro_batch_size", "logprob_chunk", "keep_last",
                   "max_consecutive_skips")
         at_least(self, 0, "warmup_steps", "weight_decay", "max_grad_norm", "threads", "heap_threshold_kb",

@@ -10,7 +10,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "rlvr"
 # Bottom up. A unit (a folder of rlvr/, or a top-level module) imports only units of lower tiers.
 TIERS = (
     ("core", "seeds", "faults", "memory", "offline_models", "trackers", "prompts", "verifiers", "bucket",
-     "config_checks", "devices"),
+     "config_checks", "devices", "distributed"),
     ("architecture", "checkpoint", "metrics", "envs"),
     ("models",),
     ("rollout", "rewards", "algo_config"),

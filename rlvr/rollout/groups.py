@@ -10,7 +10,7 @@ from torch import nn
 
 from rlvr.prompts import Prompt, encode_prompts
 from rlvr.rollout.decode_weights import decoding
-from rlvr.rollout.engine import SamplingParams, generate_groups
+from rlvr.rollout.engine import Generators, SamplingParams, generate_groups
 
 
 @dataclass
@@ -126,7 +126,7 @@ def sample_groups(
     prompts: list[Prompt],
     group_size: int,
     params: SamplingParams,
-    generator: torch.Generator | None = None,
+    generator: Generators = None,
     version: int = 0,
     dtype: torch.dtype = torch.float32,
     fold: bool = True,

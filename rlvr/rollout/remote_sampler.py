@@ -84,7 +84,7 @@ class RemoteSampler:
         return body
 
     def sample_episodes(self, prompt_ids: list[list[int]], envs: list[Environment], group_size: int,
-                        params: SamplingParams, seed: int, limits: EpisodeLimits) -> EpisodeBatch:
+                        params: SamplingParams, seed: int, limits: EpisodeLimits, first: int = 0) -> EpisodeBatch:
         """Episodes driven from here: each model turn is one stateless /v1/completions request whose prompt is the
         episode's token ids so far (n = 1, its own seed), sent to any live server; a server lost mid-episode only
         moves the next turn to another one, which has the same adapter version."""
@@ -94,7 +94,7 @@ class RemoteSampler:
             return parse_completions(answer, 1, params.max_new_tokens, self.vocab_size)
 
         def turns(contexts: list[list[int]], episodes: list[int]) -> list[Turn]:
-            bodies = [self._body(ids, 1, params, turn_seed(seed, i, turn[0]), version)
+            bodies = [self._body(ids, 1, params, turn_seed(seed, first * group_size + i, turn[0]), version)
                       for ids, i in zip(contexts, episodes)]
             turn[0] += 1
             answers = self.pool.post_many("/v1/completions", bodies, [params.max_new_tokens] * len(bodies),
@@ -104,10 +104,11 @@ class RemoteSampler:
         return run_episodes(turns, self.tokenizer, prompt_ids, envs, group_size, params, limits,
                             eos_token_ids(self.model, self.tokenizer), version)
 
-    def sample(self, prompts: list[Prompt], group_size: int, params: SamplingParams, seed: int) -> Groups:
+    def sample(self, prompts: list[Prompt], group_size: int, params: SamplingParams, seed: int,
+               first: int = 0) -> Groups:
         prompt_ids = [prompt_token_ids(self.tokenizer, p) for p in prompts]
         version = self.version
-        bodies = [self._body(ids, group_size, params, request_seed(seed, i), version)
+        bodies = [self._body(ids, group_size, params, request_seed(seed, first + i), version)
                   for i, ids in enumerate(prompt_ids)]
 
         def parse(answer: object) -> list[ServerChoice]:

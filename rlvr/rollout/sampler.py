@@ -17,7 +17,7 @@ from rlvr.rollout.decode_weights import decode_dtype, decoding, fold_choice
 from rlvr.rollout.engine import SamplingParams
 from rlvr.rollout.episodes import Environment, EpisodeBatch, EpisodeLimits, local_turns, run_episodes
 from rlvr.rollout.groups import Groups, eos_token_ids, sample_groups
-from rlvr.seeds import episode_seed
+from rlvr.seeds import episode_seed, request_seed
 
 
 class StaleVersion(RuntimeError):
@@ -29,14 +29,18 @@ class Sampler(Protocol):
     version: int
     """Policy version new samples are drawn from (0: the initial weights; v: after v updates)."""
 
-    def sample(self, prompts: list[Prompt], group_size: int, params: SamplingParams, seed: int) -> Groups:
-        """``group_size`` completions per prompt, reproducible for a given seed where the backend allows."""
+    def sample(self, prompts: list[Prompt], group_size: int, params: SamplingParams, seed: int,
+               first: int = 0) -> Groups:
+        """``group_size`` completions per prompt, reproducible for a given seed where the backend allows.
+        ``first``: the position of ``prompts[0]`` in the step's batch (a learner's share of it, under torchrun),
+        so that a prompt's completions are seeded by its place in the whole batch."""
         ...
 
     def sample_episodes(self, prompt_ids: list[list[int]], envs: list[Environment], group_size: int,
-                        params: SamplingParams, seed: int, limits: EpisodeLimits) -> EpisodeBatch:
+                        params: SamplingParams, seed: int, limits: EpisodeLimits, first: int = 0) -> EpisodeBatch:
         """``group_size`` multi-turn episodes per prompt (token ids; ``envs[i]`` is episode i's environment),
-        driven by rlvr.rollout.episodes.run_episodes, every turn from the current version."""
+        driven by rlvr.rollout.episodes.run_episodes, every turn from the current version (``first``: as in
+        ``sample``)."""
         ...
 
     def sync(self, version: int) -> None:
@@ -60,22 +64,29 @@ class LocalSampler:
     hardware has bf16 units, else fp32)."""
 
     def __init__(self, model: nn.Module, tokenizer, autocast_mode: str = "none", version: int = 0,
-                 precision: str = "auto", fold_lora: bool | str = "auto"):
+                 precision: str = "auto", fold_lora: bool | str = "auto", per_completion_seeds: bool = False):
         self.model, self.tokenizer, self.autocast_mode, self.version = model, tokenizer, autocast_mode, version
         self.dtype = decode_dtype(precision, model)
         self.fold_lora = fold_lora  # rollout.fold_lora: decided per generation (auto: whether the copies fit)
+        self.per_completion_seeds = per_completion_seeds
 
-    def sample(self, prompts: list[Prompt], group_size: int, params: SamplingParams, seed: int) -> Groups:
-        generator = sampling_generator(seed, model_device(self.model))
+    def sample(self, prompts: list[Prompt], group_size: int, params: SamplingParams, seed: int,
+               first: int = 0) -> Groups:
+        device = model_device(self.model)
+        if self.per_completion_seeds:  # completion j of the batch: its own stream, whatever the batch's split
+            generator = [sampling_generator(episode_seed(seed, first * group_size + j), device)
+                         for j in range(len(prompts) * group_size)]
+        else:
+            generator = sampling_generator(request_seed(seed, first) if first else seed, device)
         with autocast(self.model, self.autocast_mode):
             return sample_groups(self.model, self.tokenizer, prompts, group_size, params, generator, self.version,
                                  self.dtype, fold_choice(self.fold_lora, self.model, self.dtype))
 
     def sample_episodes(self, prompt_ids: list[list[int]], envs: list[Environment], group_size: int,
-                        params: SamplingParams, seed: int, limits: EpisodeLimits) -> EpisodeBatch:
+                        params: SamplingParams, seed: int, limits: EpisodeLimits, first: int = 0) -> EpisodeBatch:
         n = len(prompt_ids) * group_size
         device = model_device(self.model)
-        generators = [sampling_generator(episode_seed(seed, i), device) for i in range(n)]
+        generators = [sampling_generator(episode_seed(seed, first * group_size + i), device) for i in range(n)]
         was_training = self.model.training
         self.model.eval()
         try:

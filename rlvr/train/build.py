@@ -131,18 +131,20 @@ def sampling_params(rollout: RolloutConfig, max_new_tokens: int | None = None, g
     )
 
 
-def build_local_sampler(cfg: RunConfig, model: nn.Module, tokenizer) -> Sampler:
-    """Completions from ``model`` itself, in this process."""
+def build_local_sampler(cfg: RunConfig, model: nn.Module, tokenizer, learners: int = 1) -> Sampler:
+    """Completions from ``model`` itself, in this process (one of ``learners`` under torchrun)."""
+    seeds = cfg.rollout.per_completion_seeds
     return LocalSampler(model, tokenizer, cfg.model.autocast, precision=cfg.rollout.precision,
-                        fold_lora=cfg.rollout.fold_lora)
+                        fold_lora=cfg.rollout.fold_lora,
+                        per_completion_seeds=learners > 1 if seeds == "auto" else seeds)
 
 
-def build_sampler(cfg: RunConfig, model: nn.Module, tokenizer, run_dir: Path) -> Sampler:
+def build_sampler(cfg: RunConfig, model: nn.Module, tokenizer, run_dir: Path, learners: int = 1) -> Sampler:
     """Where a synchronous run's completions come from (``rollout.backend``): the training model in this process,
     or the rollout servers rollout.servers."""
     r = cfg.rollout
     if r.backend == "local":
-        return build_local_sampler(cfg, model, tokenizer)
+        return build_local_sampler(cfg, model, tokenizer, learners)
     from rlvr.rollout.http_client import api_key_from_env
 
     return build_remote_sampler(cfg, model, tokenizer, run_dir, r.servers, api_key_from_env(r.api_key_env))

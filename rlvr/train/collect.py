@@ -17,6 +17,7 @@ import torch
 
 from rlvr.config import RunConfig
 from rlvr.core import group_advantages, normalize_then_sum
+from rlvr.distributed import Collectives
 from rlvr.rewards import Scores, WeightedReward
 from rlvr.rollout import Groups, Sampler, SamplingParams
 from rlvr.rollout.episodes import EpisodeStats
@@ -26,6 +27,7 @@ from rlvr.train.build import build_sampler, sampling_params
 from rlvr.train.collected import Collected, Round
 from rlvr.train.curriculum import Curriculum, stage_row_ids
 from rlvr.train.dynamic_sampling import DynamicSampling
+from rlvr.train.learners import gather_round
 from rlvr.train.run import Run
 from rlvr.train.scoring import EnvironmentSetup, sample_scored
 
@@ -77,6 +79,7 @@ def collect(
     dynamic_sampling: bool = False,
     max_resample_rounds: int = 0,
     environment: EnvironmentSetup | None = None,
+    collectives: Collectives | None = None,
 ) -> Collected:
     """Sample, score and compute advantages for one step.
 
@@ -84,15 +87,23 @@ def collect(
     sampled, and their groups kept or dropped, as ``DynamicSampling`` decides (rlvr.train.dynamic_sampling):
     without dynamic sampling one round, trained as it is; with it, until B informative groups are in hand or
     ``max_resample_rounds`` extra rounds were sampled. ``environment``: multi-turn episodes instead of
-    single completions (rlvr.train.scoring).
+    single completions (rlvr.train.scoring). ``collectives``: one of several learners (torchrun) samples and
+    scores its share of each round and gets the whole round back (rlvr.train.learners).
     """
+    world = collectives.world if collectives is not None else None
     rounds: list[Round] = []
     t_generate = t_reward = 0.0
     pick: DynamicSampling[tuple[int, int]] | None = None  # (round, group within it)
     while pick is None or not pick.done:
         row_ids = next_row_ids()
-        round_ = sample_scored(sampler, [rows[i] for i in row_ids], group_size, params,
-                               round_seed(seed, len(rounds)), rewards, environment, row_ids=row_ids)
+        if world is None or world.size == 1:
+            round_ = sample_scored(sampler, [rows[i] for i in row_ids], group_size, params,
+                                   round_seed(seed, len(rounds)), rewards, environment, row_ids=row_ids)
+        else:
+            mine = [row_ids[i] for i in world.share(len(row_ids))]
+            part = sample_scored(sampler, [rows[i] for i in mine], group_size, params, round_seed(seed, len(rounds)),
+                                 rewards, environment, row_ids=mine, first=world.share(len(row_ids)).start)
+            round_ = gather_round(collectives, part, row_ids)
         t_generate, t_reward = t_generate + round_.time_generate_s, t_reward + round_.time_reward_s
         pick = pick or DynamicSampling(len(row_ids), dynamic_sampling, max_resample_rounds)
         for i, informative in enumerate(round_.informative.tolist()):
@@ -171,7 +182,7 @@ class SyncSource:
         self.stage = 0
 
     def open(self, run: Run, stack: contextlib.ExitStack) -> Sampler:
-        sampler = build_sampler(self.cfg, run.model, run.data.tokenizer, run.run_dir)
+        sampler = build_sampler(self.cfg, run.model, run.data.tokenizer, run.run_dir, run.collectives.world.size)
         stack.callback(sampler.close)
         return sampler
 
@@ -191,7 +202,7 @@ class SyncSource:
         c = collect(run.sampler, next_row_ids, rows, cfg.rollout.group_size, sampling_params(cfg.rollout),
                     run.rewards, self.advantages, seed=step_seed(cfg.train.seed, step),
                     dynamic_sampling=cfg.algo.dynamic_sampling, max_resample_rounds=cfg.algo.max_resample_rounds,
-                    environment=run.data.environment)
+                    environment=run.data.environment, collectives=run.collectives)
         if self.curriculum:  # the pass rate: the first reward's mean over everything sampled this step
             first = Scores.concat([r.scores for r in c.rounds]).per_function[run.rewards[0].name]
             self.curriculum.record(run.state, float(first[~torch.isnan(first)].mean()) if (~torch.isnan(first)).any()

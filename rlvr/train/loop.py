@@ -37,7 +37,7 @@ def run_loop(run: Run, source: BatchSource, update: Update) -> dict:
         run.sampler = source.open(run, stack)
         run.sampler.sync(run.start)  # version = optimizer steps taken; a remote sampler gets the restored weights
         run.evaluate_before()
-        bar = tqdm(range(run.start + 1, cfg.train.steps + 1), disable=not cfg.log.progress,
+        bar = tqdm(range(run.start + 1, cfg.train.steps + 1), disable=not (cfg.log.progress and run.main),
                    desc=f"{source.label}{cfg.algo.preset}", unit="step", initial=run.start, total=cfg.train.steps)
         warned = False  # about a batch without any reward: once per run, whichever source
         for step in bar:
@@ -68,10 +68,12 @@ def run_loop(run: Run, source: BatchSource, update: Update) -> dict:
             metrics = namespaced(sections)
             run.after_step(step, metrics, batch, source.state(), started=t0)
             bar.set_postfix(reward=f"{metrics[REWARD]:.3f}", acc=f"{run.state['eval_accuracy']:.3f}")
-            if stop.requested:
+            if run.collectives.any(stop.requested):  # under torchrun: every learner stops at the same step
                 bar.close()
                 run.interrupted(step)
-    return run.finish()
+        summary = run.finish()
+    run.collectives.close()
+    return summary
 
 
 @contextlib.contextmanager

@@ -21,6 +21,7 @@ import torch
 from rlvr.checkpoint import latest_valid, load_reference, load_training_state, read_text, save_training_state
 from rlvr.config import RunConfig, config_changes, to_dict, to_yaml
 from rlvr.devices import resolve_device
+from rlvr.distributed import SINGLE, Collectives, learner_device, world_from_env
 from rlvr.memory import return_freed_memory
 from rlvr.metrics import ACCURACY, EXTRA_ACCURACY, MetricsWriter, plot_run
 from rlvr.models import ReferencePolicy, save_policy
@@ -39,12 +40,34 @@ from rlvr.train.build import (
 )
 from rlvr.train.collected import Collected
 from rlvr.train.evaluate import evaluate
+from rlvr.train.learners import check_learners
 from rlvr.train.run_files import model_card, sample_records, write_config
 from rlvr.train.scoring import EnvironmentObjects
 
 
 class NonFiniteError(RuntimeError):
     pass
+
+
+class Silent:
+    """The metric sink of a learner other than rank 0: rank 0 logs the step (its metrics are the job's)."""
+
+    path = None
+
+    def log(self, step: int, metrics: dict) -> None:
+        pass
+
+    def log_samples(self, step: int, samples: list[dict]) -> None:
+        pass
+
+    def close(self, failed: bool = False) -> None:
+        pass
+
+    def __enter__(self) -> Silent:  # noqa: PYI034 (typing.Self needs Python 3.11)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
 
 
 class stop_on_interrupt:
@@ -127,16 +150,28 @@ class Run:
     state: dict  # loop state saved in checkpoints: data cursor, evaluations, skip counters, elapsed time
     run_dir: Path
     start: int  # steps already taken (0, or the checkpoint's step)
-    writer: MetricsWriter
+    writer: MetricsWriter | Silent
     started: float = field(default_factory=time.perf_counter)
     sampler: Sampler | None = None
+    collectives: Collectives = field(default_factory=lambda: Collectives(SINGLE, torch.device("cpu")))
+
+    @property
+    def main(self) -> bool:
+        """This process logs, checkpoints and writes the summary (the only one, or rank 0 of a torchrun job)."""
+        return self.collectives.world.main
 
     def evaluate(self, rows: list[dict] | None = None) -> float:
-        """Greedy accuracy on the task's held-out rows (or ``rows``)."""
+        """Greedy accuracy on the task's held-out rows (or ``rows``); under torchrun each learner evaluates its share
+        of them and the counts are summed."""
         cfg = self.cfg
-        return evaluate(self.sampler, self.data.eval_rows if rows is None else rows, self.data.check,
-                        cfg.eval.batch_size, cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
-                        tuple(cfg.rollout.stop), self.data.environment)
+        rows = self.data.eval_rows if rows is None else rows
+        mine = [rows[i] for i in self.collectives.world.share(len(rows))]
+        accuracy = evaluate(self.sampler, mine, self.data.check, cfg.eval.batch_size,
+                            cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens, tuple(cfg.rollout.stop),
+                            self.data.environment) if mine else 0.0
+        if self.collectives.world.size == 1:
+            return accuracy
+        return self.collectives.sum_floats({"correct": accuracy * len(mine)})["correct"] / max(len(rows), 1)
 
     def evaluate_extra(self, metrics: dict) -> None:
         """eval.extra_path's accuracy into ``metrics`` (nothing without one)."""
@@ -145,7 +180,10 @@ class Run:
             metrics[EXTRA_ACCURACY] = self.evaluate(self.data.extra_rows)
             metrics["eval/extra_time_s"] = time.perf_counter() - t0
 
-    def checkpoint(self, step: int) -> Path:
+    def checkpoint(self, step: int) -> Path | None:
+        """Rank 0 writes (every learner holds the same weights and optimizer state); the others write nothing."""
+        if not self.main:
+            return None
         elapsed = self.state["elapsed_s"] + time.perf_counter() - self.started
         reference = self.reference.state_tensors() if self.cfg.algo.ref_sync_steps and self.reference else None
         return save_training_state(self.run_dir / "checkpoints", step, self.trainable, self.optimizer, self.scheduler,
@@ -188,7 +226,10 @@ class Run:
 
     def interrupted(self, step: int) -> None:
         self.writer.close()
-        print(f"rlvr: interrupted; saved {self.checkpoint(step)}. Continue with resume=auto.")
+        saved = self.checkpoint(step)
+        if self.main:
+            print(f"rlvr: interrupted; saved {saved}. Continue with resume=auto.")
+        self.collectives.close()
         raise SystemExit(130)
 
     def finish(self) -> dict:
@@ -196,9 +237,6 @@ class Run:
         model card, write summary.json and the plot; returns the summary."""
         self.writer.close()
         cfg, state = self.cfg, self.state
-        card = model_card(cfg, state, self.run_dir, len(self.data.eval_rows))
-        saved = save_policy(self.model, self.data.tokenizer, self.run_dir / ("adapter" if cfg.model.lora else "model"),
-                            base_model=original_name(cfg.model.name), card=card)
         summary = {
             "eval_accuracy_before": state["eval_accuracy_before"],
             "eval_accuracy_after": state["eval_accuracy"],
@@ -207,8 +245,13 @@ class Run:
             "eval_size": len(self.data.eval_rows),
             "skipped_updates": state["skipped_updates"],
             "dropped_prompts": state["dropped_prompts"],
-            "saved": str(saved),
         }
+        if not self.main:  # rank 0 saves what every learner holds
+            return summary
+        card = model_card(cfg, state, self.run_dir, len(self.data.eval_rows))
+        saved = save_policy(self.model, self.data.tokenizer, self.run_dir / ("adapter" if cfg.model.lora else "model"),
+                            base_model=original_name(cfg.model.name), card=card)
+        summary["saved"] = str(saved)
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         if cfg.log.plot:
             title = f"{cfg.model.name} · {cfg.algo.preset} · {cfg.task.name}"
@@ -265,7 +308,11 @@ def open_run(cfg: RunConfig, update: Update, rewards: list[WeightedReward] | Non
     if cfg.train.heap_threshold_kb:
         return_freed_memory(cfg.train.heap_threshold_kb << 10)
     seed_everything(cfg.train.seed)
-    device = resolve_device(cfg.train.device)  # a GPU that is not there fails here, before data and model load
+    world = world_from_env()
+    if world.size > 1:
+        check_learners(cfg, world)  # what several learners cannot do yet fails here, in one line
+    device = learner_device(resolve_device(cfg.train.device), world)  # a missing GPU fails before anything loads
+    collectives = Collectives(world, device, cfg.train.collective_timeout_s)
     data = load_data(cfg, environment)  # rows, environment and prompt lengths are checked before the model loads
     rewards = build_rewards(cfg.rewards) if rewards is None else rewards
     environments = data.environment.check_environment if data.environment else None
@@ -273,11 +320,12 @@ def open_run(cfg: RunConfig, update: Update, rewards: list[WeightedReward] | Non
     model = build_policy(data.model_dir, cfg.model, device)
     reference = ReferencePolicy(model) if update.needs_reference else None  # before any weights are restored
     trainable, params = update.attach(model)
+    collectives.broadcast_from_main(list(trainable.parameters()))  # every learner starts from rank 0's weights
     optimizer = build_optimizer(model, cfg.train, params)
     scheduler = build_scheduler(optimizer, cfg.train)
 
     checkpoint = resume_checkpoint(cfg)
-    run_dir = Path(cfg.output_dir) if checkpoint else fresh_run_dir(Path(cfg.output_dir))
+    run_dir = Path(cfg.output_dir) if checkpoint or not world.main else fresh_run_dir(Path(cfg.output_dir))
     state = {"eval_accuracy_before": None, "eval_accuracy": None, "skipped_updates": 0, "consecutive_skips": 0,
              "elapsed_s": 0.0, "dropped_prompts": data.dropped_prompts, "cursor": 0}
     start = 0
@@ -289,11 +337,18 @@ def open_run(cfg: RunConfig, update: Update, rewards: list[WeightedReward] | Non
         state.setdefault("cursor", start * cfg.train.prompts_per_step)  # checkpoints from before the cursor
         retune_optimizer(optimizer, scheduler, cfg.train)
         changes = config_changes(read_text(checkpoint, "config.yaml"), cfg)  # bounded, from inside the checkpoint
-        print(f"rlvr: resuming from {checkpoint} (step {start})"
-              + (f"; changed settings apply from step {start + 1}: " + "; ".join(changes) if changes else ""))
-    write_config(cfg, run_dir / "config.yaml")  # marks the task fields this task does not use
-    writer = MetricsWriter(run_dir, cfg.log.trackers, cfg.log.samples, resume_step=start if checkpoint else None,
-                           project=cfg.log.project, run_name=cfg.log.run_name, config=to_dict(cfg))
+        if world.main:
+            print(f"rlvr: resuming from {checkpoint} (step {start})"
+                  + (f"; changed settings apply from step {start + 1}: " + "; ".join(changes) if changes else ""))
+    if world.size > 1 and world.main:
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        print(f"rlvr: learners: {world.size} ({device.type}, {backend}); each samples and trains its share of the "
+              f"step's {cfg.train.prompts_per_step} prompts", flush=True)
+    writer: MetricsWriter | Silent = Silent()
+    if world.main:
+        write_config(cfg, run_dir / "config.yaml")  # marks the task fields this task does not use
+        writer = MetricsWriter(run_dir, cfg.log.trackers, cfg.log.samples, resume_step=start if checkpoint else None,
+                               project=cfg.log.project, run_name=cfg.log.run_name, config=to_dict(cfg))
     return Run(cfg=cfg, model=model, trainable=trainable, optimizer=optimizer, scheduler=scheduler,
                reference=reference, data=data, rewards=rewards, state=state, run_dir=run_dir, start=start,
-               writer=writer, started=started)
+               writer=writer, started=started, collectives=collectives)

@@ -182,15 +182,17 @@ def score_groups(rewards: list[WeightedReward], groups: Groups, rows: list[dict]
 
 def sample_scored(sampler: Sampler, rows: list[dict], group_size: int, params: SamplingParams, seed: int,
                   rewards: list[WeightedReward], setup: EnvironmentSetup | None = None,
-                  score_lock: threading.Lock | None = None, row_ids: list[int] | None = None) -> Round:
+                  score_lock: threading.Lock | None = None, row_ids: list[int] | None = None, first: int = 0) -> Round:
     """G completions (or episodes) per row from ``sampler``, scored by ``rewards`` (holding ``score_lock``, when
     given, while the reward functions run: the asynchronous dispatchers call them one batch at a time), as a
-    ``Round`` of the dataset rows ``row_ids`` (default: the positions of ``rows``)."""
+    ``Round`` of the dataset rows ``row_ids`` (default: the positions of ``rows``). ``first``: the position of
+    ``rows[0]`` in the step's batch (a learner's share of it under torchrun; rlvr.rollout.Sampler.sample)."""
+    where = {"first": first} if first else {}  # samplers written before ``first`` existed are still called
     row_ids = list(range(len(rows))) if row_ids is None else row_ids
     lock = score_lock or contextlib.nullcontext()
     t0 = time.perf_counter()
     if setup is None:
-        groups = sampler.sample([r["prompt"] for r in rows], group_size, params, seed)
+        groups = sampler.sample([r["prompt"] for r in rows], group_size, params, seed, **where)
         t1 = time.perf_counter()
         with lock:
             t2 = time.perf_counter()
@@ -198,7 +200,7 @@ def sample_scored(sampler: Sampler, rows: list[dict], group_size: int, params: S
             return Round(row_ids, groups, scores, None, t1 - t0, time.perf_counter() - t2)
     envs, prompt_ids = setup.start(rows, group_size)
     try:
-        out = sampler.sample_episodes(prompt_ids, envs, group_size, setup.params(params), seed, setup.limits)
+        out = sampler.sample_episodes(prompt_ids, envs, group_size, setup.params(params), seed, setup.limits, **where)
         t1 = time.perf_counter()
         prompts = [r["prompt"] for r in rows for _ in range(group_size)]
         if setup.spec.has_reward:

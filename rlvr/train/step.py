@@ -25,6 +25,7 @@ from torch import nn
 from rlvr.config import RunConfig
 from rlvr.core import LossSettings, TokenBatch, fused_logprobs, loss_normaliser, merge_stat_sums, policy_loss
 from rlvr.devices import model_device
+from rlvr.distributed import Collectives
 from rlvr.models import ReferencePolicy, autocast, backbone_and_head, trainable_parameters
 from rlvr.train.batch import StepBatch
 from rlvr.train.collected import Collected
@@ -51,7 +52,8 @@ class GRPOUpdate:
         with autocast(run.model, cfg.model.autocast):
             return train_step(run.model, run.optimizer, run.scheduler,
                               step_batch(batch, batch.adv, cfg.algo.mask_truncated), self.settings,
-                              reference=run.reference, num_iterations=cfg.algo.num_iterations, **step_options(cfg))
+                              reference=run.reference, num_iterations=cfg.algo.num_iterations,
+                              collectives=run.collectives, **step_options(cfg))
 
 
 def step_batch(batch: Collected, adv, mask_truncated: bool) -> StepBatch:
@@ -72,15 +74,20 @@ def row_width(batch: StepBatch, rows: torch.Tensor) -> int:
     return max(int(completion_lengths(batch.completion_mask[rows]).max()) if len(rows) else 0, 1)
 
 
-def micro_batches(batch: StepBatch, size: int, skip_zero_advantage: bool) -> list[torch.Tensor]:
+def micro_batches(batch: StepBatch, size: int, skip_zero_advantage: bool,
+                  groups: range | None = None) -> list[torch.Tensor]:
     """The rows of each micro-batch, groups ordered by their longest completion (longest first) so a
     micro-batch is cut to its own longest row instead of the step's (``row_width``); a group's rows stay
     together, so its prompt still runs once. Rows that cannot move the loss are left out: no trained token,
     or, with ``skip_zero_advantage`` (no KL term), an advantage of 0 on every trained token - the clipped
     objective times 0 is 0 whatever the ratio. The loss normaliser still counts them, so the loss and
-    gradient are those of the whole batch."""
+    gradient are those of the whole batch. ``groups``: only these groups' rows (a learner's share under torchrun)."""
     trained = batch.loss_mask.bool()  # [N, T]
     keep = trained.any(dim=1)
+    if groups is not None:
+        owned = torch.zeros_like(keep)
+        owned[groups.start * batch.group_size:groups.stop * batch.group_size] = True
+        keep &= owned
     device = batch.completion_ids.device
     if skip_zero_advantage:
         adv = batch.token_adv(torch.arange(batch.num_completions, device=device))  # [N, T]
@@ -228,6 +235,7 @@ def train_step(
     share_prompt: bool = True,
     params: list[nn.Parameter] | None = None,
     extra_loss: ExtraLoss | None = None,
+    collectives: Collectives | None = None,
 ) -> dict[str, float]:
     """Run ``num_iterations`` optimizer steps over the batch and return metrics.
 
@@ -240,10 +248,15 @@ def train_step(
     - ``params``: what is clipped and stepped (default: the model's trainable parameters); ``extra_loss(rows)``: a
       second loss per micro-batch, backpropagated after the policy's (PPO's critic).
     - An update whose loss or gradient norm is not finite is skipped and counted in ``skipped_updates``.
+    - ``collectives``: one of several learners (torchrun). The batch is the whole step's on every rank; this rank
+      trains its share of the groups, the gradients are summed over the ranks before clipping, and the loss and
+      statistics are summed too, so every rank steps as one process on the whole batch would.
     """
+    several = collectives is not None and collectives.world.size > 1
     batch = batch.to(model_device(model))  # the step's tensors cross to the model's device once
     skip_zero_adv = settings.beta == 0.0 and extra_loss is None
-    micro_rows = micro_batches(batch, micro_batch_size, skip_zero_advantage=skip_zero_adv)
+    mine = collectives.world.share(batch.prompt_ids.shape[0]) if several else None
+    micro_rows = micro_batches(batch, micro_batch_size, skip_zero_advantage=skip_zero_adv, groups=mine)
     chunk_tokens = chunk_for_vocab(chunk_tokens, backbone_and_head(model)[1].weight.shape[0])
     normaliser = loss_normaliser(batch.loss_mask, settings.aggregation, max_completion_tokens)
     step_tokens = float(batch.loss_mask.sum())
@@ -272,10 +285,27 @@ def train_step(
             merge_stat_sums(sums, part)
             if iteration == 0:
                 entropy_sum += float(x.entropy.detach()[x.mask.bool()].sum())
+        if several:  # one all-reduce of the gradients, one of the loss: every rank's update is the whole batch's
+            collectives.sum_gradients(params)
+            loss_sum = collectives.sum_floats({"loss": loss_sum})["loss"]
         grad_norm, applied = apply_update(params, optimizer, scheduler, max_grad_norm, loss_sum)
         skipped += not applied
+    if several:
+        sums, entropy_sum, computed = _sum_over_learners(collectives, sums, entropy_sum, computed)
     return step_statistics(sums, loss_sum, grad_norm, entropy_sum / max(computed, 1.0),
                            optimizer.param_groups[0]["lr"], skipped)
+
+
+def _sum_over_learners(collectives: Collectives, sums: dict[str, float], entropy: float,
+                       computed: float) -> tuple[dict[str, float], float, float]:
+    """The step's statistics over every learner's rows: sums summed, maxima (``*_max``) the largest. A learner
+    without rows has no statistics: the names are gathered first, so every rank reduces the same ones."""
+    names = sorted({n for names in collectives.gather_texts(sorted(sums)) for n in names})
+    maxima = {n: collectives.max_float(sums.get(n, -math.inf)) for n in names if n.endswith("_max")}
+    total = collectives.sum_floats({**{f"s/{n}": sums.get(n, 0.0) for n in names if n not in maxima},
+                                    "entropy": entropy, "computed": computed})
+    merged = {k[2:]: v for k, v in total.items() if k.startswith("s/")}
+    return {**merged, **maxima}, total["entropy"], total["computed"]
 
 
 def step_statistics(sums: dict[str, float], loss: float, grad_norm: float, entropy: float, lr: float,

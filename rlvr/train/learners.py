@@ -1,0 +1,63 @@
+"""Several learners in one run (torchrun): what they support, and how a step's round becomes whole on every rank.
+
+Each learner samples and scores its contiguous share of a round's prompts (``World.share``: a group is never
+split), then ``gather_round`` hands every rank the whole round, in prompt order, as one process would have drawn it
+(with per-completion seeds the samples are the same: rollout.per_completion_seeds). From there every decision that
+reads the batch (advantages, dynamic sampling, the curriculum, the metrics) is the single process's.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rlvr.config import RunConfig
+from rlvr.distributed import Collectives, World
+from rlvr.rewards import Scores
+from rlvr.rollout import Groups
+from rlvr.train.collected import Round
+
+NOT_YET = {
+    "async.enabled": "the asynchronous runtime has one learner; run it without torchrun",
+    "rollout.backend=server": "rollout servers serve one learner's adapter; sample in process (rollout.backend=local)",
+    "algo.name=ppo": "PPO's critic is trained by one learner; run PPO without torchrun",
+    "env": "multi-turn episodes are sampled by one learner; run them without torchrun",
+}
+
+
+def check_learners(cfg: RunConfig, world: World) -> None:
+    """One line for what a job of several learners cannot do yet, before anything loads."""
+    used = {"async.enabled": cfg.asynchronous.enabled, "rollout.backend=server": cfg.rollout.backend == "server",
+            "algo.name=ppo": cfg.algo.name == "ppo", "env": cfg.env.enabled}
+    for key, on in used.items():
+        if on:
+            raise ValueError(f"{key} with {world.size} learners (torchrun): {NOT_YET[key]}")
+    if cfg.train.prompts_per_step < world.size:
+        raise ValueError(f"train.prompts_per_step={cfg.train.prompts_per_step} gives some of the {world.size} learners "
+                         "no prompt: raise it to at least the number of learners")
+
+
+_GROUP_FIELDS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "behaviour_logp", "truncated",
+                 "version", "temperature", "sampled_mask")
+
+
+def gather_round(collectives: Collectives, part: Round, row_ids: list[int]) -> Round:
+    """The whole round from every learner's ``part`` (its share of the prompts ``row_ids``), in rank order; timings
+    are the slowest learner's."""
+    g = part.groups
+    fields = {}
+    for name in _GROUP_FIELDS:
+        t = getattr(g, name)
+        got = collectives.gather(t.to(torch.uint8) if t.dtype == torch.bool else t)  # gloo has no bool
+        fields[name] = [x.bool() if t.dtype == torch.bool else x for x in got]
+    texts = collectives.gather_texts(g.texts)
+    groups = Groups.concat([Groups(**{k: v[r] for k, v in fields.items()}, texts=texts[r], group_size=g.group_size)
+                            for r in range(collectives.world.size)])
+    s = part.scores
+    total = torch.cat(collectives.gather(s.total))
+    per_function = {k: torch.cat(collectives.gather(v)) for k, v in s.per_function.items()}
+    errors = {}
+    names, messages = collectives.gather_texts(list(s.errors)), collectives.gather_texts(list(s.errors.values()))
+    for n, m in zip(names, messages):  # a reward function's contained failure, as any learner saw it
+        errors.update(zip(n, m))
+    times = [collectives.max_float(part.time_generate_s), collectives.max_float(part.time_reward_s)]
+    return Round(row_ids, groups, Scores(total, per_function, errors, s.weights), None, *times)

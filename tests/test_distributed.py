@@ -1,0 +1,129 @@
+"""Many learners, one run: `torchrun --nproc-per-node 2 -m rlvr train` (gloo, 2 CPU processes, the tiny model) trains
+the same run as one process with the same global batch - every trained parameter within 1e-6 after 3 steps, LoRA and
+full fine-tuning, with micro-batch accumulation and activation checkpointing; the metrics rows equal; a killed rank
+ends the job within 60 s; the job resumes exactly from its checkpoint."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from rlvr.distributed import World, world_from_env
+from tests.test_resume import VOLATILE
+
+ROOT = Path(__file__).resolve().parent.parent
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+
+
+def test_a_ranks_share_keeps_order_and_covers_everything():
+    for n in range(12):
+        for size in (1, 2, 3, 5):
+            shares = [World(r, size).share(n) for r in range(size)]
+            assert [i for s in shares for i in s] == list(range(n))
+            assert max(map(len, shares)) - min(map(len, shares)) <= 1
+
+
+def test_world_from_the_launchers_variables():
+    assert world_from_env({}) == World(0, 1, 0)
+    assert world_from_env({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"}) == World(1, 2, 1)
+    for bad in ({"RANK": "2", "WORLD_SIZE": "2"}, {"WORLD_SIZE": "x"}, {"WORLD_SIZE": "0"}):
+        with pytest.raises(ValueError, match="torchrun sets them"):
+            world_from_env(bad)
+
+
+def _overrides(model_dir, out, lora: bool, steps: int = 3) -> list[str]:
+    return [
+        f"model.name={model_dir}", f"model.lora={str(lora).lower()}", "model.lora_r=4",
+        "model.gradient_checkpointing=true", f"output_dir={out}", "task.eval_size=4",
+        "rewards=[{name: 'tests.helpers:length_reward'}]", "rollout.group_size=4", "rollout.max_new_tokens=6",
+        "rollout.per_completion_seeds=true", "train.prompts_per_step=4", "train.micro_batch_size=3",
+        f"train.steps={steps}", "train.checkpoint_every=1", "train.threads=1", "algo.beta=0.05",
+        # the learners sum their gradients in another order than one process does (rounding at 1e-9); AdamW divides
+        # by the gradient's own size, so where a gradient is near 0 that rounding moves the update by up to lr:
+        # full fine-tuning at a full fine-tuning learning rate, LoRA at LoRA's
+        f"train.lr={0.01 if lora else 1e-5}",
+        "eval.every=2", "eval.batch_size=4", "log.progress=false", "log.trackers=[]", "log.plot=false",
+        "log.sample_token_ids=true",
+    ]
+
+
+def _run(command: list[str], env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(command, cwd=ROOT, env={**os.environ, **(env or {})}, capture_output=True, text=True,
+                          timeout=timeout, check=False)
+
+
+def _records(run: Path, name: str = "metrics.jsonl") -> list[dict]:
+    rows = [json.loads(line) for line in (run / name).read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not any(m in k for m in VOLATILE)} for r in rows]
+
+
+def _same_rows(a: list[dict], b: list[dict]) -> None:
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert x.keys() == y.keys()
+        for k in x:
+            if isinstance(x[k], float):
+                assert x[k] == pytest.approx(y[k], rel=1e-5, abs=1e-6), (x["step"], k)
+            else:
+                assert x[k] == y[k], (x["step"], k)
+
+
+def _weights(run: Path, lora: bool) -> dict[str, torch.Tensor]:
+    path = run / "adapter" / "adapter_model.safetensors" if lora else run / "model" / "model.safetensors"
+    return load_file(str(path))
+
+
+@pytest.mark.parametrize("lora", [True, False], ids=["lora", "full"])
+def test_two_ranks_train_what_one_process_trains(tiny_model_dir, tmp_path, lora):
+    one, two = tmp_path / "one", tmp_path / "two"
+    config = ["examples/demo.yaml"]
+    single = _run([sys.executable, "-m", "rlvr", "train", *config, *_overrides(tiny_model_dir, one, lora)])
+    assert single.returncode == 0, single.stderr[-3000:]
+    job = _run([*TORCHRUN, "-m", "rlvr", "train", *config, *_overrides(tiny_model_dir, two, lora)])
+    assert job.returncode == 0, job.stderr[-3000:]
+    a, b = _weights(one, lora), _weights(two, lora)
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.allclose(a[name], b[name], atol=1e-6, rtol=0), name
+    _same_rows(_records(one), _records(two))
+    _same_rows(_records(one, "samples.jsonl"), _records(two, "samples.jsonl"))
+    assert "learners: 2" in job.stdout
+
+
+def test_a_killed_rank_ends_the_job_and_it_resumes_exactly(tiny_model_dir, tmp_path):
+    reference, out = tmp_path / "reference", tmp_path / "run"
+    config = ["examples/demo.yaml"]
+    done = _run([*TORCHRUN, "-m", "rlvr", "train", *config, *_overrides(tiny_model_dir, reference, True, steps=4)])
+    assert done.returncode == 0, done.stderr[-3000:]
+    started = time.monotonic()
+    crashed = _run([*TORCHRUN, "-m", "rlvr", "train", *config, *_overrides(tiny_model_dir, out, True, steps=4)],
+                   env={"RLVR_FAULT": "after_generate@3", "RLVR_FAULT_RANK": "1"}, timeout=120)
+    assert time.monotonic() - started < 60 and crashed.returncode != 0
+    assert re.search(r"Root Cause.*?rank\s*:\s*1 \(local_rank: 1\)\s*exitcode\s*:\s*-9", crashed.stderr, re.DOTALL), \
+        crashed.stderr[-2000:]
+    resumed = _run([*TORCHRUN, "-m", "rlvr", "train", *config, *_overrides(tiny_model_dir, out, True, steps=4),
+                    "resume=auto"])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming from" in resumed.stdout and "(step 2)" in resumed.stdout
+    _same_rows(_records(reference), _records(out))
+    a, b = _weights(reference, True), _weights(out, True)
+    assert all(torch.equal(a[n], b[n]) for n in a)
+
+
+def test_a_stuck_rank_ends_the_job_at_the_collective_timeout(tiny_model_dir, tmp_path):
+    """Rank 1 stops answering after sampling step 2: rank 0's next collective gives up after
+    train.collective_timeout_s, and the launcher ends the stuck rank."""
+    started = time.monotonic()
+    stuck = _run([*TORCHRUN, "-m", "rlvr", "train", "examples/demo.yaml",
+                  *_overrides(tiny_model_dir, tmp_path / "run", True, steps=4), "train.collective_timeout_s=5"],
+                 env={"RLVR_FAULT": "after_generate@2:hang", "RLVR_FAULT_RANK": "1"}, timeout=120)
+    assert stuck.returncode != 0 and time.monotonic() - started < 60
+    assert re.search(r"rlvr: error: learner 0 of 2: \w[^:]*: another learner did not answer within 5 s "
+                     r"\(train.collective_timeout_s\)", stuck.stderr), stuck.stderr[-2000:]
