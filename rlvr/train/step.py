@@ -265,7 +265,7 @@ def train_step(
     model.train()
     params = [p for p in model.parameters() if p.requires_grad] if params is None else params
     sums: dict[str, float] = {}
-    entropy_sum, skipped = 0.0, 0
+    entropy_sum, skipped, sent = 0.0, 0, 0
     computed = sum(float(batch.loss_mask[rows].sum()) for rows in micro_rows)
     for iteration in range(num_iterations):
         optimizer.zero_grad(set_to_none=True)
@@ -286,14 +286,16 @@ def train_step(
             if iteration == 0:
                 entropy_sum += float(x.entropy.detach()[x.mask.bool()].sum())
         if several:  # one all-reduce of the gradients, one of the loss: every rank's update is the whole batch's
-            collectives.sum_gradients(params)
+            sent += collectives.sum_gradients(params)
             loss_sum = collectives.sum_floats({"loss": loss_sum})["loss"]
         grad_norm, applied = apply_update(params, optimizer, scheduler, max_grad_norm, loss_sum)
         skipped += not applied
-    if several:
-        sums, entropy_sum, computed = _sum_over_learners(collectives, sums, entropy_sum, computed)
-    return step_statistics(sums, loss_sum, grad_norm, entropy_sum / max(computed, 1.0),
-                           optimizer.param_groups[0]["lr"], skipped)
+    if not several:
+        return step_statistics(sums, loss_sum, grad_norm, entropy_sum / max(computed, 1.0),
+                               optimizer.param_groups[0]["lr"], skipped)
+    sums, entropy_sum, computed = _sum_over_learners(collectives, sums, entropy_sum, computed)
+    return {**step_statistics(sums, loss_sum, grad_norm, entropy_sum / max(computed, 1.0),
+                              optimizer.param_groups[0]["lr"], skipped), "allreduce_bytes": sent}
 
 
 def _sum_over_learners(collectives: Collectives, sums: dict[str, float], entropy: float,
