@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -138,3 +139,24 @@ def test_a_stuck_rank_ends_the_job_at_the_collective_timeout(tiny_model_dir, tmp
     assert stuck.returncode != 0 and time.monotonic() - started < 60
     assert re.search(r"rlvr: error: learner 0 of 2: \w[^:]*: another learner did not answer within 5 s "
                      r"\(train.collective_timeout_s\)", stuck.stderr), stuck.stderr[-2000:]
+
+
+def test_ctrl_c_stops_every_learner_after_a_checkpoint_and_leaves_no_process(tiny_model_dir, tmp_path):
+    """A terminal's Ctrl-C reaches the launcher and both learners (one process group); the launcher then sends its
+    workers SIGTERM. The learners finish the step, rank 0 checkpoints it, and nothing is left running."""
+    out = tmp_path / "run"
+    args = [*_overrides(tiny_model_dir, out, True, steps=200), "train.checkpoint_every=0"]
+    job = subprocess.Popen([*TORCHRUN, "-m", "rlvr", "train", "examples/demo.yaml", *args], cwd=ROOT, text=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    metrics, deadline = out / "metrics.jsonl", time.monotonic() + 120
+    while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 3):
+        assert job.poll() is None and time.monotonic() < deadline, job.communicate()[1][-2000:]
+        time.sleep(0.2)
+    os.killpg(job.pid, signal.SIGINT)
+    stdout, stderr = job.communicate(timeout=120)
+    assert "interrupted; saved" in stdout, stderr[-2000:]
+    checkpoints = sorted((out / "checkpoints").glob("step-*"))
+    logged = json.loads(metrics.read_text().splitlines()[-1])["step"]
+    assert checkpoints and int(checkpoints[-1].name.split("-")[1]) == logged
+    left = subprocess.run(["pgrep", "-f", str(out)], capture_output=True, text=True, check=False).stdout.split()
+    assert not left, f"processes still running: {left}"

@@ -72,26 +72,30 @@ class Silent:
 
 class stop_on_interrupt:
     """The first Ctrl-C asks the loop to stop after the current step (then it checkpoints and exits);
-    a second one aborts at once, leaving the previous checkpoint as the newest."""
+    a second one aborts at once, leaving the previous checkpoint as the newest. With ``terminate`` (a learner of a
+    torchrun job, whose launcher answers Ctrl-C by sending its workers SIGTERM, and SIGKILL 30 s later), SIGTERM asks
+    the same: the step ends, rank 0 checkpoints, every learner exits."""
 
-    def __init__(self) -> None:
+    def __init__(self, terminate: bool = False) -> None:
         self.requested = False
-        self._previous = None
+        self._previous: dict[int, object] = {}
+        self._signals = (signal.SIGINT, signal.SIGTERM) if terminate else (signal.SIGINT,)
 
     def _handle(self, signum, frame) -> None:
-        if self.requested:
+        if self.requested and signum == signal.SIGINT:
             raise KeyboardInterrupt
+        if not self.requested:
+            print("\nrlvr: stopping after this step to save a checkpoint (Ctrl-C again to abort now)", flush=True)
         self.requested = True
-        print("\nrlvr: stopping after this step to save a checkpoint (Ctrl-C again to abort now)", flush=True)
 
     def __enter__(self) -> stop_on_interrupt:  # noqa: PYI034 (typing.Self needs Python 3.11)
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._handle)
+            self._previous = {s: signal.signal(s, self._handle) for s in self._signals}
         return self
 
     def __exit__(self, *exc) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
+        for s, previous in self._previous.items():
+            signal.signal(s, previous)
 
 
 def seed_everything(seed: int) -> None:
