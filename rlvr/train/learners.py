@@ -14,20 +14,20 @@ from rlvr.config import RunConfig
 from rlvr.distributed import Collectives, World
 from rlvr.rewards import Scores
 from rlvr.rollout import Groups
+from rlvr.rollout.episodes import EpisodeStats
 from rlvr.train.collected import Round
 
 NOT_YET = {
     "async.enabled": "the asynchronous runtime has one learner; run it without torchrun",
     "rollout.backend=server": "rollout servers serve one learner's adapter; sample in process (rollout.backend=local)",
     "algo.name=ppo": "PPO's critic is trained by one learner; run PPO without torchrun",
-    "env": "multi-turn episodes are sampled by one learner; run them without torchrun",
 }
 
 
 def check_learners(cfg: RunConfig, world: World) -> None:
     """One line for what a job of several learners cannot do yet, before anything loads."""
     used = {"async.enabled": cfg.asynchronous.enabled, "rollout.backend=server": cfg.rollout.backend == "server",
-            "algo.name=ppo": cfg.algo.name == "ppo", "env": cfg.env.enabled}
+            "algo.name=ppo": cfg.algo.name == "ppo"}
     for key, on in used.items():
         if on:
             raise ValueError(f"{key} with {world.size} learners (torchrun): {NOT_YET[key]}")
@@ -59,5 +59,49 @@ def gather_round(collectives: Collectives, part: Round, row_ids: list[int]) -> R
     names, messages = collectives.gather_texts(list(s.errors)), collectives.gather_texts(list(s.errors.values()))
     for n, m in zip(names, messages):  # a reward function's contained failure, as any learner saw it
         errors.update(zip(n, m))
+    episodes = None if part.episode_stats is None else gather_episode_stats(collectives, part.episode_stats)
     times = [collectives.max_float(part.time_generate_s), collectives.max_float(part.time_reward_s)]
-    return Round(row_ids, groups, Scores(total, per_function, errors, s.weights), None, *times)
+    return Round(row_ids, groups, Scores(total, per_function, errors, s.weights), episodes, *times)
+
+
+_SEP = "\x1f"  # between a tool's name and an error kind in a flattened counter key
+
+
+def _flat(stats: EpisodeStats) -> dict[str, float]:
+    """Every counter of ``stats`` as one named number (the turns per episode apart)."""
+    t = stats.tools
+    return {"observation_tokens": stats.observation_tokens, "model_tokens": stats.model_tokens,
+            "env_seconds": stats.env_seconds, "calling": stats.calling,
+            **{f"truncated/{k}": v for k, v in stats.truncated.items()},
+            **{f"calls/{k}": v for k, v in t.calls.items()}, **{f"seconds/{k}": v for k, v in t.seconds.items()},
+            **{f"errors/{k}{_SEP}{kind}": v for (k, kind), v in t.errors.items()},
+            **{f"cut/{k}": v for k, v in t.truncated.items()}}
+
+
+def _unflat(values: dict[str, float], turns: list[int]) -> EpisodeStats:
+    stats = EpisodeStats(turns=turns, observation_tokens=int(values.pop("observation_tokens")),
+                         model_tokens=int(values.pop("model_tokens")), env_seconds=values.pop("env_seconds"),
+                         calling=int(values.pop("calling")))
+    t = stats.tools
+    for key, v in values.items():
+        kind, _, name = key.partition("/")
+        if kind == "truncated":
+            stats.truncated[name] = int(v)
+        elif kind == "calls":
+            t.calls[name] = int(v)
+        elif kind == "seconds":
+            t.seconds[name] = v
+        elif kind == "errors":
+            t.errors[tuple(name.split(_SEP, 1))] = int(v)
+        elif kind == "cut":
+            t.truncated[name] = int(v)
+    return stats
+
+
+def gather_episode_stats(collectives: Collectives, stats: EpisodeStats) -> EpisodeStats:
+    """Every learner's episode statistics merged, in rank order (names as UTF-8, numbers as float64)."""
+    flat = _flat(stats)
+    names = collectives.gather_texts(list(flat))
+    values = collectives.gather(torch.tensor(list(flat.values()), dtype=torch.float64, device="cpu"))
+    turns = collectives.gather(torch.tensor(stats.turns, dtype=torch.long, device="cpu"))
+    return EpisodeStats.total([_unflat(dict(zip(n, v.tolist())), t.tolist()) for n, v, t in zip(names, values, turns)])
