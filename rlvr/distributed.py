@@ -120,6 +120,12 @@ class Collectives:
                 with self._answering("taking rank 0's weights"):
                     dist.broadcast(t.data, src=0)
 
+    def barrier(self, what: str) -> None:
+        """Wait until every learner is here (``what``: the reason, for the error a missing learner causes)."""
+        if self.world.size > 1:
+            with self._answering(what):
+                dist.barrier(group=self.cpu_group)
+
     def any(self, flag: bool) -> bool:
         """Whether ``flag`` is set on any rank (a Ctrl-C seen by one learner stops them all at the same step)."""
         return flag if self.world.size == 1 else self.max_float(float(flag)) > 0

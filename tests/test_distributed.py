@@ -169,3 +169,30 @@ def test_ctrl_c_stops_every_learner_after_a_checkpoint_and_leaves_no_process(tin
     assert checkpoints and int(checkpoints[-1].name.split("-")[1]) == logged
     left = subprocess.run(["pgrep", "-f", str(out)], capture_output=True, text=True, check=False).stdout.split()
     assert not left, f"processes still running: {left}"
+
+
+def test_two_learners_sample_from_shared_rollout_servers(tiny_model_dir, tmp_path):
+    """rollout.backend=server: each learner sends its share of the prompts (seeded by their place in the batch) to
+    the same `rlvr serve`; rank 0 alone publishes each adapter version and the other waits for it. The run is one
+    process's with the same server."""
+    from tests.serving import ServerProcess
+
+    server = ServerProcess(tiny_model_dir, "--batch-wait-ms", "5")
+    try:
+        server.wait_ready()
+        remote = ["rollout.backend=server", f"rollout.servers=[{server.url}]", "eval.every=0"]
+        one, two = tmp_path / "one", tmp_path / "two"
+        single = _run([sys.executable, "-m", "rlvr", "train", "examples/demo.yaml",
+                       *_overrides(tiny_model_dir, one, True), *remote])
+        assert single.returncode == 0, single.stderr[-3000:]
+        job = _run([*TORCHRUN, "-m", "rlvr", "train", "examples/demo.yaml", *_overrides(tiny_model_dir, two, True),
+                    *remote])
+        assert job.returncode == 0, job.stderr[-3000:]
+    finally:
+        server.stop()
+    a, b = _weights(one, True), _weights(two, True)
+    assert all(torch.allclose(a[n], b[n], atol=1e-6, rtol=0) for n in a)
+    _same_rows(*([{k: v for k, v in r.items() if not k.startswith("sampler/")} for r in _records(run)]
+                 for run in (one, two)))  # the sampler's request counts are rank 0's own
+    _same_rows(_records(one, "samples.jsonl"), _records(two, "samples.jsonl"))
+    assert sorted(p.name for p in (two / "adapters").iterdir()) == ["v00000002", "v00000003"]  # published once each

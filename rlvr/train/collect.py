@@ -27,7 +27,7 @@ from rlvr.train.build import build_sampler, sampling_params
 from rlvr.train.collected import Collected, Round
 from rlvr.train.curriculum import Curriculum, stage_row_ids
 from rlvr.train.dynamic_sampling import DynamicSampling
-from rlvr.train.learners import gather_round
+from rlvr.train.learners import SharedServers, gather_round
 from rlvr.train.run import Run
 from rlvr.train.scoring import EnvironmentSetup, sample_scored
 
@@ -183,6 +183,8 @@ class SyncSource:
 
     def open(self, run: Run, stack: contextlib.ExitStack) -> Sampler:
         sampler = build_sampler(self.cfg, run.model, run.data.tokenizer, run.run_dir, run.collectives.world.size)
+        if run.collectives.world.size > 1 and self.cfg.rollout.backend == "server":
+            sampler = SharedServers(sampler, run.collectives)  # rank 0 publishes each adapter version
         stack.callback(sampler.close)
         return sampler
 

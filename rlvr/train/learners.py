@@ -13,21 +13,19 @@ import torch
 from rlvr.config import RunConfig
 from rlvr.distributed import Collectives, World
 from rlvr.rewards import Scores
-from rlvr.rollout import Groups
+from rlvr.rollout import Groups, Sampler
 from rlvr.rollout.episodes import EpisodeStats
 from rlvr.train.collected import Round
 
 NOT_YET = {
     "async.enabled": "the asynchronous runtime has one learner; run it without torchrun",
-    "rollout.backend=server": "rollout servers serve one learner's adapter; sample in process (rollout.backend=local)",
     "algo.name=ppo": "PPO's critic is trained by one learner; run PPO without torchrun",
 }
 
 
 def check_learners(cfg: RunConfig, world: World) -> None:
     """One line for what a job of several learners cannot do yet, before anything loads."""
-    used = {"async.enabled": cfg.asynchronous.enabled, "rollout.backend=server": cfg.rollout.backend == "server",
-            "algo.name=ppo": cfg.algo.name == "ppo"}
+    used = {"async.enabled": cfg.asynchronous.enabled, "algo.name=ppo": cfg.algo.name == "ppo"}
     for key, on in used.items():
         if on:
             raise ValueError(f"{key} with {world.size} learners (torchrun): {NOT_YET[key]}")
@@ -105,3 +103,34 @@ def gather_episode_stats(collectives: Collectives, stats: EpisodeStats) -> Episo
     values = collectives.gather(torch.tensor(list(flat.values()), dtype=torch.float64, device="cpu"))
     turns = collectives.gather(torch.tensor(stats.turns, dtype=torch.long, device="cpu"))
     return EpisodeStats.total([_unflat(dict(zip(n, v.tolist())), t.tolist()) for n, v, t in zip(names, values, turns)])
+
+
+class SharedServers:
+    """The rollout servers of a job of several learners: every learner samples its share from them, rank 0 alone
+    publishes each version of the adapter (to the bucket and the servers), and the others wait for it before they
+    name that version in a request."""
+
+    def __init__(self, sampler: Sampler, collectives: Collectives):
+        self.sampler, self.collectives = sampler, collectives
+
+    @property
+    def version(self) -> int:
+        return self.sampler.version
+
+    def sample(self, *args, **kwargs) -> Groups:
+        return self.sampler.sample(*args, **kwargs)
+
+    def sample_episodes(self, *args, **kwargs):
+        return self.sampler.sample_episodes(*args, **kwargs)
+
+    def sync(self, version: int) -> None:
+        if self.collectives.world.main:
+            self.sampler.sync(version)
+        self.collectives.barrier("waiting for rank 0 to publish the adapter")
+        self.sampler.version = version
+
+    def stats(self) -> dict[str, float]:
+        return self.sampler.stats()
+
+    def close(self) -> None:
+        self.sampler.close()
