@@ -89,17 +89,24 @@ EPISODES = ["env.factory=tests.helpers:Notebook", "env.max_turns=2", "env.max_ep
             "rewards=[{name: 'tests.helpers:length_reward'}, {name: 'tests.helpers:environments_reward'}]"]
 
 
-@pytest.mark.parametrize("lora, episodes", [(True, False), (False, False), (True, True)],
-                         ids=["lora", "full", "episodes"])
-def test_two_ranks_train_what_one_process_trains(tiny_model_dir, tiny_long_model_dir, tmp_path, lora, episodes):
+PPO = ["algo.name=ppo", "algo.beta=0", "ppo.kl_coef=0.05"]
+
+
+@pytest.mark.parametrize("lora, episodes, extra", [(True, False, []), (False, False, []), (True, True, EPISODES),
+                                                   (True, False, PPO)], ids=["lora", "full", "episodes", "ppo"])
+def test_two_ranks_train_what_one_process_trains(tiny_model_dir, tiny_long_model_dir, tmp_path, lora, episodes,
+                                                 extra):
     one, two = tmp_path / "one", tmp_path / "two"
     config = ["examples/demo.yaml"]
-    model_dir, extra = (tiny_long_model_dir, EPISODES) if episodes else (tiny_model_dir, [])
+    model_dir = tiny_long_model_dir if episodes else tiny_model_dir
     single = _run([sys.executable, "-m", "rlvr", "train", *config, *_overrides(model_dir, one, lora), *extra])
     assert single.returncode == 0, single.stderr[-3000:]
     job = _run([*TORCHRUN, "-m", "rlvr", "train", *config, *_overrides(model_dir, two, lora), *extra])
     assert job.returncode == 0, job.stderr[-3000:]
     a, b = _weights(one, lora), _weights(two, lora)
+    if extra == PPO:  # the critic's head too
+        a, b = (load_file(str(sorted((run / "checkpoints").glob("step-*"))[-1] / "weights.safetensors"))
+                for run in (one, two))
     assert a.keys() == b.keys()
     for name in a:
         assert torch.allclose(a[name], b[name], atol=1e-6, rtol=0), name

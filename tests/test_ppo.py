@@ -69,3 +69,30 @@ def test_ppo_from_the_cli_and_its_errors(tiny_model_dir, tmp_path, capsys):
         load_config(None, ["algo.name=ppo", "algo.beta=0.04"])
     with pytest.raises(ConfigError, match="algo.name must be one of grpo, ppo"):
         load_config(None, ["algo.name=reinforce"])
+
+
+def test_the_reference_pass_leaves_the_critics_adapter_clipped_with_the_rest(tokenizer):
+    """With the reward's KL term the reference pass runs first (peft's disable_adapter), which turns requires_grad
+    off for the critic's adapter; what is clipped (and, under torchrun, summed) is still everything the optimizer
+    steps: the global gradient norm after clipping is the clip."""
+    from rlvr.baselines.ppo import Critic, ppo_step
+    from rlvr.core import LossSettings, PPOSettings
+    from rlvr.models import LoraSpec, ReferencePolicy, add_lora
+    from rlvr.rollout import SamplingParams
+    from rlvr.train.batch import StepBatch
+    from tests.conftest import make_model, sample_tiny
+
+    prompts = [[{"role": "user", "content": f"{i} + 4 ="}] for i in range(2)]
+    groups = sample_tiny(make_model(len(tokenizer)), tokenizer, prompts, 4, SamplingParams(max_new_tokens=8), 0,
+                         eos_every=6)
+    torch.manual_seed(0)
+    model = add_lora(make_model(len(tokenizer), seed=1), LoraSpec(r=4, alpha=8))
+    critic = Critic(model)
+    optimizer = torch.optim.SGD(critic.trainable_parameters(model), lr=0.0)
+    ppo_step(model, critic, optimizer, None, StepBatch.from_groups(groups, torch.zeros(8)),
+             torch.tensor([0.0, 1.0, 2.0, 0.0, 1.0, 2.0, 0.0, 1.0]), LossSettings(), PPOSettings(kl_coef=0.05),
+             reference=ReferencePolicy(model), micro_batch_size=3, max_completion_tokens=8, max_grad_norm=1e-3)
+    grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+    assert any("critic" in n and p.grad is not None and p.grad.abs().sum() > 0 for n, p in model.named_parameters())
+    assert float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))) \
+        == pytest.approx(1e-3, rel=1e-4)

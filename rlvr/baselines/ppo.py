@@ -28,6 +28,7 @@ from rlvr.config import RunConfig
 from rlvr.core import LossSettings
 from rlvr.core.ppo import PPOSettings, gae, token_rewards, value_loss, whiten
 from rlvr.devices import model_device
+from rlvr.distributed import Collectives
 from rlvr.models import ReferencePolicy, autocast, backbone_and_head, is_lora
 from rlvr.train.batch import StepBatch
 from rlvr.train.collect import Collected
@@ -117,14 +118,20 @@ def ppo_step(
     max_grad_norm: float = 1.0,
     chunk_tokens: int = 512,
     share_prompt: bool = True,
+    collectives: Collectives | None = None,
 ) -> dict[str, float]:
     """One PPO update: values and rewards (no gradient), GAE, then GRPO's step (``train_step``) with the critic's
     clipped value loss as its extra loss, both in one optimizer step.
 
     ``rewards`` [N] are the completions' verifiable rewards (NaN: not trained, like GRPO's excluded rows).
+    ``collectives``: one of several learners (torchrun): the values, the reference and GAE's whitening cover the
+    whole batch on every learner (no gradient: the same numbers as one process), the update its own groups.
     """
     device = model_device(policy)
     batch, rewards = batch.to(device), rewards.to(device)  # the step's tensors cross to the model's device once
+    # what the optimizer steps, all of it clipped (and summed over learners): read from the optimizer, not from
+    # requires_grad, which the reference pass (peft's disable_adapter) turns off for the critic's adapter
+    trained = [p for group in optimizer.param_groups for p in group["params"]]
     mask = batch.loss_mask
     micro_rows = micro_batches(batch, micro_batch_size, skip_zero_advantage=False)  # rows with a trained token
     chunk_tokens = chunk_for_vocab(chunk_tokens, backbone_and_head(policy)[1].weight.shape[0])
@@ -156,10 +163,13 @@ def ppo_step(
                          replace(settings, beta=0.0),  # the KL penalty is in the reward
                          micro_batch_size=micro_batch_size, max_completion_tokens=max_completion_tokens,
                          max_grad_norm=max_grad_norm, chunk_tokens=chunk_tokens, share_prompt=share_prompt,
-                         params=critic.trainable_parameters(policy), extra_loss=critic_loss)
+                         params=trained, extra_loss=critic_loss, collectives=collectives)
     m = mask.bool()
+    value_loss_sum = sum(value_losses)
+    if collectives is not None:
+        value_loss_sum = collectives.sum_floats({"value_loss": value_loss_sum})["value_loss"]
     metrics.update({
-        "value_loss": sum(value_losses),
+        "value_loss": value_loss_sum,
         "value_mean": float(old_values[m].mean()) if m.any() else 0.0,
         "return_mean": float(returns[m].mean()) if m.any() else 0.0,
         "explained_variance": _explained_variance(old_values[m], returns[m]),
@@ -190,7 +200,8 @@ class PPOUpdate:
         with autocast(run.model, cfg.model.autocast):
             return ppo_step(run.model, self.critic, run.optimizer, run.scheduler,
                             step_batch(batch, placeholder, cfg.algo.mask_truncated), batch.scores.total,
-                            self.settings, self.ppo, reference=run.reference, **step_options(cfg))
+                            self.settings, self.ppo, reference=run.reference, collectives=run.collectives,
+                            **step_options(cfg))
 
 
 def _explained_variance(values: torch.Tensor, returns: torch.Tensor) -> float:

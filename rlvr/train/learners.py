@@ -19,13 +19,12 @@ from rlvr.train.collected import Round
 
 NOT_YET = {
     "async.enabled": "the asynchronous runtime has one learner; run it without torchrun",
-    "algo.name=ppo": "PPO's critic is trained by one learner; run PPO without torchrun",
 }
 
 
 def check_learners(cfg: RunConfig, world: World) -> None:
     """One line for what a job of several learners cannot do yet, before anything loads."""
-    used = {"async.enabled": cfg.asynchronous.enabled, "algo.name=ppo": cfg.algo.name == "ppo"}
+    used = {"async.enabled": cfg.asynchronous.enabled}
     for key, on in used.items():
         if on:
             raise ValueError(f"{key} with {world.size} learners (torchrun): {NOT_YET[key]}")

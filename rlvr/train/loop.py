@@ -89,7 +89,8 @@ def out_of_memory(run: Run, step: int) -> Iterator[None]:
                  cfg.rollout.max_new_tokens, "rollout.group_size": cfg.rollout.group_size}
         if cfg.model.lora and cfg.rollout.backend == "local":
             knobs["rollout.fold_lora"] = cfg.rollout.fold_lora
-        if not getattr(unwrap(run.model), "is_gradient_checkpointing", True):
+        inner = unwrap(run.model)
+        if not getattr(inner, "is_activation_checkpointing", getattr(inner, "is_gradient_checkpointing", True)):
             knobs["model.gradient_checkpointing"] = "off"
         last = latest_valid(run.run_dir / "checkpoints")
         saved = (f"The last checkpoint, {last}, is intact: lower one and continue with resume=auto." if last else
