@@ -184,16 +184,19 @@ class Collectives:
     # ------------------------------------------------------------------------------------------------ gradients
     def sum_gradients(self, params: list[torch.nn.Parameter]) -> int:
         """Sum every rank's gradients of ``params`` in place (one flat buffer, one all-reduce on the device);
-        returns the bytes each rank sent. A parameter without a gradient counts as zeros."""
+        returns the bytes each rank sent. A parameter without a gradient here counts as zeros; one without a
+        gradient on every rank keeps none (the optimizer skips it, as in one process)."""
         if self.world.size == 1:
             return 0
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-        flat = torch.cat([g.reshape(-1).float() for g in grads])  # [sum of numel], fp32 whatever the params' dtype
+        had = torch.tensor([p.grad is not None for p in params], dtype=torch.float32, device=self.device)
+        flat = torch.cat([g.reshape(-1).float() for g in grads] + [had])  # [sum of numel + P], fp32
         with self._answering("summing the gradients"):
             dist.all_reduce(flat)
+        anyone = flat[-len(params):].tolist()
         at = 0
-        for p, g in zip(params, grads):
+        for p, g, seen in zip(params, grads, anyone):
             n = g.numel()
-            p.grad = flat[at:at + n].view_as(g).to(g.dtype)
+            p.grad = flat[at:at + n].view_as(g).to(g.dtype) if seen else None
             at += n
         return flat.numel() * flat.element_size()
