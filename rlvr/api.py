@@ -583,7 +583,7 @@ class GRPOTrainer:
         path = data_dir / f"{split}-{hashlib.sha256(text.encode()).hexdigest()[:12]}.jsonl"
         if not path.is_file():
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")  # every learner of a torchrun job writes its own
             tmp.write_text(text, encoding="utf-8")
             tmp.replace(path)
         return path
@@ -613,8 +613,10 @@ class GRPOTrainer:
         ``output_dir`` (default: args.output_dir itself, as TRL saves them there)."""
         if self._summary is None:
             raise RuntimeError("GRPOTrainer.save_model: call train() first (rlvr saves the weights when it ends)")
-        source = Path(self._summary["saved"])
         target = Path(output_dir or self.args.output_dir)
+        if "saved" not in self._summary:  # a learner other than rank 0 of a torchrun job: rank 0 saves
+            return target
+        source = Path(self._summary["saved"])
         if target.resolve() != source.resolve():
             shutil.copytree(source, target, dirs_exist_ok=True)
         return target
