@@ -203,3 +203,19 @@ def test_two_learners_sample_from_shared_rollout_servers(tiny_model_dir, tmp_pat
                  for run in (one, two)))  # the sampler's request counts are rank 0's own
     _same_rows(_records(one, "samples.jsonl"), _records(two, "samples.jsonl"))
     assert sorted(p.name for p in (two / "adapters").iterdir()) == ["v00000002", "v00000003"]  # published once each
+
+
+def test_a_trl_style_script_runs_under_torchrun(tiny_model_dir, tmp_path):
+    """The Python API under torchrun: the TRL quickstart (only its import changed) trains with two learners; rank 0
+    writes the run, save_model is safe to call on every rank."""
+    from tests.test_api import QUICKSTART
+
+    out, script = tmp_path / "quickstart", tmp_path / "train_grpo.py"
+    script.write_text(QUICKSTART.replace("OUTPUT_DIR", repr(str(out))).replace("MODEL_DIR", repr(str(tiny_model_dir)))
+                      + "trainer.save_model()\n")
+    job = _run([*TORCHRUN, str(script)])
+    assert job.returncode == 0, job.stderr[-3000:]
+    assert "learners: 2" in job.stdout
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2] and all(r["update/allreduce_bytes"] > 0 for r in rows[1:])
+    assert (out / "model" / "config.json").is_file() and (out / "model.safetensors").is_file()
