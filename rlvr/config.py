@@ -241,8 +241,8 @@ class RolloutConfig:
     """The in-process sampler decodes with each LoRA adapter folded into a copy of its layer's weight (one matmul a
     layer instead of three); the copy is made when a generation starts and freed when it ends, and costs the size of
     every adapted weight (269 MB at 135M in bf16, ~13 GB for a 7B model). true, false, or auto: on a GPU, fold
-    only while a quarter of the device's memory stays free after the copies (`rlvr plan` counts them); on the CPU,
-    always. Samples are the same either way up to rounding."""
+    only while a quarter of the device's memory stays free after the copies and the generation's KV cache and
+    logits (`rlvr plan` counts them); on the CPU, always. Samples are the same either way up to rounding."""
     backend: Literal[BACKENDS] = "local"
     """local: sample from the training model in this process; server: sample on rollout servers (rlvr serve or
     vLLM) over HTTP, with the LoRA adapter published to rollout.bucket and loaded by every server after each

@@ -51,9 +51,8 @@ resident       weights, reference, critic, gradients (the last step's, dropped w
 folded copies  d * (L * sum over copied linears of in * out + V * H when d != w), made when a generation starts
                and freed at its end; the copied linears are the adapted ones, every one when d != w (cast): under
                all-linear LoRA every weight but the embedding and norms, and the output layer when cast.
-               rollout.fold_lora=false: 0. auto folds on a GPU while the resident state and the copies leave
-               FOLD_HEADROOM (a quarter) of its memory free (decode_weights.fold_fits, which does not count the
-               KV cache and logits allocated after it)
+               rollout.fold_lora=false: 0. auto folds on a GPU while the resident state, the copies, the KV
+               cache and the logits leave FOLD_HEADROOM (a quarter) of its memory free (decode_weights.fold_fits)
 KV cache       2 * L * n * (P_len + T_len) * H_kv * e    keys and values preallocated for the whole generation,
                                                          in the weights' dtype (rlvr/rollout/kv_cache.py)
 logits         n * V * 4 * 2                             one step's fp32 logits while the next step's are computed
@@ -279,9 +278,9 @@ def sampling(arch: Arch, run: Run, fold: bool = True) -> dict[str, float]:
 
 def fold_threshold(arch: Arch, run: Run) -> float:
     """The smallest device memory (bytes) on which rollout.fold_lora=auto folds: the state resident when a generation
-    starts and the copies must leave FOLD_HEADROOM of it free (rlvr.rollout.decode_weights.fold_fits)."""
-    s = sampling(arch, run, fold=True)
-    return (s["total"] - s["kv_cache"] - s["logits"]) / (1.0 - FOLD_HEADROOM)
+    starts, the copies and the generation's KV cache and logits must leave FOLD_HEADROOM of it free
+    (rlvr.rollout.decode_weights.fold_fits)."""
+    return sampling(arch, run, fold=True)["total"] / (1.0 - FOLD_HEADROOM)
 
 
 def auto_folds(arch: Arch, run: Run, device_memory: float) -> bool:

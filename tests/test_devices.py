@@ -224,11 +224,15 @@ def test_decoding_without_folding_gives_the_same_samples(tokenizer, params):
     assert torch.allclose(folded.behaviour_logp, unfolded.behaviour_logp, atol=2e-6, rtol=0)
 
 
-def test_fold_lora_auto_folds_on_the_cpu(tokenizer):
-    from rlvr.rollout.decode_weights import fold_choice
+def test_fold_lora_auto_folds_on_the_cpu_and_counts_the_generation(tokenizer):
+    from rlvr.rollout.decode_weights import fold_choice, generation_bytes
 
     model = add_lora(make_model(len(tokenizer)), LoraSpec(r=4, alpha=8))
-    assert fold_choice("auto", model, torch.float32) is True and fold_choice(False, model, torch.float32) is False
+    assert fold_choice("auto", model, torch.float32, 3, 10) is True
+    assert fold_choice(False, model, torch.float32) is False
+    # what auto reserves beside the copies on a GPU: keys and values of 2 layers x 2 KV heads x 8 dims per token in
+    # fp32 for 3 rows x 10 tokens, and two steps of fp32 logits [3, V]
+    assert generation_bytes(model, 3, 10) == 2 * 2 * 3 * 10 * 2 * 8 * 4 + 2 * 3 * len(tokenizer) * 4
 
 
 def test_out_of_memory_is_one_line_naming_the_knobs_and_the_checkpoint(tiny_model_dir, tmp_path):

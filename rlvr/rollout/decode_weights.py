@@ -300,20 +300,37 @@ def folded_bytes(model: nn.Module, dtype: torch.dtype) -> int:
 
 
 FOLD_HEADROOM = 0.25
-"""auto folds on a GPU only while the device keeps this share of its memory free after the copies."""
+"""auto folds on a GPU only while the device keeps this share of its memory free after the copies and the
+generation's own tensors."""
 
 
-def fold_fits(model: nn.Module, dtype: torch.dtype) -> bool:
-    """rollout.fold_lora=auto: on a CUDA device, whether the folded copies leave FOLD_HEADROOM of the device free
-    (free memory counts what torch's allocator caches but no tensor holds); elsewhere always."""
+def generation_bytes(model: nn.Module, rows: int, tokens: int) -> int:
+    """What a generation of ``rows`` sequences of up to ``tokens`` tokens allocates besides the weights: the KV cache
+    (keys and values of every layer, in the model's dtype) and two steps' fp32 logits [rows, V]."""
+    config = unwrap(model).config
+    layers, heads = config.num_hidden_layers, config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    size = next(model.parameters()).element_size()
+    vocab = unwrap(model).get_output_embeddings().weight.shape[0]
+    return 2 * layers * rows * tokens * kv_heads * head_dim * size + 2 * rows * vocab * 4
+
+
+def fold_fits(model: nn.Module, dtype: torch.dtype, reserve: int = 0) -> bool:
+    """rollout.fold_lora=auto: on a CUDA device, whether the folded copies and ``reserve`` (the generation's own
+    tensors: ``generation_bytes``) leave FOLD_HEADROOM of the device free (free memory counts what torch's
+    allocator caches but no tensor holds); elsewhere always."""
     device = next(model.parameters()).device
     if device.type != "cuda":
         return True
     free, total = torch.cuda.mem_get_info(device)
     free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-    return free - folded_bytes(model, dtype) >= FOLD_HEADROOM * total
+    return free - folded_bytes(model, dtype) - reserve >= FOLD_HEADROOM * total
 
 
-def fold_choice(fold_lora: bool | str, model: nn.Module, dtype: torch.dtype) -> bool:
-    """rollout.fold_lora resolved for one generation: true, false, or auto (``fold_fits``)."""
-    return fold_fits(model, dtype) if fold_lora == "auto" else bool(fold_lora)
+def fold_choice(fold_lora: bool | str, model: nn.Module, dtype: torch.dtype, rows: int = 0, tokens: int = 0) -> bool:
+    """rollout.fold_lora resolved for one generation of ``rows`` sequences of up to ``tokens`` tokens: true, false,
+    or auto (``fold_fits``)."""
+    if fold_lora != "auto":
+        return bool(fold_lora)
+    return fold_fits(model, dtype, generation_bytes(model, rows, tokens) if rows else 0)

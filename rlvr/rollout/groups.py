@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from rlvr.prompts import Prompt, encode_prompts
-from rlvr.rollout.decode_weights import decoding
+from rlvr.rollout.decode_weights import decoding, fold_choice
 from rlvr.rollout.engine import Generators, SamplingParams, generate_groups
 
 
@@ -129,12 +129,14 @@ def sample_groups(
     generator: Generators = None,
     version: int = 0,
     dtype: torch.dtype = torch.float32,
-    fold: bool = True,
+    fold: bool | str = True,
 ) -> Groups:
     """G completions per prompt from an in-process model, tagged with ``version``; decoded with LoRA folded into
     the weights and the matmuls in ``dtype``, or through peft in the model's dtype when not ``fold``
-    (rlvr.rollout.decode_weights)."""
+    (rlvr.rollout.decode_weights; "auto": whether the copies fit beside this generation's KV cache)."""
     prompt_ids, prompt_mask = encode_prompts(tokenizer, prompts)  # [B, P] on the CPU
+    rows, tokens = prompt_ids.shape[0] * group_size, prompt_ids.shape[1] + params.max_new_tokens
+    fold = fold_choice(fold, model, dtype, rows, tokens)
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()

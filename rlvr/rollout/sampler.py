@@ -80,7 +80,7 @@ class LocalSampler:
             generator = sampling_generator(request_seed(seed, first) if first else seed, device)
         with autocast(self.model, self.autocast_mode):
             return sample_groups(self.model, self.tokenizer, prompts, group_size, params, generator, self.version,
-                                 self.dtype, fold_choice(self.fold_lora, self.model, self.dtype))
+                                 self.dtype, self.fold_lora)
 
     def sample_episodes(self, prompt_ids: list[list[int]], envs: list[Environment], group_size: int,
                         params: SamplingParams, seed: int, limits: EpisodeLimits, first: int = 0) -> EpisodeBatch:
@@ -91,7 +91,8 @@ class LocalSampler:
         self.model.eval()
         try:
             eos = eos_token_ids(self.model, self.tokenizer)
-            fold = fold_choice(self.fold_lora, self.model, self.dtype)
+            fold = fold_choice(self.fold_lora, self.model, self.dtype, n,
+                               max(map(len, prompt_ids), default=0) + limits.max_episode_tokens)
             with autocast(self.model, self.autocast_mode), decoding(self.model, self.dtype, fold=fold) as decoder:
                 return run_episodes(local_turns(decoder, self.tokenizer, eos, params, generators), self.tokenizer,
                                     prompt_ids, envs, group_size, params, limits, eos, self.version)
