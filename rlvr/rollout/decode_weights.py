@@ -333,4 +333,5 @@ def fold_choice(fold_lora: bool | str, model: nn.Module, dtype: torch.dtype, row
     or auto (``fold_fits``)."""
     if fold_lora != "auto":
         return bool(fold_lora)
-    return fold_fits(model, dtype, generation_bytes(model, rows, tokens) if rows else 0)
+    on_gpu = next(model.parameters()).device.type == "cuda"  # elsewhere auto always folds: nothing to count
+    return fold_fits(model, dtype, generation_bytes(model, rows, tokens) if rows and on_gpu else 0)

@@ -100,9 +100,10 @@ def collect(
             round_ = sample_scored(sampler, [rows[i] for i in row_ids], group_size, params,
                                    round_seed(seed, len(rounds)), rewards, environment, row_ids=row_ids)
         else:
-            mine = [row_ids[i] for i in world.share(len(row_ids))]
+            share = world.share(len(row_ids))  # this learner's prompts of the round, a contiguous run
+            mine = [row_ids[i] for i in share]
             part = sample_scored(sampler, [rows[i] for i in mine], group_size, params, round_seed(seed, len(rounds)),
-                                 rewards, environment, row_ids=mine, first=world.share(len(row_ids)).start)
+                                 rewards, environment, row_ids=mine, first=share.start)
             round_ = gather_round(collectives, part, row_ids)
         t_generate, t_reward = t_generate + round_.time_generate_s, t_reward + round_.time_reward_s
         pick = pick or DynamicSampling(len(row_ids), dynamic_sampling, max_resample_rounds)
