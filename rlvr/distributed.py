@@ -83,14 +83,15 @@ class Collectives:
 
     def __init__(self, world: World, device: torch.device, timeout_s: float = 600.0):
         self.world, self.device, self.timeout_s = world, device, timeout_s
-        self.cpu_group = None
+        self.cpu_group, self.owned = None, False
         if world.size == 1:
             return
         backend = "nccl" if device.type == "cuda" else "gloo"
-        if not dist.is_initialized():
+        if not dist.is_initialized():  # a script that set up its own group (accelerate) keeps it: we only join
             dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
-        self.cpu_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s)) \
-            if backend != "gloo" else dist.group.WORLD
+            self.owned = True
+        self.cpu_group = dist.group.WORLD if dist.get_backend() == "gloo" else \
+            dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))  # CPU bookkeeping next to NCCL
 
     @contextlib.contextmanager
     def _answering(self, what: str) -> Iterator[None]:
@@ -105,11 +106,14 @@ class Collectives:
                 "names the learner that failed first") from None
 
     def close(self) -> None:
-        """Leave the job: a barrier first (ranks tearing down at different times abort gloo), then destroy."""
+        """Leave the job: a barrier first (ranks tearing down at different times abort gloo), then destroy the
+        process group if this object created it."""
         if self.world.size > 1 and dist.is_initialized():
             with self._answering("leaving the job"):
                 dist.barrier(group=self.cpu_group)
-            dist.destroy_process_group()
+            if self.owned:
+                dist.destroy_process_group()
+                self.owned = False
 
     def broadcast_from_main(self, tensors: list[torch.Tensor]) -> None:
         """Overwrite ``tensors`` on every rank with rank 0's (the learners start as replicas)."""
