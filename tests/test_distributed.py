@@ -165,11 +165,16 @@ def test_ctrl_c_stops_every_learner_after_a_checkpoint_and_leaves_no_process(tin
     job = subprocess.Popen([*TORCHRUN, "-m", "rlvr", "train", "examples/demo.yaml", *args], cwd=ROOT, text=True,
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     metrics, deadline = out / "metrics.jsonl", time.monotonic() + 120
-    while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 3):
-        assert job.poll() is None and time.monotonic() < deadline, job.communicate()[1][-2000:]
-        time.sleep(0.2)
-    os.killpg(job.pid, signal.SIGINT)
-    stdout, stderr = job.communicate(timeout=120)
+    try:
+        while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 3):
+            assert job.poll() is None and time.monotonic() < deadline, job.communicate()[1][-2000:]
+            time.sleep(0.2)
+        os.killpg(job.pid, signal.SIGINT)
+        stdout, stderr = job.communicate(timeout=120)
+    finally:  # whatever failed above, nothing of the job outlives the test
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.communicate()
     assert "interrupted; saved" in stdout, stderr[-2000:]
     checkpoints = sorted((out / "checkpoints").glob("step-*"))
     logged = json.loads(metrics.read_text().splitlines()[-1])["step"]
