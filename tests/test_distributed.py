@@ -58,8 +58,16 @@ def _overrides(model_dir, out, lora: bool, steps: int = 3) -> list[str]:
 
 
 def _run(command: list[str], env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run(command, cwd=ROOT, env={**os.environ, **(env or {})}, capture_output=True, text=True,
-                          timeout=timeout, check=False)
+    """Run a job to its end; on the timeout its whole process group (the launcher and every learner) is killed."""
+    job = subprocess.Popen(command, cwd=ROOT, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        stdout, stderr = job.communicate(timeout=timeout)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.communicate()
+    return subprocess.CompletedProcess(command, job.returncode, stdout, stderr)
 
 
 def _records(run: Path, name: str = "metrics.jsonl") -> list[dict]:
