@@ -18,31 +18,39 @@ _DEVICE = re.compile(r"auto|cpu|mps|cuda(:[0-9]+)?")
 DTYPES = ("auto", "fp32", "bf16")
 
 
-def check_device_spec(spec: str) -> None:
-    """The spelling of ``train.device`` (whether the device exists is checked when the run starts)."""
+def _said(name: str, value: str) -> str:
+    """``value`` for the setting ``name`` as a user writes it: a flag (``--device cuda``) or a key
+    (``train.device=cuda``)."""
+    return f"{name} {value}" if name.startswith("--") else f"{name}={value}"
+
+
+def check_device_spec(spec: str, name: str = "device") -> None:
+    """The spelling of a device setting (``name`` in the message; whether the device exists is checked when it is
+    resolved)."""
     if not isinstance(spec, str) or not _DEVICE.fullmatch(spec):
-        raise ValueError(f"device must be one of {DEVICE_FORMS}; got {spec!r}")
+        raise ValueError(f"{name} must be one of {DEVICE_FORMS}; got {spec!r}")
 
 
-def resolve_device(spec: str = "auto") -> torch.device:
+def resolve_device(spec: str = "auto", name: str = "train.device") -> torch.device:
     """The device ``spec`` names: auto is the current CUDA device when one is visible, else the CPU. A CUDA or MPS
-    device that is not there is an error saying what to do, not a silent fall-back to the CPU."""
-    check_device_spec(spec)
+    device that is not there is an error saying what to do, not a silent fall-back to the CPU; ``name``: the
+    setting the user wrote (``train.device``, ``--device``)."""
+    check_device_spec(spec, name if name.startswith("--") else "device")
     if spec == "auto":
         return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     device = torch.device(spec)
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError(f"train.device={spec}: no CUDA device is visible to torch (torch {torch.__version__}, "
+            raise ValueError(f"{_said(name, spec)}: no CUDA device is visible to torch (torch {torch.__version__}, "
                              f"CUDA build {torch.version.cuda or 'none'}); install a CUDA build of torch, or use "
-                             "train.device=cpu (auto picks the CPU when there is no GPU)")
+                             f"{_said(name, 'cpu')} (auto picks the CPU when there is no GPU)")
         count = torch.cuda.device_count()
         if device.index is not None and device.index >= count:
-            raise ValueError(f"train.device={spec}: this machine has {count} CUDA device(s) (cuda:0 to "
+            raise ValueError(f"{_said(name, spec)}: this machine has {count} CUDA device(s) (cuda:0 to "
                              f"cuda:{count - 1}); pick one of them or set CUDA_VISIBLE_DEVICES")
         return device if device.index is not None else torch.device("cuda", torch.cuda.current_device())
     if device.type == "mps" and not torch.backends.mps.is_available():
-        raise ValueError(f"train.device={spec}: MPS (Apple GPU) is not available here; use train.device=cpu")
+        raise ValueError(f"{_said(name, spec)}: MPS (Apple GPU) is not available here; use {_said(name, 'cpu')}")
     return device
 
 
@@ -51,13 +59,14 @@ def bf16_capable(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 0)
 
 
-def weight_dtype(spec: str, device: torch.device, lora: bool) -> torch.dtype:
+def weight_dtype(spec: str, device: torch.device, lora: bool, name: str = "model.dtype") -> torch.dtype:
     """The dtype of the model's weights for ``model.dtype``: auto is bf16 for the frozen base under LoRA on a bf16
     GPU (the adapters peft adds stay fp32) and fp32 everywhere else, the CPU included (unchanged); bf16 is refused
     for full fine-tuning: AdamW would step bf16 weights, and updates smaller than bf16's resolution (1/256 of a
-    weight) would be lost - model.autocast: bf16 keeps fp32 weights and runs the matmuls in bf16 instead."""
+    weight) would be lost - model.autocast: bf16 keeps fp32 weights and runs the matmuls in bf16 instead. A model
+    nothing trains (rlvr serve, rlvr eval) is asked for with ``lora=True``; ``name``: the setting the user wrote."""
     if spec not in DTYPES:
-        raise ValueError(f"model.dtype must be one of {', '.join(DTYPES)}; got {spec!r}")
+        raise ValueError(f"{name} must be one of {', '.join(DTYPES)}; got {spec!r}")
     if spec == "auto":
         return torch.bfloat16 if lora and bf16_capable(device) else torch.float32
     if spec == "bf16" and not lora:

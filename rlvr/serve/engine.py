@@ -49,7 +49,7 @@ from pathlib import Path
 import torch
 
 from rlvr.bucket import fetch_version
-from rlvr.devices import DTYPES, bf16_capable, resolve_device, sampling_generator
+from rlvr.devices import resolve_device, sampling_generator, weight_dtype
 from rlvr.faults import fault_point
 from rlvr.models import load_causal_lm, load_tokenizer, model_context, resolve_model_dir
 from rlvr.prompts import left_pad
@@ -142,27 +142,6 @@ def _log(message: str) -> None:
     print(f"rlvr serve: {message}", file=sys.stderr, flush=True)
 
 
-def serve_device(spec: str) -> torch.device:
-    """The device ``--device`` names (rlvr.devices.resolve_device), or a ValueError naming ``--device`` and what to
-    do; raised before any model is loaded."""
-    try:
-        return resolve_device(spec)
-    except ValueError as err:
-        raise ValueError(str(err).replace("train.device=", "--device ").replace("device must", "--device must")) \
-            from None
-
-
-def serve_dtype(spec: str, device: torch.device) -> torch.dtype:
-    """The base model's weights for ``--dtype``: auto is bf16 on a bf16-capable CUDA GPU and fp32 elsewhere (the CPU
-    included: unchanged); bf16 is allowed for any model, since nothing is trained here. Adapters peft loads keep
-    their own dtype."""
-    if spec not in DTYPES:
-        raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}; got {spec!r}")
-    if spec == "auto":
-        return torch.bfloat16 if bf16_capable(device) else torch.float32
-    return torch.bfloat16 if spec == "bf16" else torch.float32
-
-
 def _to_host(out: SampledTokens) -> SampledTokens:
     """A batch's results on the CPU: one crossing per tensor, the first waiting for the generation to end."""
     return SampledTokens(*(None if t is None else t.cpu() for t in (
@@ -194,8 +173,8 @@ class Engine:
                  precision: str = "auto", device: str = "auto", dtype: str = "auto"):
         decode_dtype(precision)  # an unknown precision fails here, before the model loads (resolved once it has)
         self.precision = precision
-        self.device = serve_device(device)  # a device that is not there fails here, before the model loads
-        self.weight_dtype = serve_dtype(dtype, self.device)
+        self.device = resolve_device(device, "--device")  # a device that is not there fails here, before loading
+        self.weight_dtype = weight_dtype(dtype, self.device, lora=True, name="--dtype")  # bf16: nothing trains here
         self.model_dir = resolve_model_dir(model)
         self.tokenizer = load_tokenizer(self.model_dir)
         context = model_context(self.model_dir)
