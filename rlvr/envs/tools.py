@@ -110,6 +110,8 @@ def _parse_one(body: str) -> ToolCall | ToolCallError:
         return ToolCallError(f"not valid JSON: {err.msg} at character {err.pos}")
     except RecursionError:
         return ToolCallError("JSON nested too deeply")
+    except ValueError:  # an integer over Python's int-str digit limit (4,300 digits by default)
+        return ToolCallError("a number too long to read")
     if not isinstance(value, dict):
         return ToolCallError(f"expected a JSON object, got {_json_type(value)}")
     name = value.get("name")
