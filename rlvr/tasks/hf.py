@@ -93,15 +93,35 @@ def _open(source: str, subset: str, streaming: bool) -> dict:
         args, kwargs = (builder,), {"data_files": str(path)}
     elif path.is_dir():
         args, kwargs = (str(path),), {"name": subset or None}
-    elif _HUB_ID.match(source) and path.suffix not in FILE_BUILDERS:
+    elif _HUB_ID.match(source) and path.suffix not in FILE_BUILDERS and not _mistyped_path(path):
         _check_hub(source)
         args, kwargs = (source,), {"name": subset or None}
     else:
-        raise FileNotFoundError(f"task.source {source!r}: no such file or directory")
+        raise FileNotFoundError(f"task.source {source!r}: no such file or directory{_did_you_mean(path)}")
     try:
         return dict(datasets.load_dataset(*args, **kwargs, streaming=streaming))
     except datasets.exceptions.DatasetGenerationError as err:  # says only "an error occurred"; name the cause
         raise ValueError(f"task.source {source!r} could not be read: {err.__cause__ or err}") from err
+
+
+def _mistyped_path(path: Path) -> bool:
+    """Whether a source that is no file or directory was meant as a local path rather than a Hub id: its folder
+    exists here (data/gsm8_train where data/ does), or its name is close to something in the working directory."""
+    if path.parent != Path(".") and path.parent.is_dir():
+        return True
+    return bool(_did_you_mean(path))
+
+
+def _did_you_mean(path: Path) -> str:
+    """'; did you mean ...?' naming the entry of the path's folder closest to its name, or '' when none is close."""
+    import difflib
+
+    try:
+        names = [p.name for p in path.parent.iterdir()] if path.parent.is_dir() else []
+    except OSError:
+        names = []
+    close = difflib.get_close_matches(path.name, names[:1000], n=1, cutoff=0.8)
+    return f"; did you mean {str(path.parent / close[0])!r}?" if close else ""
 
 
 def _check_hub(source: str) -> None:
