@@ -32,8 +32,7 @@ from rlvr.train.run import BatchSource, Run, Update, stop_on_interrupt
 def run_loop(run: Run, source: BatchSource, update: Update) -> dict:
     """Train from ``run.start`` to train.steps; returns the summary also written to ``summary.json``."""
     cfg = run.cfg
-    several = run.collectives.world.size > 1
-    with contextlib.ExitStack() as stack, stop_on_interrupt(terminate=several) as stop, run.writer:
+    with contextlib.ExitStack() as stack, stop_on_interrupt() as stop, run.writer:
         stack.callback(run.data.close)  # the tools' sandboxes, last
         run.sampler = source.open(run, stack)
         run.sampler.sync(run.start)  # version = optimizer steps taken; a remote sampler gets the restored weights
@@ -71,7 +70,7 @@ def run_loop(run: Run, source: BatchSource, update: Update) -> dict:
             bar.set_postfix(reward=f"{metrics[REWARD]:.3f}", acc=f"{run.state['eval_accuracy']:.3f}")
             if run.collectives.any(stop.requested):  # under torchrun: every learner stops at the same step
                 bar.close()
-                run.interrupted(step)
+                run.interrupted(step, stop.signum)
         summary = run.finish()
     run.collectives.close()
     return summary

@@ -70,27 +70,33 @@ class Silent:
         pass
 
 
-class stop_on_interrupt:
-    """The first Ctrl-C asks the loop to stop after the current step (then it checkpoints and exits);
-    a second one aborts at once, leaving the previous checkpoint as the newest. With ``terminate`` (a learner of a
-    torchrun job, whose launcher answers Ctrl-C by sending its workers SIGTERM, and SIGKILL 30 s later), SIGTERM asks
-    the same: the step ends, rank 0 checkpoints, every learner exits."""
+STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
 
-    def __init__(self, terminate: bool = False) -> None:
+
+class stop_on_interrupt:
+    """Ctrl-C (SIGINT), SIGTERM (what SLURM, Kubernetes, systemd and torchrun's launcher send) and SIGHUP (the
+    terminal closed) ask the loop to stop after the current step: it checkpoints (rank 0 of a torchrun job) and
+    exits with 128 + the signal's number (130, 143, 129). A second Ctrl-C aborts at once, leaving the previous
+    checkpoint as the newest; a repeated SIGTERM or SIGHUP changes nothing (the step still ends and saves)."""
+
+    def __init__(self) -> None:
         self.requested = False
+        self.signum = signal.SIGINT
         self._previous: dict[int, object] = {}
-        self._signals = (signal.SIGINT, signal.SIGTERM) if terminate else (signal.SIGINT,)
 
     def _handle(self, signum, frame) -> None:
         if self.requested and signum == signal.SIGINT:
             raise KeyboardInterrupt
         if not self.requested:
-            print("\nrlvr: stopping after this step to save a checkpoint (Ctrl-C again to abort now)", flush=True)
+            again = " (Ctrl-C again to abort now)" if signum == signal.SIGINT else ""
+            print(f"\nrlvr: {signal.Signals(signum).name}: stopping after this step to save a checkpoint{again}",
+                  flush=True)
+            self.signum = signum
         self.requested = True
 
     def __enter__(self) -> stop_on_interrupt:  # noqa: PYI034 (typing.Self needs Python 3.11)
         if threading.current_thread() is threading.main_thread():
-            self._previous = {s: signal.signal(s, self._handle) for s in self._signals}
+            self._previous = {s: signal.signal(s, self._handle) for s in STOP_SIGNALS}
         return self
 
     def __exit__(self, *exc) -> None:
@@ -228,13 +234,15 @@ class Run:
         if step == cfg.train.steps or (cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0):
             self.checkpoint(step)
 
-    def interrupted(self, step: int) -> None:
+    def interrupted(self, step: int, signum: int = signal.SIGINT) -> None:
+        """Checkpoint ``step`` and exit with 128 + ``signum`` (stop_on_interrupt)."""
         self.writer.close()
         saved = self.checkpoint(step)
         if self.main:
-            print(f"rlvr: interrupted; saved {saved}. Continue with resume=auto.")
+            print(f"rlvr: interrupted; saved {saved} ({signal.Signals(signum).name} at step {step}, exit status "
+                  f"{128 + signum}). Continue with resume=auto.", flush=True)
         self.collectives.close()
-        raise SystemExit(130)
+        raise SystemExit(128 + signum)
 
     def finish(self) -> dict:
         """Save the weights (an adapter naming its base model as the user gave it, an alias as its Hub id) with a
