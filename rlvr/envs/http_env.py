@@ -26,7 +26,9 @@ reads through ``observation_to_text`` (default ``observation_text``); the datase
 through ``reset_payload`` (default ``row_payload``). There are no tool calls: every model turn is one action.
 
 Validated (a hostile or broken server): the request size, the answer's size (``max_response_bytes``: the
-declared length, then the bytes read), a deadline per request, JSON that parses, an object with an
+declared length, then the bytes read, inflated at most that far: gzip and deflate only, though rlvr asks for
+none), one deadline per request (connecting, the headers, the whole body; a WebSocket's handshake and answer),
+no redirects (a WebSocket redirected elsewhere is closed before anything is sent), JSON that parses, an object with an
 ``observation`` object, ``reward`` null or a finite number, ``done`` a boolean; text over ``max_chars`` is cut.
 A failure is ``HttpEnvError`` (an ``EpisodeError``), one line naming the server, the request and what was wrong.
 What the model caused is not an error: an action the server rejects (HTTP 422, WebSocket ``VALIDATION_ERROR``)
@@ -34,17 +36,20 @@ is a ``bad_arguments`` observation and the episode goes on; a step past its dead
 in ``stats`` and ends the episode (the server may still apply the action).
 
 NOT protected: the server is trusted with what it says (rewards included) and sees the whole row and every
-model turn; the API key is sent to whatever ``base_url`` names, in clear text over plain http; the deadline is
-checked between received chunks, so one request can last up to the deadline plus one read timeout; TLS and
-proxies are httpx's and websockets' defaults.
+model turn; the API key is sent to whatever ``base_url`` names, in clear text over plain http; TLS and proxies
+are httpx's and websockets' defaults.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import math
+import os
+import threading
 import time
+import zlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -90,8 +95,62 @@ def row_payload(row: Mapping[str, Any]) -> dict:
 
 
 def _short(text: str) -> str:
-    line = " ".join(text.split())
+    """A server's text fit for a message: one line, control characters (terminal escapes) as ``?``, bounded."""
+    line = " ".join(text[: SHOWN * 4].split())
+    line = "".join(c if c.isprintable() else "?" for c in line)
     return line if len(line) <= SHOWN else line[:SHOWN] + "..."
+
+
+_LOOP: tuple[int, asyncio.AbstractEventLoop] | None = None  # (pid, loop): a forked child starts its own
+_LOOP_LOCK = threading.Lock()
+
+
+def _wire_loop() -> asyncio.AbstractEventLoop:
+    """The event loop every HTTP exchange runs on (a daemon thread, started on first use), so that one
+    ``asyncio.timeout`` bounds the whole exchange: httpx's own timeouts apply to each read, and a server
+    trickling its headers a byte at a time would never time out."""
+    global _LOOP
+    with _LOOP_LOCK:
+        if _LOOP is None or _LOOP[0] != os.getpid():
+            loop = asyncio.new_event_loop()
+            threading.Thread(target=loop.run_forever, name="rlvr-env-http", daemon=True).start()
+            _LOOP = (os.getpid(), loop)
+        return _LOOP[1]
+
+
+class BoundedBody:
+    """An answer's body read chunk by chunk, never more than ``limit`` bytes once inflated: identity, or gzip /
+    deflate inflated at most ``limit`` + 1 bytes at a time (a 64 KiB gzip answer can inflate to 64 MiB). Other
+    encodings (br, zstd) are refused unread: rlvr asks for none."""
+
+    def __init__(self, encoding: str, limit: int, where: str) -> None:
+        name = encoding.strip().lower()
+        self.limit, self.where, self.buf = limit, where, bytearray()
+        if name in ("", "identity"):
+            self._inflater = None
+        elif name in ("gzip", "x-gzip", "deflate"):
+            self._inflater = zlib.decompressobj(zlib.MAX_WBITS | 16 if "gzip" in name else zlib.MAX_WBITS)
+        else:
+            raise HttpEnvError(f"{where}: the answer is compressed ({_short(name)!r}), which rlvr did not ask for "
+                               "and does not read; make the server answer plain JSON")
+
+    def add(self, chunk: bytes) -> None:
+        if self._inflater is None:
+            self.buf += chunk
+        try:
+            while chunk and self._inflater is not None and len(self.buf) <= self.limit:
+                self.buf += self._inflater.decompress(chunk, self.limit + 1 - len(self.buf))
+                chunk = self._inflater.unconsumed_tail
+        except zlib.error:
+            raise HttpEnvError(f"{self.where}: the answer's compressed stream is broken") from None
+        if len(self.buf) > self.limit:
+            inflated = " once inflated" if self._inflater is not None else ""
+            raise HttpEnvError(f"{self.where}: the answer is over {self.limit} bytes{inflated}")
+
+    def finish(self) -> bytes:
+        if self._inflater is not None and not self._inflater.eof:
+            raise HttpEnvError(f"{self.where}: the answer's compressed stream is cut short")
+        return bytes(self.buf)
 
 
 class HttpEnvironment:
@@ -124,7 +183,7 @@ class HttpEnvironment:
         self.rewards: list[float | None] = []  # every reward reported, reset's first
         self.done = False
         self._started = self._ended = self._released = False
-        self._http: httpx.Client | None = None
+        self._http: httpx.AsyncClient | None = None
         self._ws: Any = None
 
     @property
@@ -209,7 +268,8 @@ class HttpEnvironment:
             ws.close()
         http, self._http = self._http, None
         if http is not None:
-            http.close()
+            with contextlib.suppress(Exception):  # best effort: connections close with the process anyway
+                asyncio.run_coroutine_threadsafe(http.aclose(), _wire_loop()).result(5)
 
     # --- the wire ---
 
@@ -290,35 +350,39 @@ class HttpEnvironment:
             body = {"action": body, "timeout_s": timeout}
         content = self._encode(body, what)
         if self._http is None:
-            self._http = httpx.Client(headers=self._headers)
-        deadline = time.monotonic() + timeout
-        buf = bytearray()
+            self._http = httpx.AsyncClient(headers={**self._headers, "accept-encoding": "identity"},
+                                           follow_redirects=False)
+        future = asyncio.run_coroutine_threadsafe(self._exchange(url, where, content, timeout), _wire_loop())
         try:
-            with self._http.stream("POST", url, content=content, timeout=timeout,
-                                   headers={"content-type": "application/json"}) as response:
-                declared = response.headers.get("content-length", "")
-                if declared.isdigit() and int(declared) > self.max_response_bytes:
-                    raise HttpEnvError(f"{where}: the answer is {declared} bytes, over {self.max_response_bytes}")
-                for chunk in response.iter_bytes():
-                    buf += chunk
-                    if len(buf) > self.max_response_bytes:
-                        raise HttpEnvError(f"{where}: the answer is over {self.max_response_bytes} bytes")
-                    if time.monotonic() > deadline:
-                        raise httpx.ReadTimeout("deadline")
-                status = response.status_code
-        except httpx.TimeoutException:
+            status, raw = future.result(timeout + 10)  # the loop enforces the deadline; this is a backstop
+        except (TimeoutError, httpx.TimeoutException):
+            future.cancel()
             if what == "step":
                 return "timeout", None
             raise HttpEnvError(f"{where}: no answer within {timeout:g} s") from None
         except httpx.HTTPError as err:
             raise HttpEnvError(f"{where}: cannot reach the server ({type(err).__name__}: {_short(str(err))})") from None
-        text = bytes(buf).decode("utf-8", "replace")
+        text = raw.decode("utf-8", "replace")
         if status == 422 and what == "step":
             return "rejected", _short(text)
         if status != 200:
             hint = " (check api_key)" if status in (401, 403) else ""
             raise HttpEnvError(f"{where}: HTTP {status}{hint}: {_short(text) or '(empty)'}")
-        return "ok", self._decode(bytes(buf), what)
+        return "ok", self._decode(raw, what)
+
+    async def _exchange(self, url: str, where: str, content: str, timeout: float) -> tuple[int, bytes]:
+        """Status and body of one POST, all of it (connect, headers, body) within ``timeout`` seconds and the body
+        within ``max_response_bytes`` once inflated."""
+        async with asyncio.timeout(timeout):
+            async with self._http.stream("POST", url, content=content, timeout=timeout,
+                                         headers={"content-type": "application/json"}) as response:
+                declared = response.headers.get("content-length", "")
+                if declared.isascii() and declared.isdigit() and int(declared[:20]) > self.max_response_bytes:
+                    raise HttpEnvError(f"{where}: the answer is {declared} bytes, over {self.max_response_bytes}")
+                body = BoundedBody(response.headers.get("content-encoding", ""), self.max_response_bytes, where)
+                async for chunk in response.aiter_raw():
+                    body.add(chunk)
+                return response.status_code, body.finish()
 
     def _ws_request(self, what: str, body: dict, timeout: float) -> tuple[str, Any]:
         url, where = "ws" + self.base_url.removeprefix("http") + "/ws", self._where(what)
@@ -329,12 +393,14 @@ class HttpEnvironment:
         except ImportError:
             raise HttpEnvError(f"{where}: transport='ws' needs the websockets package (pip install websockets); "
                                "or use transport='http' with a server that keeps state across requests") from None
+        deadline = time.monotonic() + timeout
         try:
             if self._ws is None:
                 self._ws = connect(url, open_timeout=timeout, max_size=self.max_response_bytes, close_timeout=1,
                                    additional_headers=self._headers or None)
+                self._refuse_redirect(url, where)
             self._ws.send(content)
-            raw = self._ws.recv(timeout=timeout)
+            raw = self._ws.recv(timeout=max(deadline - time.monotonic(), 0.0))
         except TimeoutError:
             if what == "step":
                 self._drop()
@@ -362,6 +428,22 @@ class HttpEnvironment:
         if message.get("type") != "observation":
             raise HttpEnvError(f"{where}: expected an observation, got type {_short(str(message.get('type')))}")
         return "ok", message["data"]
+
+    def _refuse_redirect(self, url: str, where: str) -> None:
+        """Close a WebSocket that a redirect took to another address, before the row or a turn is sent there
+        (websockets follows redirects by itself)."""
+        from websockets.headers import build_host
+        from websockets.uri import parse_uri
+
+        asked = parse_uri(url)
+        request = getattr(self._ws, "request", None)
+        if request is None:
+            return
+        host, path = request.headers.get("Host", ""), request.path
+        if host != build_host(asked.host, asked.port, asked.secure) or path != asked.resource_name:
+            self._drop()
+            raise HttpEnvError(f"{where}: the server redirected the connection to {_short(host + path)}; rlvr "
+                               "follows no redirects (the row would go there): give base_url the final address")
 
     def _drop(self) -> None:
         ws, self._ws = self._ws, None

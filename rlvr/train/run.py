@@ -41,7 +41,7 @@ from rlvr.train.build import (
 from rlvr.train.collected import Collected
 from rlvr.train.evaluate import evaluate
 from rlvr.train.learners import check_learners
-from rlvr.train.run_files import model_card, sample_records, write_config
+from rlvr.train.run_files import absolute_paths, model_card, sample_records, write_config
 from rlvr.train.scoring import EnvironmentObjects
 
 
@@ -315,6 +315,7 @@ def open_run(cfg: RunConfig, update: Update, rewards: list[WeightedReward] | Non
     ``update`` trains); resume from a checkpoint if asked (applying the configuration given now and printing what
     changed); prepare the run directory and metric sinks."""
     started = time.perf_counter()
+    cfg = absolute_paths(cfg)  # config.yaml and checkpoints name the same files from any directory
     require_trackers(cfg.log.trackers)  # a missing wandb / trackio package fails here, before the model loads
     torch.set_num_threads(cfg.train.threads or torch.get_num_threads())
     if cfg.train.heap_threshold_kb:
