@@ -1,13 +1,15 @@
 """The files a run writes for people to read: samples.jsonl records (``sample_records``), config.yaml with the
-task fields the task does not read marked (``config_yaml``), and the model card of the saved weights
-(``model_card``)."""
+task fields the task does not read marked (``config_yaml``) and its local paths absolute (``absolute_paths``), and
+the model card of the saved weights (``model_card``)."""
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
+import glob
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +108,30 @@ def unused_task_fields(task: TaskConfig) -> list[str]:
     names = [f.name for f in dataclasses.fields(task)]
     used = set(TASK_COMMON_FIELDS) | set(TASK_FIELDS.get(task.name, names))
     return [n for n in names if n not in used]
+
+
+def _absolute(path: str) -> str:
+    return os.path.abspath(os.path.expanduser(path)) if path else path
+
+
+def absolute_paths(cfg: RunConfig) -> RunConfig:
+    """``cfg`` with every local path made absolute against the working directory, so that a run's config.yaml (and
+    its checkpoints' copies) names the same files from any directory: output_dir, resume (a checkpoint path),
+    model.name (a local directory, not an alias or a Hub id), task.train_path / eval_path, task.source (a local
+    file, directory or glob, not a Hub id) and eval.extra_path."""
+    from rlvr.offline_models import ALIASES
+
+    name, source = cfg.model.name, cfg.task.source
+    if name not in ALIASES and Path(name).expanduser().exists():
+        name = _absolute(name)
+    if source and (Path(source).expanduser().exists() or glob.has_magic(source)):
+        source = _absolute(source)
+    task = dataclasses.replace(cfg.task, source=source, train_path=_absolute(cfg.task.train_path),
+                               eval_path=_absolute(cfg.task.eval_path))
+    return dataclasses.replace(
+        cfg, output_dir=_absolute(cfg.output_dir), resume=cfg.resume if cfg.resume in ("", "auto") else
+        _absolute(cfg.resume), model=dataclasses.replace(cfg.model, name=name), task=task,
+        eval=dataclasses.replace(cfg.eval, extra_path=_absolute(cfg.eval.extra_path)))
 
 
 def _yaml_lines(key: str, value: Any, indent: str = "") -> str:
