@@ -29,25 +29,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from rlvr.algo_config import REWARD_AGGREGATIONS
+from rlvr.api_checks import LOSS_TYPES, check_config, is_number, plain, scale_name, tracker_names
 from rlvr.api_inputs import dataset_jsonl, dataset_rows, environment_objects, held_out_check, reward_entry
 from rlvr.config import RunConfig, build_config
 from rlvr.metrics import read_metrics
 from rlvr.models import ALL_LINEAR, resolve_model_dir
 from rlvr.rewards import WeightedReward
-from rlvr.trackers import TRACKERS
 
 __all__ = ["GRPOConfig", "GRPOTrainer", "TrainOutput"]
 
-# TRL's loss_type -> rlvr's (algo.objective, algo.aggregation); each aggregation divides the summed token losses once
-# per step, over the whole batch. ppo_clip becomes gspo with importance_sampling_level="sequence".
-LOSS_TYPES = {"grpo": ("ppo_clip", "sequence_mean"), "dapo": ("ppo_clip", "token_mean"),
-              "bnpo": ("ppo_clip", "token_mean"), "dr_grpo": ("ppo_clip", "token_sum_constant"),
-              "cispo": ("cispo", "token_mean"), "sapo": ("sapo", "sequence_mean"),
-              "luspo": ("ppo_clip", "sequence_sum")}
-IS_LEVELS = ("token", "sequence")
-SCALE_REWARDS = {"group": "group", "batch": "batch", "none": "none"}
-STRATEGIES = ("no", "steps", "epoch")
 NO_EVAL_DATASET_EVAL_SIZE = 100  # training prompts measured before and after when there is no eval_dataset
 # Fields of TRL's GRPOConfig (or of transformers' TrainingArguments) that users often set and rlvr does not support,
 # with what to do instead; any other unknown field gets the generic message.
@@ -261,7 +251,7 @@ class GRPOConfig:
     def check(self) -> None:
         """Every check that does not need the datasets; an error names the field (called on construction and again
         by GRPOTrainer, so fields changed after construction are checked too)."""
-        _check_config(self)
+        check_config(self)
 
 
 _FIELD_NAMES = frozenset(f.name for f in dataclasses.fields(GRPOConfig))
@@ -287,179 +277,6 @@ def _unsupported_message(names: list[str]) -> str:
         lines.append(f"GRPOConfig: rlvr does not support the field {name!r}" + (f" ({hint})" if hint else "")
                      + (f" (did you mean {close[0]!r}?)" if close else ""))
     return "; ".join(lines) + f"; supported fields: {', '.join(sorted(_FIELD_NAMES))} (docs/api.md)"
-
-
-def _plain(value: Any) -> Any:
-    """The value of a string enum (transformers' IntervalStrategy, SchedulerType) as its string."""
-    return getattr(value, "value", value)
-
-
-def _refuse(field: str, value: Any, why: str) -> ValueError:
-    return ValueError(f"GRPOConfig.{field}={value!r}: {why}")
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _check_config(a: GRPOConfig) -> None:
-    for name in ("learning_rate", "beta", "epsilon", "temperature", "top_p", "num_train_epochs", "warmup_steps",
-                 "weight_decay", "max_grad_norm", "logging_steps", "save_steps"):
-        if not _is_number(getattr(a, name)) or getattr(a, name) < 0:
-            raise _refuse(name, getattr(a, name), "must be a number >= 0")
-    for name in ("num_generations", "max_completion_length", "per_device_train_batch_size",
-                 "gradient_accumulation_steps", "num_iterations", "max_steps", "seed"):
-        if not isinstance(getattr(a, name), int) or isinstance(getattr(a, name), bool):
-            raise _refuse(name, getattr(a, name), "must be an int")
-    for name in ("max_prompt_length", "save_total_limit", "per_device_eval_batch_size"):
-        value = getattr(a, name)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-            raise _refuse(name, value, "must be None or an int >= 1")
-    value = a.max_tool_calling_iterations
-    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
-        raise _refuse("max_tool_calling_iterations", value, "must be None or an int >= 0")
-    for name in ("epsilon_high", "eval_steps", "warmup_ratio"):
-        value = getattr(a, name)
-        if value is not None and (not _is_number(value) or value < 0):
-            raise _refuse(name, value, "must be None or a number >= 0")
-    for name in ("mask_truncated_completions", "disable_tqdm", "log_completions", "bf16", "use_cpu",
-                 "gradient_checkpointing", "remove_unused_columns"):
-        if not isinstance(getattr(a, name), bool):
-            raise _refuse(name, getattr(a, name), "must be True or False")
-    if a.num_generations < 2:
-        raise _refuse("num_generations", a.num_generations, "must be >= 2 (a group of one has no signal)")
-    for name in ("max_completion_length", "per_device_train_batch_size", "gradient_accumulation_steps",
-                 "num_iterations"):
-        if getattr(a, name) < 1:
-            raise _refuse(name, getattr(a, name), "must be >= 1")
-    completions = a.per_device_train_batch_size * a.gradient_accumulation_steps
-    if completions % a.num_generations:
-        raise ValueError(
-            f"GRPOConfig: per_device_train_batch_size={a.per_device_train_batch_size} x gradient_accumulation_steps="
-            f"{a.gradient_accumulation_steps} = {completions} completions per step is not a multiple of "
-            f"num_generations={a.num_generations}; each step samples whole groups of num_generations completions "
-            "(prompts per step = completions per step / num_generations): change one of them")
-    if a.max_steps == 0 or a.max_steps < -1:
-        raise _refuse("max_steps", a.max_steps, "must be >= 1 (or -1: train num_train_epochs epochs)")
-    if a.max_steps > 0 and a.max_steps % a.num_iterations:
-        raise _refuse("max_steps", a.max_steps,
-                      f"must be a multiple of num_iterations={a.num_iterations}: each batch of completions is trained "
-                      "on num_iterations times, one optimizer step each, and rlvr counts steps in batches")
-    if a.max_steps == -1 and a.num_train_epochs <= 0:
-        raise _refuse("num_train_epochs", a.num_train_epochs, "must be > 0 when max_steps is -1")
-    if a.temperature <= 0:
-        raise _refuse("temperature", a.temperature, "must be > 0 (GRPO compares sampled completions)")
-    if not 0 < a.top_p <= 1:
-        raise _refuse("top_p", a.top_p, "must be in (0, 1]")
-    if a.top_k is not None and (not isinstance(a.top_k, int) or isinstance(a.top_k, bool) or a.top_k < 0):
-        raise _refuse("top_k", a.top_k, "must be an int >= 0 (0 or None: off)")
-    if a.delta is not None and (not _is_number(a.delta) or a.delta <= 1):
-        raise _refuse("delta", a.delta, "must be > 1 (or None: off)")
-    high = a.epsilon if a.epsilon_high is None else a.epsilon_high
-    if a.delta is not None and _is_number(high) and a.delta < 1 + high:
-        # TRL caps every token's ratio at delta; rlvr's dual clip caps negative-advantage tokens only. The two are
-        # the same loss when delta >= 1 + epsilon_high (a positive advantage's ratio is clipped there first).
-        raise _refuse("delta", a.delta, f"must be >= 1 + epsilon_high = {1 + high:g}, where rlvr's dual clip and "
-                                        "TRL's cap on the ratio give the same loss")
-    loss_type = _plain(a.loss_type)
-    if loss_type == "vespo":
-        raise _refuse("loss_type", loss_type, "VESPO's sequence weight is not implemented; closest: loss_type='cispo' "
-                                              "(a clipped, detached ratio on REINFORCE)")
-    if loss_type not in LOSS_TYPES:
-        raise _refuse("loss_type", loss_type, f"rlvr does not support it; supported: {', '.join(LOSS_TYPES)}")
-    if a.importance_sampling_level not in IS_LEVELS:
-        raise _refuse("importance_sampling_level", a.importance_sampling_level, "must be token or sequence")
-    if a.importance_sampling_level == "sequence" and LOSS_TYPES[loss_type][0] != "ppo_clip":
-        raise _refuse("importance_sampling_level", "sequence", f"rlvr's {loss_type} is token-level; the sequence ratio "
-                                                               "(GSPO) goes with grpo, dapo, bnpo, dr_grpo or luspo")
-    if loss_type == "cispo" and (a.epsilon_high is None or not _is_number(a.epsilon_high) or a.epsilon_high <= 1):
-        raise _refuse("epsilon_high", a.epsilon_high, "loss_type='cispo' reads it as the absolute cap of the ratio and "
-                                                      "needs it set above 1 (MiniMax-M1, TRL's docs: 5.0); left unset, "
-                                                      "TRL falls back to epsilon=0.2 and caps every on-policy token")
-    for name in ("sapo_temperature_pos", "sapo_temperature_neg"):
-        if not _is_number(getattr(a, name)) or getattr(a, name) <= 0:
-            raise _refuse(name, getattr(a, name), "must be a number > 0")
-    if a.multi_objective_aggregation not in REWARD_AGGREGATIONS:
-        raise _refuse("multi_objective_aggregation", a.multi_objective_aggregation,
-                      f"must be one of {', '.join(REWARD_AGGREGATIONS)}")
-    if a.sync_ref_model and not (_is_number(a.beta) and a.beta > 0):
-        raise _refuse("sync_ref_model", True, "refreshes the KL reference, which beta=0 does not use: set beta > 0")
-    if not _is_number(a.ref_model_mixup_alpha) or not 0 < a.ref_model_mixup_alpha <= 1:
-        raise _refuse("ref_model_mixup_alpha", a.ref_model_mixup_alpha, "must be in (0, 1]")
-    if not isinstance(a.ref_model_sync_steps, int) or isinstance(a.ref_model_sync_steps, bool) \
-            or a.ref_model_sync_steps < 1:
-        raise _refuse("ref_model_sync_steps", a.ref_model_sync_steps, "must be an int >= 1")
-    if not _is_number(a.entropy_coef) or a.entropy_coef < 0:
-        raise _refuse("entropy_coef", a.entropy_coef, "must be a number >= 0")
-    if not _is_number(a.top_entropy_quantile) or not 0 < a.top_entropy_quantile <= 1:
-        raise _refuse("top_entropy_quantile", a.top_entropy_quantile, "must be in (0, 1] (1: off)")
-    if loss_type == "bnpo" and a.gradient_accumulation_steps != 1:
-        raise _refuse("loss_type", loss_type,
-                      "bnpo normalises over each micro-batch of gradient accumulation; rlvr normalises once over the "
-                      "step's whole batch, which is bnpo only with gradient_accumulation_steps=1: use loss_type="
-                      "'dapo' (the same normalisation over the whole batch) or gradient_accumulation_steps=1")
-    _scale(a.scale_rewards)
-    _trackers(a.report_to)
-    if a.reward_weights is not None and (not isinstance(a.reward_weights, (list, tuple))
-                                         or not all(_is_number(w) for w in a.reward_weights)):
-        raise _refuse("reward_weights", a.reward_weights, "must be None or a list of numbers")
-    if a.warmup_ratio is not None and a.warmup_steps:
-        raise _refuse("warmup_ratio", a.warmup_ratio, f"set warmup_ratio or warmup_steps ({a.warmup_steps}), not both")
-    if a.warmup_ratio is not None and a.warmup_ratio >= 1:
-        raise _refuse("warmup_ratio", a.warmup_ratio, "must be in [0, 1)")
-    scheduler = _plain(a.lr_scheduler_type)
-    if scheduler not in ("constant_with_warmup", "constant"):
-        raise _refuse("lr_scheduler_type", scheduler,
-                      "rlvr's schedule is a linear warmup then a constant rate: constant_with_warmup (or constant, "
-                      "without warmup)")
-    if scheduler == "constant" and (a.warmup_steps or a.warmup_ratio):
-        raise _refuse("lr_scheduler_type", scheduler, "has no warmup; use constant_with_warmup with a warmup")
-    if _plain(a.optim) not in ("adamw_torch", "adamw_torch_fused"):
-        raise _refuse("optim", _plain(a.optim), "rlvr's optimizer is torch's AdamW: adamw_torch or adamw_torch_fused")
-    for name, default in (("adam_beta1", 0.9), ("adam_beta2", 0.999), ("adam_epsilon", 1e-8)):
-        if getattr(a, name) != default:
-            raise _refuse(name, getattr(a, name), f"rlvr's AdamW uses torch's default ({default}); it is not settable")
-    if a.num_completions_to_print is not None:
-        raise _refuse("num_completions_to_print", a.num_completions_to_print,
-                      "rlvr prints no completions; log_completions=True writes every one to OUTPUT_DIR/samples.jsonl")
-    if _plain(a.save_strategy) not in STRATEGIES:
-        raise _refuse("save_strategy", _plain(a.save_strategy), f"rlvr supports {', '.join(STRATEGIES)}")
-    if _plain(a.eval_strategy) not in STRATEGIES:
-        raise _refuse("eval_strategy", _plain(a.eval_strategy), f"rlvr supports {', '.join(STRATEGIES)}")
-    if a.save_steps <= 0:
-        raise _refuse("save_steps", a.save_steps, "must be > 0")
-    if a.logging_steps <= 0:
-        raise _refuse("logging_steps", a.logging_steps, "must be > 0")
-    if a.eval_steps is not None and a.eval_steps <= 0:
-        raise _refuse("eval_steps", a.eval_steps, "must be > 0")
-    if a.fp16:
-        raise _refuse("fp16", a.fp16, "rlvr runs fp32 or, with bf16=True, bf16 autocast")
-    for name, allowed, why in (("shuffle_dataset", True, "rlvr always draws prompts in a seeded random order"),
-                               ("use_vllm", False, ("this trainer samples in process; rollout servers (vLLM "
-                                 "included) are set up with rollout.backend=server in a YAML config")),
-                               ("push_to_hub", False, "rlvr never uploads")):
-        if getattr(a, name) is not allowed:
-            raise _refuse(name, getattr(a, name), f"only {allowed} is supported: {why}")
-
-
-def _scale(value: Any) -> str:
-    value = _plain(value)
-    if isinstance(value, bool):
-        return "group" if value else "none"
-    if value not in SCALE_REWARDS:
-        raise _refuse("scale_rewards", value, "rlvr supports group (or True), batch, none (or False)")
-    return SCALE_REWARDS[value]
-
-
-def _trackers(report_to: Any) -> list[str]:
-    names = [report_to] if report_to is None or isinstance(report_to, str) else list(report_to)
-    names = [n for n in names if n not in (None, "none")]
-    bad = [n for n in names if n not in TRACKERS]
-    if bad:
-        raise _refuse("report_to", report_to,
-                      f"rlvr does not report to {bad[0]!r}; it supports none, {', '.join(TRACKERS)} or a list of them "
-                      "(and always writes metrics.jsonl)")
-    return names
 
 
 # ---------------------------------------------------------------- the trainer
@@ -531,8 +348,8 @@ class GRPOTrainer:
         train_rows = dataset_rows(train_dataset, "train_dataset", args.remove_unused_columns)
         eval_rows = None if eval_dataset is None else dataset_rows(eval_dataset, "eval_dataset",
                                                                     args.remove_unused_columns)
-        if eval_rows is None and _plain(args.eval_strategy) != "no":
-            raise ValueError(f"GRPOConfig.eval_strategy={_plain(args.eval_strategy)!r} needs an eval_dataset (as in "
+        if eval_rows is None and plain(args.eval_strategy) != "no":
+            raise ValueError(f"GRPOConfig.eval_strategy={plain(args.eval_strategy)!r} needs an eval_dataset (as in "
                              "TRL)")
         if args.max_prompt_length is not None:
             _check_prompt_lengths(model_dir, args.max_prompt_length, train_rows, eval_rows)
@@ -604,7 +421,7 @@ class GRPOTrainer:
         summary = train(cfg, rewards=self.rewards, environment=self.environment)
         self._summary = summary
         losses = [r["update/loss"] for r in read_metrics(Path(cfg.output_dir) / "metrics.jsonl")
-                  if r.get("step", 0) >= 1 and _is_number(r.get("update/loss"))]
+                  if r.get("step", 0) >= 1 and is_number(r.get("update/loss"))]
         loss = sum(losses) / len(losses) if losses else math.nan
         return TrainOutput(cfg.train.steps * cfg.algo.num_iterations, loss, summary)
 
@@ -691,7 +508,7 @@ def _lora(peft_config: Any, model_dir: Path) -> dict | None:
         sets = ", ".join(f"{n}={getattr(peft_config, n)!r}" for n in other)
         raise ValueError(f"GRPOTrainer: peft_config sets {sets}; rlvr does not support it (it takes r, lora_alpha, "
                          "lora_dropout and target_modules)")
-    task = _plain(peft_config.task_type)
+    task = plain(peft_config.task_type)
     if task not in (None, "CAUSAL_LM"):
         raise ValueError(f"GRPOTrainer: peft_config.task_type={task!r}; GRPO trains a causal LM (CAUSAL_LM)")
     targets = peft_config.target_modules
@@ -729,10 +546,10 @@ def _run_config(a: GRPOConfig, model_name: str, lora: dict | None, n_train: int,
     warmup = a.warmup_steps if a.warmup_ratio is None else a.warmup_ratio
     warmup_steps = math.ceil(warmup * total) if 0 < warmup < 1 else int(warmup)
 
-    save = _plain(a.save_strategy)
+    save = plain(a.save_strategy)
     every = {"no": 0, "epoch": epoch, "steps": _batches(a.save_steps, total, mu)}[save]
     keep = a.save_total_limit or ((steps // every if every else 0) + 1)
-    evaluation = _plain(a.eval_strategy)
+    evaluation = plain(a.eval_strategy)
     eval_every = {"no": 0, "epoch": epoch,
                   "steps": _batches(a.logging_steps if a.eval_steps is None else a.eval_steps, total, mu)}[evaluation]
     return build_config({
@@ -744,7 +561,7 @@ def _run_config(a: GRPOConfig, model_name: str, lora: dict | None, n_train: int,
         "rewards": [{"name": name, "weight": weight, "kwargs": kwargs} for name, kwargs, weight in rewards],
         "rollout": {"group_size": a.num_generations, "temperature": float(a.temperature), "top_p": float(a.top_p),
                     "top_k": a.top_k or 0, "max_new_tokens": a.max_completion_length},
-        "algo": {"name": "grpo", "preset": "grpo", "scale": _scale(a.scale_rewards), **_objective(a),
+        "algo": {"name": "grpo", "preset": "grpo", "scale": scale_name(a.scale_rewards), **_objective(a),
                  "dual_clip": float(a.delta or 0.0), "beta": float(a.beta), "kl_estimator": "k3",
                  "entropy_coef": float(a.entropy_coef), "top_entropy_quantile": float(a.top_entropy_quantile),
                  "reward_aggregation": a.multi_objective_aggregation,
@@ -757,7 +574,7 @@ def _run_config(a: GRPOConfig, model_name: str, lora: dict | None, n_train: int,
                   "keep_last": keep, "device": "cpu" if a.use_cpu else "auto"},
         "eval": {"every": eval_every,
                  **({"batch_size": a.per_device_eval_batch_size} if a.per_device_eval_batch_size else {})},
-        "log": {"trackers": _trackers(a.report_to), "run_name": a.run_name or "", "progress": not a.disable_tqdm,
+        "log": {"trackers": tracker_names(a.report_to), "run_name": a.run_name or "", "progress": not a.disable_tqdm,
                 "samples": a.log_completions},
         "env": env,
     })
@@ -765,7 +582,7 @@ def _run_config(a: GRPOConfig, model_name: str, lora: dict | None, n_train: int,
 
 def _objective(a: GRPOConfig) -> dict:
     """The algo keys of TRL's loss_type, importance_sampling_level and clip fields."""
-    objective, aggregation = LOSS_TYPES[_plain(a.loss_type)]
+    objective, aggregation = LOSS_TYPES[plain(a.loss_type)]
     if a.importance_sampling_level == "sequence":
         objective = "gspo"
     high = float(a.epsilon if a.epsilon_high is None else a.epsilon_high)
