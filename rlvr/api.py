@@ -29,12 +29,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from rlvr.api_checks import LOSS_TYPES, check_config, is_number, plain, scale_name, tracker_names
+from rlvr.api_checks import LOSS_TYPES, check_config, ignored_notes, is_number, plain, scale_name, tracker_names
 from rlvr.api_inputs import dataset_jsonl, dataset_rows, environment_objects, held_out_check, reward_entry
 from rlvr.config import RunConfig, build_config
 from rlvr.metrics import read_metrics
 from rlvr.models import ALL_LINEAR, resolve_model_dir
 from rlvr.rewards import WeightedReward
+from rlvr.rewards.base import TrainerState
 
 __all__ = ["GRPOConfig", "GRPOTrainer", "TrainOutput"]
 
@@ -239,6 +240,37 @@ class GRPOConfig:
     max_tool_calling_iterations: int | None = None
     """With tools or environment_factory: tool-calling rounds per episode, at most (env.max_turns is one more: the
     final answer). None: rlvr's default of 4 model turns (TRL's None is no limit but the length)."""
+    # transformers' TrainingArguments fields that change nothing here: accepted; a value that would change something
+    # under transformers gets a note when the trainer is built (api_checks.IGNORED_FIELDS, docs/api.md).
+    log_level: str = "passive"
+    """Accepted; rlvr prints its own progress and one-line errors, and leaves the library loggers' levels alone."""
+    logging_first_step: bool = False
+    """Accepted; rlvr logs every step, the first included."""
+    logging_strategy: str = "steps"
+    """Accepted; rlvr logs every step whatever it says."""
+    logging_dir: str | None = None
+    """Accepted; TensorBoard events go to OUTPUT_DIR/tensorboard (report_to='tensorboard')."""
+    overwrite_output_dir: bool = False
+    """Accepted; rlvr never overwrites a run: an earlier one in output_dir is moved aside to OUTPUT_DIR.prev-N."""
+    do_train: bool = False
+    """Accepted (read by scripts, not by the trainer, as in transformers)."""
+    do_eval: bool = False
+    """Accepted (read by scripts, not by the trainer, as in transformers)."""
+    dataloader_num_workers: int = 0
+    """Accepted; rlvr draws prompts from rows in memory, without a DataLoader."""
+    dataloader_pin_memory: bool = True
+    """Accepted; no DataLoader (as dataloader_num_workers)."""
+    dataloader_persistent_workers: bool = False
+    """Accepted; no DataLoader (as dataloader_num_workers)."""
+    save_only_model: bool = False
+    """Accepted; rlvr's checkpoints always hold the optimizer, scheduler and data cursor, which exact resume needs
+    (the trained weights alone are OUTPUT_DIR/adapter or OUTPUT_DIR/model)."""
+    save_safetensors: bool = True
+    """Accepted; rlvr always saves safetensors."""
+    gradient_checkpointing_kwargs: dict | None = None
+    """Accepted; with gradient_checkpointing rlvr checkpoints with use_reentrant=False, whatever it says."""
+    ddp_find_unused_parameters: bool | None = None
+    """Accepted; rlvr's learners (torchrun) sum gradients themselves, without DDP."""
 
     def __post_init__(self) -> None:
         self.check()
@@ -338,7 +370,10 @@ class GRPOTrainer:
             raise TypeError(f"GRPOTrainer: args must be rlvr.GRPOConfig, got {type(args).__module__}."
                             f"{type(args).__qualname__}")
         args.check()
+        for note in ignored_notes(args):
+            print(note)
         self.args = args
+        self._model_dir, self._model = model_dir, None
         _check_processing_class(processing_class, model_dir)
         lora = _lora(peft_config, model_dir)
 
@@ -346,6 +381,7 @@ class GRPOTrainer:
             raise ValueError("GRPOTrainer: train_dataset is required (a datasets.Dataset or a list of dicts with a "
                              "prompt column)")
         train_rows = dataset_rows(train_dataset, "train_dataset", args.remove_unused_columns)
+        self._train_rows = len(train_rows)
         eval_rows = None if eval_dataset is None else dataset_rows(eval_dataset, "eval_dataset",
                                                                     args.remove_unused_columns)
         if eval_rows is None and plain(args.eval_strategy) != "no":
@@ -392,6 +428,47 @@ class GRPOTrainer:
         self.rlvr_config = _run_config(args, self.model_name, lora, len(train_rows), str(train_path), str(eval_path),
                                        eval_size, check, [(e[0], e[1], w) for e, w in zip(entries, weights)], env)
         self._summary: dict | None = None
+        steps = self.rlvr_config.train.steps * self.rlvr_config.algo.num_iterations
+        self.state = TrainerState(max_steps=steps)
+        """TRL's trainer state: global_step, max_steps, epoch and, after train(), log_history (metrics.jsonl)."""
+        self._processing_class = None
+
+    @property
+    def processing_class(self) -> Any:
+        """The tokenizer rlvr uses, the one saved in the model's directory."""
+        if self._processing_class is None:
+            from rlvr.models import load_tokenizer
+
+            self._processing_class = load_tokenizer(self._model_dir)
+        return self._processing_class
+
+    @property
+    def model(self) -> Any:
+        """The policy as a transformers model (loaded on first use): the starting weights before train(), the
+        trained ones after it (a peft model under LoRA)."""
+        if self._model is None:
+            from rlvr.models import load_causal_lm
+
+            saved = Path(self._summary["saved"]) if self._summary and "saved" in self._summary else None
+            if saved is not None and saved.name == "model":
+                self._model = load_causal_lm(saved)
+            else:
+                self._model = load_causal_lm(self._model_dir)
+                if saved is not None:
+                    from peft import PeftModel
+
+                    self._model = PeftModel.from_pretrained(self._model, saved)
+        return self._model
+
+    def evaluate(self, eval_dataset: Any = None, **kwargs: Any) -> dict[str, float]:
+        """Greedy accuracy of ``model`` (trained, after train()) on the held-out rows, as the run measures it before
+        and after training: ``{"eval_accuracy": share correct, "eval_size": prompts}``."""
+        if eval_dataset is not None or any(v is not None for v in kwargs.values()):
+            raise TypeError("GRPOTrainer.evaluate: rlvr evaluates on the trainer's held-out rows (eval_dataset, or "
+                            "the first rows of train_dataset); pass eval_dataset to GRPOTrainer instead")
+        from rlvr.train.run_eval import held_out_accuracy
+
+        return held_out_accuracy(self.rlvr_config, self.model, self.environment)
 
     @staticmethod
     def _data_file(data_dir: Path, split: str, text: str) -> Path:
@@ -419,11 +496,18 @@ class GRPOTrainer:
         from rlvr.launch import train
 
         summary = train(cfg, rewards=self.rewards, environment=self.environment)
-        self._summary = summary
-        losses = [r["update/loss"] for r in read_metrics(Path(cfg.output_dir) / "metrics.jsonl")
-                  if r.get("step", 0) >= 1 and is_number(r.get("update/loss"))]
+        self._summary, self._model = summary, None
+        records = read_metrics(Path(cfg.output_dir) / "metrics.jsonl")
+        losses = [r["update/loss"] for r in records if r.get("step", 0) >= 1 and is_number(r.get("update/loss"))]
         loss = sum(losses) / len(losses) if losses else math.nan
-        return TrainOutput(cfg.train.steps * cfg.algo.num_iterations, loss, summary)
+        self.state.global_step = self.state.max_steps
+        self.state.epoch = cfg.train.steps * cfg.train.prompts_per_step / max(self._train_rows, 1)
+        self.state.log_history = records
+        if "saved" in summary:  # rank 0 reports, as rlvr train does
+            from rlvr.train.run_eval import accuracy_line
+
+            print(accuracy_line(summary, cfg.output_dir))
+        return TrainOutput(self.state.global_step, loss, summary)
 
     def save_model(self, output_dir: str | None = None) -> Path:
         """Copy the trained weights (OUTPUT_DIR/adapter or OUTPUT_DIR/model, saved by ``train``) into

@@ -192,3 +192,29 @@ def tracker_names(report_to: Any) -> list[str]:
                       f"rlvr does not report to {bad[0]!r}; it supports none, {', '.join(TRACKERS)} or a list of them "
                       "(and always writes metrics.jsonl)")
     return names
+
+
+# GRPOConfig's accepted TrainingArguments fields that change nothing: name -> (values that match what rlvr does
+# anyway, the note printed for any other value).
+IGNORED_FIELDS: dict[str, tuple[tuple, str]] = {
+    "log_level": (("passive",), "rlvr prints its own progress and leaves the library loggers' levels alone"),
+    "logging_first_step": ((False, True), ""),
+    "logging_strategy": (("steps",), "rlvr logs every step"),
+    "logging_dir": ((None,), "TensorBoard events go to OUTPUT_DIR/tensorboard"),
+    "overwrite_output_dir": ((False,), "rlvr never overwrites a run: an earlier one is moved aside (.prev-N)"),
+    "do_train": ((False, True), ""),
+    "do_eval": ((False, True), ""),
+    "dataloader_num_workers": ((0,), "rlvr draws prompts from rows in memory, without a DataLoader"),
+    "dataloader_pin_memory": ((True, False), ""),
+    "dataloader_persistent_workers": ((False, True), ""),
+    "save_only_model": ((False,), "checkpoints still hold the optimizer and scheduler state, which resume needs"),
+    "save_safetensors": ((True,), "rlvr always saves safetensors"),
+    "gradient_checkpointing_kwargs": ((None, {"use_reentrant": False}), "rlvr checkpoints with use_reentrant=False"),
+    "ddp_find_unused_parameters": ((None,), "rlvr's learners sum gradients themselves, without DDP"),
+}
+
+
+def ignored_notes(a: Any) -> list[str]:
+    """One note per accepted field of ``a`` set to a value whose effect under transformers rlvr does not have."""
+    return [f"rlvr: GRPOConfig.{name}={getattr(a, name)!r} has no effect here: {note}"
+            for name, (same, note) in IGNORED_FIELDS.items() if note and getattr(a, name) not in same]

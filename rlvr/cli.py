@@ -24,11 +24,9 @@ def _train(args: argparse.Namespace) -> int:
     summary = train(cfg)
     if "saved" not in summary:  # a learner other than rank 0 of a torchrun job: rank 0 reports
         return 0
-    before, after = summary["eval_accuracy_before"], summary["eval_accuracy_after"]
-    print(
-        f"held-out accuracy: {before:.1%} -> {after:.1%} ({(after - before) * 100:+.1f} points) "
-        f"in {summary['wall_time_s'] / 60:.1f} min; run directory: {cfg.output_dir}"
-    )
+    from rlvr.train.run_eval import accuracy_line
+
+    print(accuracy_line(summary, cfg.output_dir))
     return 0
 
 

@@ -7,8 +7,11 @@ A reward function has TRL's signature::
 ``prompts`` are the dataset prompts (a string or a list of chat messages), ``completions`` the sampled
 answers - plain strings for string prompts, ``[{"role": "assistant", "content": text}]`` for chat prompts,
 as TRL passes them - and ``columns`` every other dataset column (one value per completion) plus
-``completion_ids`` (lists of token ids). A TRL reward function therefore works unchanged, unless it returns NaN
-for "no score" (TRL ignores NaN; rlvr refuses it, below: return None instead).
+``completion_ids`` (lists of token ids). As TRL 1.x does, a function that takes them (by name, or ``**kwargs``)
+also gets ``trainer_state`` (``TrainerState``: global_step, max_steps, epoch), ``log_metric(name, value)`` (a
+scalar averaged over the step, logged as ``reward_log/NAME``) and ``log_extra(column, values)`` (accepted; rlvr
+keeps no completions table, samples.jsonl has each function's values). A TRL reward function therefore works
+unchanged, unless it returns NaN for "no score" (TRL ignores NaN; rlvr refuses it, below: return None instead).
 
 Combination policy: the total is the weighted sum of the values that are present. ``None`` means "this
 function does not apply to / could not score this completion" and contributes nothing; a completion that no
@@ -33,11 +36,13 @@ a core busy. Untrusted or hang-prone checks belong in the process-isolated verif
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import math
 import numbers
 import threading
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import torch
@@ -57,6 +62,80 @@ class WeightedReward:
 
 class RewardError(RuntimeError):
     pass
+
+
+@dataclass
+class TrainerState:
+    """TRL's ``trainer_state`` as reward functions read it (transformers' TrainerState names): optimizer steps taken
+    so far, the run's total, and epochs of the training rows drawn; ``log_history`` holds the logged steps (filled
+    by GRPOTrainer after training)."""
+
+    global_step: int = 0
+    max_steps: int = 0
+    epoch: float = 0.0
+    log_history: list[dict] = field(default_factory=list)
+
+
+class RewardLog:
+    """What reward functions log through TRL's ``log_metric`` (finite numbers, averaged per step) and ``log_extra``
+    (accepted, not kept)."""
+
+    def __init__(self) -> None:
+        self._values: dict[str, list[float]] = {}
+        self._lock = threading.Lock()
+
+    def log_metric(self, name: str, value: float) -> None:
+        if not isinstance(name, str) or not name or isinstance(value, bool) or not isinstance(value, numbers.Real) \
+                or not math.isfinite(value):
+            raise ValueError(f"log_metric({name!r}, {value!r}): give a metric name and a finite number")
+        with self._lock:
+            self._values.setdefault(name, []).append(float(value))
+
+    def log_extra(self, column: str, values: list) -> None:
+        pass
+
+    def drain(self) -> dict[str, float]:
+        """The mean of each metric logged since the last drain."""
+        with self._lock:
+            values, self._values = self._values, {}
+        return {name: sum(v) / len(v) for name, v in values.items()}
+
+
+@dataclass
+class RewardContext:
+    """The TRL arguments every scoring passes (``trl_arguments``); the loop keeps ``state`` current."""
+
+    state: TrainerState = field(default_factory=TrainerState)
+    log: RewardLog = field(default_factory=RewardLog)
+
+
+CONTEXT = RewardContext()  # the training loop's (rlvr/train/loop.py); one run per process
+TRL_ARGUMENTS = ("trainer_state", "log_metric", "log_extra")
+
+
+@contextlib.contextmanager
+def scratch_context() -> Iterator[None]:
+    """Score with a throwaway state and log (check_rewards' placeholder calls log nothing into the run)."""
+    global CONTEXT
+    kept, CONTEXT = CONTEXT, RewardContext()
+    try:
+        yield
+    finally:
+        CONTEXT = kept
+
+
+def trl_arguments(fn: Callable) -> dict[str, Any]:
+    """TRL's trainer_state, log_metric and log_extra for a function that takes them (by name or **kwargs)."""
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return {}
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        wanted = set(TRL_ARGUMENTS)
+    else:
+        wanted = {p.name for p in parameters} & set(TRL_ARGUMENTS)
+    given = {"trainer_state": CONTEXT.state, "log_metric": CONTEXT.log.log_metric, "log_extra": CONTEXT.log.log_extra}
+    return {k: v for k, v in given.items() if k in wanted}
 
 
 class Scores(NamedTuple):
@@ -165,7 +244,8 @@ def score_completions(
     total = torch.zeros(n, dtype=torch.float64)
     scored = torch.zeros(n, dtype=torch.bool)
     for reward in rewards:
-        call = lambda reward=reward: reward.fn(prompts=prompts, completions=completions, **columns)
+        trl = trl_arguments(reward.fn)
+        call = lambda reward=reward, trl=trl: reward.fn(prompts=prompts, completions=completions, **columns, **trl)
         try:
             values = _call_with_timeout(call, reward.timeout_s)
         except Exception as err:
@@ -223,7 +303,8 @@ def check_rewards(
     if environments is not None:  # an episode run: reward functions also get the environments (as TRL passes them)
         columns["environments"] = [environments(row) for row in rows for _ in placeholders]
     try:
-        return score_completions(rewards, prompts, as_completions(prompts, texts), columns)
+        with scratch_context():
+            return score_completions(rewards, prompts, as_completions(prompts, texts), columns)
     except RewardError as err:
         shown = ", ".join(repr(t) for t in placeholders)
         raise RewardError(f"{err} (found before training: each function was called once on {len(rows)} training "

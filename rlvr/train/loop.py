@@ -25,6 +25,7 @@ from rlvr.checkpoint import latest_valid
 from rlvr.devices import DeviceMemoryError, model_device, out_of_memory_advice
 from rlvr.faults import fault_point
 from rlvr.metrics import REWARD, namespaced
+from rlvr.rewards import base as reward_base
 from rlvr.train.collect import collect_metrics, episode_metrics, warn_unscored
 from rlvr.train.run import BatchSource, Run, Update, stop_on_interrupt
 
@@ -42,6 +43,7 @@ def run_loop(run: Run, source: BatchSource, update: Update) -> dict:
         warned = False  # about a batch without any reward: once per run, whichever source
         for step in bar:
             t0 = time.perf_counter()
+            trainer_state(run, step)
             with out_of_memory(run, step):
                 batch = source.next(run, step)
                 warned = warn_unscored(batch, step, warned)
@@ -62,6 +64,9 @@ def run_loop(run: Run, source: BatchSource, update: Update) -> dict:
             episodes = episode_metrics(batch)
             if episodes:
                 sections["episode"] = episodes
+            logged = reward_base.CONTEXT.log.drain()
+            if logged:
+                sections["reward_log"] = logged  # what reward functions logged with TRL's log_metric
             report = source.report()
             if report:
                 sections[source.metrics_section] = report  # async: the servers'; sync: the curriculum's
@@ -74,6 +79,15 @@ def run_loop(run: Run, source: BatchSource, update: Update) -> dict:
         summary = run.finish()
     run.collectives.close()
     return summary
+
+
+def trainer_state(run: Run, step: int) -> None:
+    """TRL's trainer_state, as the reward functions of ``step`` see it: optimizer steps taken before it, the run's
+    total, and the epochs of training rows drawn before it."""
+    cfg, state = run.cfg, reward_base.CONTEXT.state
+    state.global_step = (step - 1) * cfg.algo.num_iterations
+    state.max_steps = cfg.train.steps * cfg.algo.num_iterations
+    state.epoch = (step - 1) * cfg.train.prompts_per_step / max(len(run.data.train_rows), 1)
 
 
 @contextlib.contextmanager
