@@ -12,6 +12,7 @@ from pathlib import Path
 from rlvr.config import ConfigError, load_config
 from rlvr.devices import DeviceMemoryError
 from rlvr.distributed import LearnerLost
+from rlvr.envs.environment import EpisodeError
 from rlvr.launch import NonFiniteError, train
 from rlvr.rewards import RewardError, reward_search_path
 from rlvr.rollout.decode_weights import PRECISIONS
@@ -208,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.run(args)
     except (ConfigError, FileNotFoundError, ValueError, KeyError, RewardError, NonFiniteError, NoServerError,
-            AdapterSyncError, ServerRequestError, DeviceMemoryError, LearnerLost, ConnectionError) as err:
+            AdapterSyncError, ServerRequestError, DeviceMemoryError, LearnerLost, ConnectionError, EpisodeError) as err:
         if os.environ.get("RLVR_DEBUG"):
             raise
         message = err.args[0] if isinstance(err, KeyError) and err.args else err

@@ -711,7 +711,14 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> RunConfig
         path = Path(path)
         if not path.is_file():
             raise ConfigError(f"config file {path} does not exist")
-        data = yaml.safe_load(path.read_text()) or {}
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            what = " ".join(str(getattr(err, "problem", None) or err).split())
+            raise ConfigError(f"{path} is not valid YAML{where}: {what}; fix that line (indentation, a ':' or a "
+                              "quote)") from None
         if not isinstance(data, dict):
             raise ConfigError(f"{path} must hold a YAML mapping")
     return build_config(_merge(data, parse_overrides(list(overrides))))

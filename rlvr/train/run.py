@@ -41,7 +41,7 @@ from rlvr.train.build import (
 from rlvr.train.collected import Collected
 from rlvr.train.evaluate import evaluate
 from rlvr.train.learners import check_learners
-from rlvr.train.run_files import absolute_paths, model_card, sample_records, write_config
+from rlvr.train.run_files import absolute_paths, model_card, sample_records, sent_system_prompt, write_config
 from rlvr.train.scoring import EnvironmentObjects
 
 
@@ -127,7 +127,11 @@ def resume_checkpoint(cfg: RunConfig) -> Path | None:
     if not cfg.resume:
         return None
     if cfg.resume == "auto":
-        return latest_valid(Path(cfg.output_dir) / "checkpoints")
+        found = latest_valid(Path(cfg.output_dir) / "checkpoints")
+        if found is None:
+            print(f"rlvr: resume=auto: no complete checkpoint in {Path(cfg.output_dir) / 'checkpoints'}; starting "
+                  "from step 0", flush=True)
+        return found
     path = Path(cfg.resume)
     if not path.is_dir():
         raise FileNotFoundError(f"resume={cfg.resume}: no such checkpoint directory")
@@ -327,6 +331,7 @@ def open_run(cfg: RunConfig, update: Update, rewards: list[WeightedReward] | Non
     device = learner_device(resolve_device(cfg.train.device), world)  # a missing GPU fails before anything loads
     collectives = Collectives(world, device, cfg.train.collective_timeout_s)
     data = load_data(cfg, environment)  # rows, environment and prompt lengths are checked before the model loads
+    cfg = sent_system_prompt(cfg, data.train_rows)  # config.yaml records the system prompt the model was sent
     rewards = build_rewards(cfg.rewards) if rewards is None else rewards
     environments = data.environment.check_environment if data.environment else None
     check_rewards(rewards, data.train_rows, environments=environments)  # fails here, in seconds, before the model loads

@@ -134,6 +134,23 @@ def absolute_paths(cfg: RunConfig) -> RunConfig:
         eval=dataclasses.replace(cfg.eval, extra_path=_absolute(cfg.eval.extra_path)))
 
 
+def sent_system_prompt(cfg: RunConfig, rows: list[dict]) -> RunConfig:
+    """``cfg`` with task.system_prompt set to what the column-map tasks (hf, jsonl, math_jsonl, code_jsonl) actually
+    sent in place of the arithmetic default: their own instruction when the prompts were built from a question
+    column, '' when the rows brought their own prompts. config.yaml then records what the model saw, and reruns
+    the same."""
+    from rlvr.tasks import JSONL_TASKS
+    from rlvr.tasks.columns import STEP_BY_STEP_SYSTEM_PROMPT
+
+    task = cfg.task
+    if not replaces_system_prompt(task) or task.name not in (*JSONL_TASKS, "hf") or not rows:
+        return cfg
+    own = STEP_BY_STEP_SYSTEM_PROMPT if task.name == "hf" else JSONL_TASKS[task.name][1]
+    first = rows[0]["prompt"]
+    sent = isinstance(first, list) and first and first[0].get("role") == "system" and first[0].get("content") == own
+    return dataclasses.replace(cfg, task=dataclasses.replace(task, system_prompt=own if sent else ""))
+
+
 def _yaml_lines(key: str, value: Any, indent: str = "") -> str:
     return "".join(indent + line + "\n" for line in yaml.safe_dump({key: value}, sort_keys=False).splitlines())
 
