@@ -22,6 +22,7 @@ from rlvr.rollout.server_errors import AdapterSyncError, NoServerError, ServerRe
 def _train(args: argparse.Namespace) -> int:
     reward_search_path([Path(args.config).parent])  # module:function rewards: the working directory, then here
     cfg = load_config(args.config, args.overrides)
+    reward_search_path([Path(args.config).parent, *cfg.import_dirs])  # then where a run's own modules came from
     summary = train(cfg)
     if "saved" not in summary:  # a learner other than rank 0 of a torchrun job: rank 0 reports
         return 0
@@ -43,6 +44,7 @@ def _eval(args: argparse.Namespace) -> int:
     run_dir = target if target.is_dir() else None
     reward_search_path([run_dir or target.parent])
     cfg = load_config(run_dir / "config.yaml" if run_dir else target, args.overrides)
+    reward_search_path([run_dir or target.parent, *cfg.import_dirs])
     torch.set_num_threads(cfg.train.threads or torch.get_num_threads())
     data = load_data(cfg)
     trained_full = run_dir is not None and (run_dir / "model").is_dir()

@@ -478,6 +478,10 @@ class RunConfig:
     resume: str = ""
     """'' starts fresh (an earlier run in output_dir is moved aside); 'auto' continues from the newest
     complete checkpoint in output_dir (fresh if there is none); a path continues from that checkpoint."""
+    import_dirs: tuple[str, ...] = ()
+    """Folders that module:name rewards, tools and environment classes are imported from, after the working directory
+    and the config's folder (then PYTHONPATH and installed packages). A run's config.yaml records here the folders its
+    own modules came from, so it imports them from any directory."""
     model: ModelConfig = ModelConfig()
     """The policy: which model, LoRA or full fine-tuning."""
     task: TaskConfig = TaskConfig()
@@ -744,12 +748,12 @@ def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def config_changes(old_yaml: str, cfg: RunConfig) -> list[str]:
-    """``key old -> new`` for every setting of ``cfg`` that differs from a saved config (output_dir and resume
-    excluded); a key the old config lacks counts as changed from its default."""
+    """``key old -> new`` for every setting of ``cfg`` that differs from a saved config (output_dir, resume and
+    import_dirs excluded); a key the old config lacks counts as changed from its default."""
     old = _flatten(yaml.safe_load(old_yaml) or {})
     new = _flatten(to_dict(cfg))
     return [f"{k} {old.get(k, '(unset)')} -> {v}" for k, v in new.items()
-            if k not in ("output_dir", "resume") and old.get(k) != v]
+            if k not in ("output_dir", "resume", "import_dirs") and old.get(k) != v]
 
 
 def save_config(cfg: RunConfig, path: Path) -> None:

@@ -41,7 +41,14 @@ from rlvr.train.build import (
 from rlvr.train.collected import Collected
 from rlvr.train.evaluate import evaluate
 from rlvr.train.learners import check_learners
-from rlvr.train.run_files import absolute_paths, model_card, sample_records, sent_system_prompt, write_config
+from rlvr.train.run_files import (
+    absolute_paths,
+    model_card,
+    module_dirs,
+    sample_records,
+    sent_system_prompt,
+    write_config,
+)
 from rlvr.train.scoring import EnvironmentObjects
 
 
@@ -364,7 +371,7 @@ def open_run(cfg: RunConfig, update: Update, rewards: list[WeightedReward] | Non
               f"step's {cfg.train.prompts_per_step} prompts", flush=True)
     writer: MetricsWriter | Silent = Silent()
     if world.main:
-        write_config(cfg, run_dir / "config.yaml")  # marks the task fields this task does not use
+        write_config(module_dirs(cfg), run_dir / "config.yaml")  # with where its own modules came from
         writer = MetricsWriter(run_dir, cfg.log.trackers, cfg.log.samples, resume_step=start if checkpoint else None,
                                project=cfg.log.project, run_name=cfg.log.run_name, config=to_dict(cfg))
     return Run(cfg=cfg, model=model, trainable=trainable, optimizer=optimizer, scheduler=scheduler,

@@ -134,6 +134,30 @@ def absolute_paths(cfg: RunConfig) -> RunConfig:
         eval=dataclasses.replace(cfg.eval, extra_path=_absolute(cfg.eval.extra_path)))
 
 
+def module_dirs(cfg: RunConfig) -> RunConfig:
+    """``cfg`` with ``import_dirs`` extended by the folders this run's own modules were imported from (the
+    ``module:name`` rewards, held-out check, tools and environment class; not installed packages, nor
+    ``__main__``), absolute, so that ``rlvr eval RUN`` and ``rlvr train RUN/config.yaml`` import them from any
+    directory."""
+    import sys
+    import sysconfig
+
+    names = [r.name for r in cfg.rewards] + [cfg.task.eval_reward, cfg.env.factory, *cfg.env.tools]
+    installed = {Path(p).resolve() for key in ("stdlib", "platstdlib", "purelib", "platlib")
+                 if (p := sysconfig.get_paths().get(key))}
+    found = list(cfg.import_dirs)
+    for name in names:
+        module_name = name.partition(":")[0] if ":" in name else ""
+        file = getattr(sys.modules.get(module_name), "__file__", None) if module_name != "__main__" else None
+        if not module_name or not file:
+            continue
+        depth = module_name.count(".") + (Path(file).name == "__init__.py")
+        root = Path(file).resolve().parents[depth]  # the folder the top package is found in
+        if not any(root == p or p in root.parents for p in installed) and str(root) not in found:
+            found.append(str(root))
+    return dataclasses.replace(cfg, import_dirs=tuple(found))
+
+
 def sent_system_prompt(cfg: RunConfig, rows: list[dict]) -> RunConfig:
     """``cfg`` with task.system_prompt set to what the column-map tasks (hf, jsonl, math_jsonl, code_jsonl) actually
     sent in place of the arithmetic default: their own instruction when the prompts were built from a question
