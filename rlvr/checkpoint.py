@@ -44,6 +44,7 @@ import numpy as np
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 from rlvr.faults import fault_point
 
@@ -308,7 +309,7 @@ def _split_optimizer(sd: dict) -> tuple[dict[str, torch.Tensor], str]:
         state[str(pid)] = {}
         for key, value in entry.items():
             if isinstance(value, torch.Tensor):
-                tensors[f"t{len(tensors)}"] = value.detach().contiguous()
+                tensors[f"t{len(tensors)}"] = _whole(value)
                 state[str(pid)][key] = {"tensor": f"t{len(tensors) - 1}"}
             elif value is None or isinstance(value, (bool, int, float)):
                 state[str(pid)][key] = {"value": value}
@@ -316,6 +317,32 @@ def _split_optimizer(sd: dict) -> tuple[dict[str, torch.Tensor], str]:
                 raise TypeError(f"optimizer state {key!r} is a {type(value).__name__}; checkpoints hold tensors and "
                                 "numbers only")
     return tensors, json.dumps({"param_groups": sd["param_groups"], "state": state})
+
+
+def _whole(tensor: torch.Tensor) -> torch.Tensor:
+    """A host copy of ``tensor``, whole: a shard of weights sharded across learners (a DTensor, FSDP2) is gathered
+    first, which every learner must do in the same order."""
+    if isinstance(tensor, DTensor):
+        tensor = tensor.full_tensor()
+    return tensor.detach().to("cpu", copy=True).contiguous()
+
+
+def _as_held(tensor: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """A whole ``tensor`` as ``like`` holds it: this learner's shard when ``like`` is sharded (cut locally, nothing
+    is sent), else ``tensor``."""
+    if isinstance(like, DTensor):
+        return distribute_tensor(tensor.to(like.device), like.device_mesh, like.placements, src_data_rank=None)
+    return tensor
+
+
+def _shard_optimizer_state(sd: dict, optimizer) -> dict:
+    """``sd`` (whole tensors) with the state of sharded parameters cut to this learner's shards."""
+    saved = [pid for group in sd["param_groups"] for pid in group["params"]]
+    live = [p for group in optimizer.param_groups for p in group["params"]]
+    param_of = dict(zip(saved, live))
+    state = {pid: {k: _as_held(v, param_of[pid]) if isinstance(v, torch.Tensor) and v.shape == param_of[pid].shape
+                   else v for k, v in entry.items()} for pid, entry in sd["state"].items()}
+    return {**sd, "state": state}
 
 
 def _like(value, template) -> bool:
@@ -420,13 +447,17 @@ def save_training_state(
     config_yaml: str,
     keep_last: int,
     reference: dict[str, torch.Tensor] | None = None,
-) -> Path:
+    write: bool = True,
+) -> Path | None:
     """Trainable weights, optimizer, scheduler, every RNG, loop state and config, as one checkpoint; with
-    ``reference`` (a refreshed reference policy's tensors), reference.safetensors too."""
-    weights = {n: p.detach().to("cpu", copy=True).contiguous() for n, p in model.named_parameters() if p.requires_grad}
+    ``reference`` (a refreshed reference policy's tensors), reference.safetensors too. Weights sharded across
+    learners are gathered whole: every learner calls this, and only the one with ``write`` writes."""
+    weights = {n: _whole(p) for n, p in model.named_parameters() if p.requires_grad}
     optimizer_tensors, optimizer_json = _split_optimizer(optimizer.state_dict())
     scheduler_json = json.dumps(scheduler.state_dict())
     rng_json = json.dumps(_rng_state())
+    if not write:
+        return None
     writers = {
         "weights.safetensors": lambda path: save_file(weights, str(path)),
         "optimizer.safetensors": lambda path: save_file(optimizer_tensors, str(path)),
@@ -491,8 +522,8 @@ def load_training_state(path: Path, model, optimizer, scheduler) -> dict:
         )
     with torch.no_grad():
         for name, tensor in weights.items():
-            params[name].copy_(tensor)
-    optimizer.load_state_dict(optimizer_sd)
+            params[name].copy_(_as_held(tensor, params[name]))
+    optimizer.load_state_dict(_shard_optimizer_state(optimizer_sd, optimizer))
     scheduler.load_state_dict(scheduler_sd)
     restore_rng()
     return state

@@ -306,6 +306,12 @@ class TrainConfig:
     live: auto (the current CUDA device when one is visible, else the CPU), cpu, cuda, cuda:N or mps. Rewards,
     verifiers and environments always run on the CPU (docs/concepts/devices.md). Under torchrun every learner
     takes cuda:LOCAL_RANK for auto and cuda."""
+    shard_weights: bool | str = "auto"
+    """Several learners (torchrun): shard the trained weights, their gradients and the optimizer state across the
+    learners with FSDP2 (each decoder layer its own group, gathered for its forward and backward, then freed), so
+    a learner holds about 1/N of them; false: every learner holds a whole replica and the gradients are all-reduced
+    once per step. auto: sharded for full fine-tuning, replicated under LoRA (the adapter is small; the frozen base
+    can be sharded too with true). One process: ignored. docs/concepts/distributed.md."""
     collective_timeout_s: float = 600.0
     """Several learners (torchrun): seconds any collective (gathering a step's groups, summing gradients) may wait
     for the other ranks before the job stops with an error; a rank that died ends the others within it."""
@@ -327,6 +333,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_device_spec(self.device)
+        switch(self, "shard_weights")
         if not self.collective_timeout_s > 0:
             raise ValueError(f"collective_timeout_s must be > 0; got {self.collective_timeout_s}")
         at_least(self, 1, "steps", "prompts_per_step", "micro_batch_size", "logprob_chunk", "keep_last",

@@ -94,7 +94,7 @@ class Collectives:
             dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))  # CPU bookkeeping next to NCCL
 
     @contextlib.contextmanager
-    def _answering(self, what: str) -> Iterator[None]:
+    def answering(self, what: str) -> Iterator[None]:
         """A collective that fails (a peer died or let the timeout pass) becomes one line naming this learner."""
         try:
             yield
@@ -109,7 +109,7 @@ class Collectives:
         """Leave the job: a barrier first (ranks tearing down at different times abort gloo), then destroy the
         process group if this object created it."""
         if self.world.size > 1 and dist.is_initialized():
-            with self._answering("leaving the job"):
+            with self.answering("leaving the job"):
                 dist.barrier(group=self.cpu_group)
             if self.owned:
                 dist.destroy_process_group()
@@ -121,13 +121,13 @@ class Collectives:
             return
         with torch.no_grad():
             for t in tensors:
-                with self._answering("taking rank 0's weights"):
+                with self.answering("taking rank 0's weights"):
                     dist.broadcast(t.data, src=0)
 
     def barrier(self, what: str) -> None:
         """Wait until every learner is here (``what``: the reason, for the error a missing learner causes)."""
         if self.world.size > 1:
-            with self._answering(what):
+            with self.answering(what):
                 dist.barrier(group=self.cpu_group)
 
     def any(self, flag: bool) -> bool:
@@ -141,13 +141,13 @@ class Collectives:
             return [tensor]
         shape = torch.tensor(list(tensor.shape), dtype=torch.long, device="cpu")
         shapes = [torch.empty_like(shape) for _ in range(self.world.size)]
-        with self._answering("gathering the step's groups"):
+        with self.answering("gathering the step's groups"):
             dist.all_gather(shapes, shape, group=self.cpu_group)  # same number of dims on every rank
         sizes = [int(s.prod()) for s in shapes]
         flat = torch.zeros(max(*sizes, 1), dtype=tensor.dtype, device="cpu")  # gloo takes no empty tensor
         flat[: tensor.numel()] = tensor.reshape(-1)
         parts = [torch.empty_like(flat) for _ in range(self.world.size)]
-        with self._answering("gathering the step's groups"):
+        with self.answering("gathering the step's groups"):
             dist.all_gather(parts, flat, group=self.cpu_group)
         return [p[:n].view(*s.tolist()) for p, n, s in zip(parts, sizes, shapes)]
 
@@ -173,7 +173,7 @@ class Collectives:
             return values
         keys = sorted(values)
         t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64, device="cpu")
-        with self._answering("summing the step's statistics"):
+        with self.answering("summing the step's statistics"):
             dist.all_reduce(t, group=self.cpu_group)
         return dict(zip(keys, t.tolist()))
 
@@ -181,7 +181,7 @@ class Collectives:
         if self.world.size == 1:
             return value
         t = torch.tensor([value], dtype=torch.float64, device="cpu")
-        with self._answering("agreeing on the step"):
+        with self.answering("agreeing on the step"):
             dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.cpu_group)
         return float(t)
 
@@ -195,7 +195,7 @@ class Collectives:
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
         had = torch.tensor([p.grad is not None for p in params], dtype=torch.float32, device=self.device)
         flat = torch.cat([g.reshape(-1).float() for g in grads] + [had])  # [sum of numel + P], fp32
-        with self._answering("summing the gradients"):
+        with self.answering("summing the gradients"):
             dist.all_reduce(flat)
         anyone = flat[-len(params):].tolist()
         at = 0

@@ -240,7 +240,8 @@ class ReferencePolicy:
         """theta_ref <- (1 - alpha) theta_ref + alpha theta (see the class docstring)."""
         if self._copy is not None:
             for ref, p in zip(self._copy.parameters(), self._policy.parameters()):
-                ref.mul_(1.0 - alpha).add_(p.detach(), alpha=alpha)
+                whole = p.full_tensor() if hasattr(p, "full_tensor") else p  # weights sharded across learners
+                ref.mul_(1.0 - alpha).add_(whole.detach(), alpha=alpha)
             return
         params = self._lora_parameters()
         if self._adapter is None:  # the base model: B = 0, and A the policy's
@@ -278,7 +279,8 @@ def backbone_and_head(model: nn.Module) -> tuple[nn.Module, OutputLayer]:
     """Split a (possibly peft-wrapped) causal LM into its transformer body and its whole output layer (weight, bias,
     logit scale, soft-cap: rlvr.architecture.output_layer)."""
     inner = unwrap(model)
-    return getattr(inner, inner.base_model_prefix), output_layer(inner)
+    body = inner.__dict__.get("rlvr_body_through_root")  # weights sharded across learners: rlvr.train.sharding
+    return body or getattr(inner, inner.base_model_prefix), output_layer(inner)
 
 
 def autocast(model: nn.Module, mode: str) -> contextlib.AbstractContextManager:
@@ -313,15 +315,17 @@ def load_policy(
     return load_trainable(model_dir, lora, gradient_checkpointing), load_tokenizer(model_dir)
 
 
-def save_policy(model: nn.Module, tokenizer, directory: Path, base_model: str = "", card: str = "") -> Path:
+def save_policy(model: nn.Module, tokenizer, directory: Path, base_model: str = "", card: str = "",
+                state_dict: dict[str, torch.Tensor] | None = None) -> Path:
     """Save the adapter (LoRA) or the full model as safetensors, with the tokenizer; returns the path.
 
     ``base_model``: the name an adapter records as its base (adapter_config.json's ``base_model_name_or_path``;
     '' keeps peft's, the directory the weights were loaded from, e.g. the alias cache). It is written into the
     saved config afterwards: given to peft while saving, a Hub id would make peft look the model up on the Hub.
-    ``card``: the README.md written beside the weights (replacing the blank template peft writes)."""
+    ``card``: the README.md written beside the weights (replacing the blank template peft writes). ``state_dict``:
+    the weights to write instead of the model's own (those of weights sharded across learners, gathered whole)."""
     directory.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(directory, safe_serialization=True)
+    model.save_pretrained(directory, safe_serialization=True, **({"state_dict": state_dict} if state_dict else {}))
     tokenizer.save_pretrained(directory)
     for name in getattr(model, "peft_config", {}) if base_model else ():
         path = (directory if name == "default" else directory / name) / "adapter_config.json"  # peft's layout

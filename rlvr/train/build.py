@@ -133,10 +133,13 @@ def sampling_params(rollout: RolloutConfig, max_new_tokens: int | None = None, g
 
 def build_local_sampler(cfg: RunConfig, model: nn.Module, tokenizer, learners: int = 1) -> Sampler:
     """Completions from ``model`` itself, in this process (one of ``learners`` under torchrun)."""
+    from rlvr.train.sharding import sampled_on_whole_weights
+
     seeds = cfg.rollout.per_completion_seeds
-    return LocalSampler(model, tokenizer, cfg.model.autocast, precision=cfg.rollout.precision,
-                        fold_lora=cfg.rollout.fold_lora,
-                        per_completion_seeds=learners > 1 if seeds == "auto" else seeds)
+    sampler = LocalSampler(model, tokenizer, cfg.model.autocast, precision=cfg.rollout.precision,
+                           fold_lora=cfg.rollout.fold_lora,
+                           per_completion_seeds=learners > 1 if seeds == "auto" else seeds)
+    return sampled_on_whole_weights(model, sampler)  # sharded weights (FSDP2): gathered for each generation
 
 
 def build_sampler(cfg: RunConfig, model: nn.Module, tokenizer, run_dir: Path, learners: int = 1) -> Sampler:

@@ -19,6 +19,7 @@ from rlvr.core import token_logprobs
 from rlvr.models import backbone_and_head
 from rlvr.rollout.engine import prefill
 from rlvr.train.batch import StepBatch
+from rlvr.train.sharding import BodyThroughRoot
 
 
 class _PrefixLayer(DynamicLayer):
@@ -80,6 +81,8 @@ def completion_hidden(
     prompt_mask = batch.prompt_mask[prompts]  # [u, P]
     cache = DynamicCache()
     share_prefix = share_prefix_within(backbone.config, p + t, share_prefix)  # exact under sliding windows
+    if isinstance(backbone, BodyThroughRoot):  # sharded weights: one prompt pass on every learner
+        share_prefix = 0
     with _layer_flags(backbone, gradient_checkpointing=False):  # a prefix common to all prompts runs once
         last, cached_mask = prefill(backbone, batch.prompt_ids[prompts], prompt_mask, cache, share_prefix)
     cache.batch_select_indices(local)  # keys/values [u, ...] -> [n, ...], differentiable

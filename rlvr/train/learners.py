@@ -28,9 +28,18 @@ def check_learners(cfg: RunConfig, world: World) -> None:
     for key, on in used.items():
         if on:
             raise ValueError(f"{key} with {world.size} learners (torchrun): {NOT_YET[key]}")
+    if sharded_weights(cfg, world) and cfg.algo.name == "ppo":
+        raise ValueError("algo.name=ppo with sharded weights (train.shard_weights): PPO's critic is not sharded; "
+                         "set train.shard_weights=false (every learner then holds a replica)")
     if cfg.train.prompts_per_step < world.size:
         raise ValueError(f"train.prompts_per_step={cfg.train.prompts_per_step} gives some of the {world.size} learners "
                          "no prompt: raise it to at least the number of learners")
+
+
+def sharded_weights(cfg: RunConfig, world: World) -> bool:
+    """Whether this job shards its weights across the learners (train.shard_weights; auto: full fine-tuning)."""
+    on = cfg.train.shard_weights
+    return world.size > 1 and (not cfg.model.lora if on == "auto" else on)
 
 
 _GROUP_FIELDS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "behaviour_logp", "truncated",

@@ -40,7 +40,7 @@ from rlvr.train.build import (
 )
 from rlvr.train.collected import Collected
 from rlvr.train.evaluate import evaluate
-from rlvr.train.learners import check_learners
+from rlvr.train.learners import check_learners, sharded_weights
 from rlvr.train.run_files import (
     absolute_paths,
     model_card,
@@ -50,6 +50,7 @@ from rlvr.train.run_files import (
     write_config,
 )
 from rlvr.train.scoring import EnvironmentObjects
+from rlvr.train.sharding import shard_weights, shards, whole_state_dict
 
 
 class NonFiniteError(RuntimeError):
@@ -202,14 +203,16 @@ class Run:
             metrics["eval/extra_time_s"] = time.perf_counter() - t0
 
     def checkpoint(self, step: int) -> Path | None:
-        """Rank 0 writes (every learner holds the same weights and optimizer state); the others write nothing."""
-        if not self.main:
+        """Rank 0 writes (every learner holds the same weights and optimizer state; sharded ones are gathered from
+        every learner first); the others write nothing."""
+        sharded = shards(self.model)
+        if not self.main and not sharded:
             return None
         elapsed = self.state["elapsed_s"] + time.perf_counter() - self.started
         reference = self.reference.state_tensors() if self.cfg.algo.ref_sync_steps and self.reference else None
         return save_training_state(self.run_dir / "checkpoints", step, self.trainable, self.optimizer, self.scheduler,
                                    {**self.state, "elapsed_s": elapsed}, to_yaml(self.cfg), self.cfg.train.keep_last,
-                                   reference)
+                                   reference, write=self.main)
 
     def refresh_reference(self, step: int) -> None:
         """Move the KL reference towards the policy each time the optimizer steps taken cross a multiple of
@@ -269,11 +272,12 @@ class Run:
             "skipped_updates": state["skipped_updates"],
             "dropped_prompts": state["dropped_prompts"],
         }
+        whole = whole_state_dict(self.model) if shards(self.model) else None  # sharded: gathered by every learner
         if not self.main:  # rank 0 saves what every learner holds
             return summary
         card = model_card(cfg, state, self.run_dir, len(self.data.eval_rows))
         saved = save_policy(self.model, self.data.tokenizer, self.run_dir / ("adapter" if cfg.model.lora else "model"),
-                            base_model=original_name(cfg.model.name), card=card)
+                            base_model=original_name(cfg.model.name), card=card, state_dict=whole)
         summary["saved"] = str(saved)
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         if cfg.log.plot:
@@ -346,6 +350,9 @@ def open_run(cfg: RunConfig, update: Update, rewards: list[WeightedReward] | Non
     reference = ReferencePolicy(model) if update.needs_reference else None  # before any weights are restored
     trainable, params = update.attach(model)
     collectives.broadcast_from_main(list(trainable.parameters()))  # every learner starts from rank 0's weights
+    if sharded_weights(cfg, world):  # FSDP2: each learner keeps its shard (rlvr/train/sharding.py)
+        shard_weights(model, collectives)
+        params = [p for p in trainable.parameters() if p.requires_grad]  # the shards replaced the parameters
     optimizer = build_optimizer(model, cfg.train, params)
     scheduler = build_scheduler(optimizer, cfg.train)
 

@@ -31,6 +31,7 @@ from rlvr.train.batch import StepBatch
 from rlvr.train.collected import Collected
 from rlvr.train.forward import completion_hidden, completion_lengths, completion_logprobs, uniform_temperature
 from rlvr.train.run import Run
+from rlvr.train.sharding import clip_sharded_gradients, shards
 
 
 class GRPOUpdate:
@@ -203,10 +204,14 @@ def apply_update(
     scheduler: torch.optim.lr_scheduler.LRScheduler | None,
     max_grad_norm: float,
     loss: float,
+    sharded: bool = False,
 ) -> tuple[float, bool]:
     """Clip the accumulated gradients and step; a non-finite loss or gradient norm skips the update (weights and
-    optimizer state untouched, gradients dropped). Returns (gradient norm, applied)."""
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm > 0 else float("inf")))
+    optimizer state untouched, gradients dropped). Returns (gradient norm, applied). ``sharded``: the gradients are
+    FSDP2 shards (rlvr.train.sharding): their norm is summed over the learners."""
+    limit = max_grad_norm if max_grad_norm > 0 else float("inf")
+    grad_norm = clip_sharded_gradients(params, limit) if sharded else \
+        float(torch.nn.utils.clip_grad_norm_(params, limit))
     if not (math.isfinite(loss) and math.isfinite(grad_norm)):
         optimizer.zero_grad(set_to_none=True)
         return grad_norm, False
@@ -250,18 +255,22 @@ def train_step(
     - An update whose loss or gradient norm is not finite is skipped and counted in ``skipped_updates``.
     - ``collectives``: one of several learners (torchrun). The batch is the whole step's on every rank; this rank
       trains its share of the groups, the gradients are summed over the ranks before clipping, and the loss and
-      statistics are summed too, so every rank steps as one process on the whole batch would.
+      statistics are summed too, so every rank steps as one process on the whole batch would. With sharded weights
+      (FSDP2: rlvr.train.sharding) the sums are FSDP's reduce-scatters, and every rank runs as many micro-batches
+      as the busiest one (the extra ones' loss multiplied by 0), since FSDP's collectives run in the model's calls.
     """
     several = collectives is not None and collectives.world.size > 1
+    sharded = several and shards(model)
     batch = batch.to(model_device(model))  # the step's tensors cross to the model's device once
     skip_zero_adv = settings.beta == 0.0 and extra_loss is None
     mine = collectives.world.share(batch.prompt_ids.shape[0]) if several else None
     micro_rows = micro_batches(batch, micro_batch_size, skip_zero_advantage=skip_zero_adv, groups=mine)
+    fillers = _filler_micro_batches(collectives, batch, len(micro_rows)) if sharded else []
     chunk_tokens = chunk_for_vocab(chunk_tokens, backbone_and_head(model)[1].weight.shape[0])
     normaliser = loss_normaliser(batch.loss_mask, settings.aggregation, max_completion_tokens)
     step_tokens = float(batch.loss_mask.sum())
-    frozen = frozen_passes(model, batch, micro_rows, settings, reference, num_iterations, chunk_tokens, share_prompt,
-                           micro_batch_size)
+    frozen = frozen_passes(model, batch, micro_rows + fillers, settings, reference, num_iterations, chunk_tokens,
+                           share_prompt, micro_batch_size)
     model.train()
     params = [p for p in model.parameters() if p.requires_grad] if params is None else params
     sums: dict[str, float] = {}
@@ -273,6 +282,9 @@ def train_step(
             for p in params:
                 p.grad = torch.zeros_like(p)
         loss_sum = 0.0
+        for rows in fillers:  # sharded weights: FSDP's collectives, as often as on the busiest learner; adds 0
+            x = micro_batch_inputs(model, batch, rows, frozen, chunk_tokens, share_prompt)
+            (policy_loss(x, settings, normaliser, step_tokens)[0] * 0.0).backward()
         for rows in micro_rows:
             x = micro_batch_inputs(model, batch, rows, frozen, chunk_tokens, share_prompt)
             loss, part = policy_loss(x, settings, normaliser, step_tokens)
@@ -285,10 +297,13 @@ def train_step(
             merge_stat_sums(sums, part)
             if iteration == 0:
                 entropy_sum += float(x.entropy.detach()[x.mask.bool()].sum())
-        if several:  # one all-reduce of the gradients, one of the loss: every rank's update is the whole batch's
+        if sharded:  # FSDP reduce-scattered each micro-batch's gradients
+            sent += (len(micro_rows) + len(fillers)) * sum(p.numel() * p.element_size() for p in params)
+        elif several:  # one all-reduce of the gradients: every rank's update is the whole batch's
             sent += collectives.sum_gradients(params)
+        if several:
             loss_sum = collectives.sum_floats({"loss": loss_sum})["loss"]
-        grad_norm, applied = apply_update(params, optimizer, scheduler, max_grad_norm, loss_sum)
+        grad_norm, applied = apply_update(params, optimizer, scheduler, max_grad_norm, loss_sum, sharded)
         skipped += not applied
     if not several:
         return step_statistics(sums, loss_sum, grad_norm, entropy_sum / max(computed, 1.0),
@@ -296,6 +311,13 @@ def train_step(
     sums, entropy_sum, computed = _sum_over_learners(collectives, sums, entropy_sum, computed)
     return {**step_statistics(sums, loss_sum, grad_norm, entropy_sum / max(computed, 1.0),
                               optimizer.param_groups[0]["lr"], skipped), "allreduce_bytes": sent}
+
+
+def _filler_micro_batches(collectives: Collectives, batch: StepBatch, mine: int) -> list[torch.Tensor]:
+    """Micro-batches that bring this learner's count up to the job's largest (one row that has trained tokens)."""
+    missing = int(collectives.max_float(float(mine))) - mine
+    trained = torch.nonzero(batch.loss_mask.sum(-1) > 0)[:1, 0]  # [1] (or [0]: nothing trains anywhere)
+    return [trained] * missing if len(trained) else []
 
 
 def _sum_over_learners(collectives: Collectives, sums: dict[str, float], entropy: float,
