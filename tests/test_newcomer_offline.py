@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from rlvr.cli import main
 from rlvr.models import resolve_model_dir
@@ -90,3 +91,49 @@ def test_a_mistyped_local_source_folder_is_one_line(tmp_path, monkeypatch, capsy
     err = capsys.readouterr().err
     assert err == (f"rlvr: error: task.source {source!r}: no such file or directory; did you mean "
                    f"{source.replace('gsm_dat', 'gsm_data')!r}?\n")
+
+
+def _cached_hub_dataset(cache: Path, repo: str, rows: list[dict], work: Path) -> None:
+    """A Hub dataset as datasets caches it once loaded: CACHE/ORG___NAME/CONFIG/VERSION/HASH/NAME-SPLIT.arrow."""
+    import datasets
+
+    (work / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    builder = datasets.load_dataset_builder("json", data_files={"train": str(work / "rows.jsonl")},
+                                            cache_dir=str(work / "built"))
+    builder.download_and_prepare()
+    built = Path(builder.cache_dir)
+    org, name = repo.split("/")
+    target = cache / f"{org}___{name}" / "default" / "0.0.0" / built.name
+    target.mkdir(parents=True)
+    shutil.copy(built / "dataset_info.json", target)
+    shutil.copy(built / "json-train.arrow", target / f"{name}-train.arrow")
+
+
+def test_a_hub_dataset_in_the_cache_loads_while_the_hub_is_unreachable(tmp_path, monkeypatch, capsys):
+    import datasets.config
+    import huggingface_hub.constants
+
+    from rlvr.config import load_config
+    from rlvr.tasks import load_task
+
+    rows = [{"question": f"What is {a} + 1?", "answer": f"so #### {a + 1}"} for a in range(4)]
+    _cached_hub_dataset(tmp_path / "datasets", "someone/sums", rows, tmp_path)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "datasets"))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens: the Hub is unreachable
+    online = datasets.config.HF_HUB_OFFLINE, huggingface_hub.constants.HF_HUB_OFFLINE
+    task = ["task.name=hf", "task.prompt_column=question", "task.answer_format=gsm8k", "task.eval_size=1",
+            "task.eval_split=", "rewards=[{name: math_correct}]"]
+    train, held_out, _ = load_task(load_config(None, [*task, "task.source=someone/sums"]).task)
+    assert sorted(r["answer"] for r in train + held_out) == ["1", "2", "3", "4"]
+    assert (datasets.config.HF_HUB_OFFLINE, huggingface_hub.constants.HF_HUB_OFFLINE) == online  # restored
+
+    config = tmp_path / "c.yaml"  # not in the cache: one line saying what to do
+    fields = dict(t.removeprefix("task.").split("=", 1) for t in task[:-1])
+    fields["source"] = "nobody/none"
+    config.write_text(yaml.safe_dump({"task": fields, "rewards": [{"name": "math_correct"}]}))
+    capsys.readouterr()
+    assert main(["eval", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("rlvr: error: task.source 'nobody/none' is not a local file")
+    assert "this one is not in it" in err

@@ -9,10 +9,12 @@ use: ``prompt`` plus every source column, which reward functions receive as keyw
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import itertools
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 from rlvr.tasks.columns import STEP_BY_STEP_SYSTEM_PROMPT, ColumnMap, eval_fraction_count, gold_answer, held_out_indices
@@ -82,6 +84,7 @@ def _open(source: str, subset: str, streaming: bool) -> dict:
     import datasets
 
     path = Path(source).expanduser()
+    offline = False  # True: a Hub id the unreachable Hub cannot serve, loaded from the datasets cache
     if path.is_dir() and ((path / "dataset_dict.json").is_file() or (path / "state.json").is_file()):
         saved = datasets.load_from_disk(str(path))  # memory-mapped: reading the first rows reads only those
         return {"train": saved} if isinstance(saved, datasets.Dataset) else dict(saved)
@@ -94,12 +97,13 @@ def _open(source: str, subset: str, streaming: bool) -> dict:
     elif path.is_dir():
         args, kwargs = (str(path),), {"name": subset or None}
     elif _HUB_ID.match(source) and path.suffix not in FILE_BUILDERS and not _mistyped_path(path):
-        _check_hub(source)
+        offline = _check_hub(source)
         args, kwargs = (source,), {"name": subset or None}
     else:
         raise FileNotFoundError(f"task.source {source!r}: no such file or directory{_did_you_mean(path)}")
     try:
-        return dict(datasets.load_dataset(*args, **kwargs, streaming=streaming))
+        with _hub_offline(offline):
+            return dict(datasets.load_dataset(*args, **kwargs, streaming=streaming))
     except datasets.exceptions.DatasetGenerationError as err:  # says only "an error occurred"; name the cause
         raise ValueError(f"task.source {source!r} could not be read: {err.__cause__ or err}") from err
 
@@ -124,24 +128,55 @@ def _did_you_mean(path: Path) -> str:
     return f"; did you mean {str(path.parent / close[0])!r}?" if close else ""
 
 
-def _check_hub(source: str) -> None:
-    """Fail fast, saying what to do, when the Hub does not answer (datasets would retry for ~25 s first)."""
+def _check_hub(source: str) -> bool:
+    """Whether to load Hub id ``source`` offline, from the datasets cache: when the Hub does not answer and the
+    cache holds it. Neither: fail fast, saying what to do (datasets would retry for ~25 s first)."""
     offline = (os.environ.get(v, "").lower() for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
     if any(value in ("1", "true", "yes", "on") for value in offline):
-        return  # offline mode: datasets loads the id from the local cache or says it is not there
+        return False  # the user's offline mode: datasets loads the id from the local cache or says it is not there
     import httpx
 
     endpoint = os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
     try:
         httpx.head(endpoint, timeout=5.0)
     except httpx.HTTPError as err:
+        if _in_datasets_cache(source):
+            return True
         raise ConnectionError(
             f"task.source {source!r} is not a local file or directory, so it was taken for a Hub dataset id, but the "
             f"Hugging Face Hub ({endpoint}) is not reachable from this machine ({err}). Download it where the Hub "
             f"is reachable (datasets.load_dataset({source!r}).save_to_disk(DIR), or its parquet files), copy it "
-            "here and set task.source to that local path; a dataset already in the Hugging Face cache loads with "
-            "HF_HUB_OFFLINE=1."
+            "here and set task.source to that local path (a dataset already in the datasets cache loads from "
+            "there; this one is not in it)."
         ) from None
+    return False
+
+
+def _in_datasets_cache(source: str) -> bool:
+    """Whether the datasets cache (HF_DATASETS_CACHE) holds a prepared copy of Hub dataset ``source``."""
+    import datasets.config
+    from datasets.naming import camelcase_to_snakecase
+
+    *namespace, name = source.split("/")
+    folder = "___".join([*namespace, camelcase_to_snakecase(name)])
+    return any(p.is_dir() for p in (Path(datasets.config.HF_DATASETS_CACHE).expanduser() / folder).glob("*/*/*"))
+
+
+@contextlib.contextmanager
+def _hub_offline(offline: bool) -> Iterator[None]:
+    """datasets and huggingface_hub in offline mode for rlvr's own load only (their settings restored after)."""
+    if not offline:
+        yield
+        return
+    import datasets.config
+    import huggingface_hub.constants
+
+    kept = datasets.config.HF_HUB_OFFLINE, huggingface_hub.constants.HF_HUB_OFFLINE
+    datasets.config.HF_HUB_OFFLINE = huggingface_hub.constants.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        datasets.config.HF_HUB_OFFLINE, huggingface_hub.constants.HF_HUB_OFFLINE = kept
 
 
 def _split(cfg, splits: dict, key: str):
