@@ -11,7 +11,8 @@ Underneath, the trainer turns its arguments into a ``rlvr.config.RunConfig`` (``
 ``rlvr.launch.train``, so the run writes what ``rlvr train`` writes, ``config.yaml`` included: the datasets go to
 JSONL files beside the run directory and the reward functions are named by where they can be imported, so
 ``rlvr train OUTPUT_DIR/config.yaml`` runs the same training again. Every TRL field that rlvr cannot honour is an
-error naming it: none is accepted and ignored.
+error naming it; only TrainingArguments fields that change nothing here are accepted, with a note when set to a
+value whose effect rlvr does not have (``api_checks.IGNORED_FIELDS``).
 """
 
 from __future__ import annotations

@@ -69,3 +69,17 @@ def test_a_trl_run_from_the_python_api(tiny_model_dir, tmp_path, capsys):
 
     assert trainer.model.name_or_path == str(out / "model")  # full fine-tuning: the trained weights
     assert trainer.evaluate() == {"eval_accuracy": after, "eval_size": 2}
+
+
+def test_under_lora_the_trained_model_is_the_adapter_over_the_base(tiny_model_dir, tmp_path):
+    from peft import LoraConfig
+
+    args = GRPOConfig(output_dir=str(tmp_path / "lora"), learning_rate=1e-2, num_generations=2,
+                      max_completion_length=4, per_device_train_batch_size=4, max_steps=1, disable_tqdm=True)
+    trainer = GRPOTrainer(model=str(tiny_model_dir), reward_funcs=exact_answer, args=args,
+                          train_dataset=CHAT_ROWS[:4], eval_dataset=CHAT_ROWS[4:],
+                          peft_config=LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj"]))
+    assert type(trainer.model).__name__ == "LlamaForCausalLM"  # before training: the starting weights
+    result = trainer.train()
+    assert type(trainer.model).__name__ == "PeftModelForCausalLM"  # after: the saved adapter over them
+    assert trainer.evaluate() == {"eval_accuracy": result.metrics["eval_accuracy_after"], "eval_size": 2}
