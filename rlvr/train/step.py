@@ -272,7 +272,9 @@ def train_step(
     frozen = frozen_passes(model, batch, micro_rows + fillers, settings, reference, num_iterations, chunk_tokens,
                            share_prompt, micro_batch_size)
     model.train()
-    params = [p for p in model.parameters() if p.requires_grad] if params is None else params
+    if params is None:  # sharded: the optimizer's, as the root group may be gathered (other objects) right now
+        params = [p for g in optimizer.param_groups for p in g["params"]] if sharded else \
+            [p for p in model.parameters() if p.requires_grad]
     sums: dict[str, float] = {}
     entropy_sum, skipped, sent = 0.0, 0, 0
     computed = sum(float(batch.loss_mask[rows].sum()) for rows in micro_rows)
