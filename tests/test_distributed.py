@@ -100,7 +100,10 @@ EPISODES = ["env.factory=tests.helpers:Notebook", "env.max_turns=2", "env.max_ep
 PPO = ["algo.name=ppo", "algo.beta=0", "ppo.kl_coef=0.05"]
 
 
-@pytest.mark.parametrize("lora, episodes, extra", [(True, False, []), (False, False, []), (True, True, EPISODES),
+REPLICAS = ["train.shard_weights=false"]  # sharded weights (full fine-tuning's default): tests/test_sharding.py
+
+
+@pytest.mark.parametrize("lora, episodes, extra", [(True, False, []), (False, False, REPLICAS), (True, True, EPISODES),
                                                    (True, False, PPO)], ids=["lora", "full", "episodes", "ppo"])
 def test_two_ranks_train_what_one_process_trains(tiny_model_dir, tiny_long_model_dir, tmp_path, lora, episodes,
                                                  extra):

@@ -1,0 +1,95 @@
+"""Weights sharded across learners (FSDP2, train.shard_weights): `torchrun --nproc-per-node 2` (gloo, 2 CPU processes,
+the tiny model) trains what one process trains - every weight within 1e-6 after 3 steps, with two optimizer steps per
+batch, clipping that bites, micro-batch accumulation and activation checkpointing; the metrics rows equal; its
+checkpoints hold whole tensors, so the job resumes exactly with two learners or with one process."""
+
+import shutil
+import sys
+
+import pytest
+import torch
+
+from rlvr.config import load_config
+from rlvr.distributed import World
+from rlvr.train.learners import check_learners, sharded_weights
+from rlvr.train.sharding import clip_sharded_gradients
+from tests.test_distributed import TORCHRUN, _overrides, _records, _run, _same_rows, _weights
+
+# mu = 2 (a frozen proximal pass, then two steps on the batch) and a gradient norm (~0.75) above the clip
+SHARDED = ["algo.num_iterations=2", "train.max_grad_norm=0.3"]
+
+
+def _close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    for name, tensor in a.items():
+        assert torch.allclose(tensor, b[name], atol=1e-6, rtol=0), name
+
+
+def _resume_from_step_2(done, out) -> None:
+    """A copy of the finished run ``done`` as it was after step 2 (its last checkpoint and outputs removed)."""
+    shutil.copytree(done, out)
+    shutil.rmtree(out / "checkpoints" / "step-00000003")
+    for name in ("model", "adapter", "summary.json"):
+        shutil.rmtree(out / name, ignore_errors=True) if (out / name).is_dir() else (out / name).unlink(missing_ok=True)
+
+
+def test_sharded_full_fine_tuning_trains_and_resumes_as_one_process(tiny_model_dir, tmp_path):
+    one, two = tmp_path / "one", tmp_path / "two"
+    config = ["examples/demo.yaml"]
+    single = _run([sys.executable, "-m", "rlvr", "train", *config, *_overrides(tiny_model_dir, one, False), *SHARDED])
+    assert single.returncode == 0, single.stderr[-3000:]
+    job = _run([*TORCHRUN, "-m", "rlvr", "train", *config, *_overrides(tiny_model_dir, two, False), *SHARDED])
+    assert job.returncode == 0, job.stderr[-3000:]
+    _close(_weights(one, False), _weights(two, False))
+    _same_rows(_records(one), _records(two))
+    _same_rows(_records(one, "samples.jsonl"), _records(two, "samples.jsonl"))
+    assert any(r["update/grad_norm"] > 0.3 for r in _records(two)[1:])  # the clip bit
+    for name, launcher in (("again", TORCHRUN), ("alone", [sys.executable])):  # two learners, then one process
+        out = tmp_path / name
+        _resume_from_step_2(two, out)
+        resumed = _run([*launcher, "-m", "rlvr", "train", *config, *_overrides(tiny_model_dir, out, False), *SHARDED,
+                        "resume=auto"])
+        assert resumed.returncode == 0 and "(step 2)" in resumed.stdout, resumed.stderr[-3000:]
+        _close(_weights(two, False), _weights(out, False))
+        _same_rows(_records(two), _records(out))
+
+
+def test_a_sharded_frozen_base_under_lora_trains_what_one_process_trains(tiny_model_dir, tmp_path):
+    one, two = tmp_path / "one", tmp_path / "two"
+    args = ["examples/demo.yaml", "train.shard_weights=true"]
+    single = _run([sys.executable, "-m", "rlvr", "train", *args, *_overrides(tiny_model_dir, one, True)])
+    assert single.returncode == 0, single.stderr[-3000:]
+    job = _run([*TORCHRUN, "-m", "rlvr", "train", *args, *_overrides(tiny_model_dir, two, True)])
+    assert job.returncode == 0, job.stderr[-3000:]
+    _close(_weights(one, True), _weights(two, True))
+    _same_rows(_records(one), _records(two))
+
+
+def test_what_shards_and_what_is_refused():
+    two = World(0, 2)
+    full = load_config("examples/demo.yaml", ["model.lora=false"])
+    lora = load_config("examples/demo.yaml", [])
+    assert sharded_weights(full, two) and not sharded_weights(lora, two) and not sharded_weights(full, World())
+    assert sharded_weights(load_config("examples/demo.yaml", ["train.shard_weights=true"]), two)
+    assert not sharded_weights(load_config("examples/demo.yaml", ["model.lora=false", "train.shard_weights=false"]),
+                               two)
+    with pytest.raises(ValueError, match="PPO's critic is not sharded; set train.shard_weights=false"):
+        check_learners(load_config("examples/ppo.yaml", ["model.lora=false", "train.prompts_per_step=2"]), two)
+    with pytest.raises(ValueError, match="shard_weights must be auto, true or false"):
+        load_config("examples/demo.yaml", ["train.shard_weights=2"])
+
+
+def test_clipping_whole_gradients_matches_torch():
+    torch.manual_seed(0)
+    ours = [torch.nn.Parameter(torch.randn(5, 3)) for _ in range(3)]
+    theirs = [torch.nn.Parameter(p.detach().clone()) for p in ours]
+    for a, b in zip(ours, theirs):
+        a.grad = torch.randn_like(a)
+        b.grad = a.grad.clone()
+    by_hand = sum(float(p.grad.double().pow(2).sum()) for p in ours) ** 0.5  # the norm over every element
+    norm = clip_sharded_gradients(ours, 0.5)
+    assert norm == pytest.approx(by_hand, rel=1e-9) and norm > 0.5
+    assert norm == pytest.approx(float(torch.nn.utils.clip_grad_norm_(theirs, 0.5)), rel=1e-6)
+    for a, b in zip(ours, theirs):
+        assert torch.allclose(a.grad, b.grad, atol=1e-7)
+    assert float(torch.cat([p.grad.reshape(-1) for p in ours]).norm()) == pytest.approx(0.5, rel=1e-5)
