@@ -188,16 +188,21 @@ class AdapterBucket:
         with self.fs.open(path, "rb") as f:
             return f.read(limit)
 
-    def read(self, version: int) -> dict[str, bytes]:
+    def read(self, version: int, limits: dict[str, int] | None = None) -> dict[str, bytes]:
         """Every file of ``version``, checked against its manifest (``TornVersionError`` if any differs,
         ``ManifestError`` if the manifest or a file is not what rlvr writes, ``FileNotFoundError`` if the version
-        has no manifest)."""
+        has no manifest). ``limits``: tighter size bounds for some files (refused before anything is read)."""
         where = self.version_url(version)
         raw = self._read(version, MANIFEST, MAX_MANIFEST_BYTES + 1)
         if len(raw) > MAX_MANIFEST_BYTES:
             raise ManifestError(f"{where}: {MANIFEST} is larger than any rlvr writes; publish the version again")
+        entries = _parse_manifest(raw, version, where)
+        for name, limit in (limits or {}).items():
+            if entries[name][0] > limit:
+                raise ManifestError(f"{where}: {name} declares {entries[name][0]} bytes, more than the {limit} this "
+                                    "reader expects")
         files = {}
-        for name, (size, digest) in _parse_manifest(raw, version, where).items():
+        for name, (size, digest) in entries.items():
             try:
                 data = self._read(version, name, size + 1)
             except FileNotFoundError:

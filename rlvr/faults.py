@@ -1,11 +1,12 @@
 """Fault injection for crash tests: ``RLVR_FAULT=NAME@STEP`` SIGKILLs the process at that point;
 ``RLVR_FAULT=NAME@STEP:oom`` raises the out-of-memory error a GPU's allocator raises there, ``:hang`` stops there
-for good (a stuck process). In a job of several
+for good (a stuck process), ``:sleepN`` pauses there N seconds (a slow one). In a job of several
 learners (torchrun), ``RLVR_FAULT_RANK=R`` makes only rank R fail.
 
 Points: ``after_generate`` (completions sampled, nothing updated), ``after_update`` (weights updated, step
-not yet logged or checkpointed), ``checkpoint_file_written`` (one checkpoint file on disk, the rest not), and
-in ``rlvr serve``, ``adapter_load`` (the n-th adapter load, files checked, model not yet changed). Servers
+not yet logged or checkpointed), ``checkpoint_file_written`` (one checkpoint file on disk, the rest not),
+``diloco_delta`` (a DiLoCo learner at the end of round STEP, its delta not yet published), and in ``rlvr serve``,
+``adapter_load`` (the n-th adapter load, files checked, model not yet changed). Servers
 the learner restarts do not inherit the variable, so an injected fault fires once.
 Without the variable this is a dictionary lookup and nothing else.
 """
@@ -26,6 +27,10 @@ def fault_point(name: str, step: int) -> None:
         import time
 
         time.sleep(1 << 30)
+    if fault and fault.startswith(f"{name}@{step}:sleep"):  # a learner slower than the others
+        import time
+
+        time.sleep(float(fault.rsplit(":sleep", 1)[1]))
     if fault == f"{name}@{step}:oom":  # what a device allocator raises when it runs out
         import torch
 

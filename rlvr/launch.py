@@ -3,6 +3,7 @@
 
     source = synchronous (rlvr/train/collect.py) | asynchronous (rlvr/runtime/source.py, async.enabled)
     update = GRPO (rlvr/train/step.py)           | PPO with a critic (rlvr/baselines/ppo.py, algo.name=ppo)
+             wrapped by a DiLoCo round every H steps (rlvr/train/diloco_round.py, diloco.learner)
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from rlvr.config import RunConfig
 from rlvr.rewards import WeightedReward
 from rlvr.runtime.source import AsyncSource
 from rlvr.train.collect import SyncSource, group_advantage_fn
+from rlvr.train.diloco_round import DilocoUpdate
 from rlvr.train.loop import run_loop
 from rlvr.train.run import NonFiniteError, fresh_run_dir, open_run
 from rlvr.train.scoring import EnvironmentObjects
@@ -32,5 +34,7 @@ def train(cfg: RunConfig, rewards: list[WeightedReward] | None = None,
         update = GRPOUpdate(cfg)
         advantages = group_advantage_fn(cfg.rollout.group_size, algo.scale, algo.adv_eps, algo.negative_scale,
                                         algo.reward_aggregation)
+    if cfg.diloco.learner:  # a DiLoCo learner: a round with the others every diloco.inner_steps steps
+        update = DilocoUpdate(update, cfg)
     source = AsyncSource(cfg, advantages) if cfg.asynchronous.enabled else SyncSource(cfg, advantages)
     return run_loop(open_run(cfg, update, rewards, environment), source, update)

@@ -11,7 +11,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "rlvr"
 TIERS = (
     ("core", "seeds", "faults", "memory", "offline_models", "trackers", "prompts", "verifiers", "bucket",
      "config_checks", "devices", "distributed"),
-    ("architecture", "checkpoint", "metrics", "envs"),
+    ("architecture", "checkpoint", "metrics", "envs", "diloco"),
     ("models",),
     ("rollout", "rewards", "algo_config"),
     ("config", "plan"),
@@ -19,7 +19,7 @@ TIERS = (
     ("train",),
     ("serve", "baselines"),
     ("runtime",),
-    ("launch", "api_inputs"),
+    ("launch", "api_inputs", "api_checks"),
     ("api",),
     ("cli", "__init__"),
     ("__main__",),

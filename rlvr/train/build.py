@@ -49,6 +49,11 @@ def load_data(cfg: RunConfig, environment: EnvironmentObjects | None = None) -> 
     """Rows, correctness check and tokenizer; prompt lengths are checked here, before any model loads, so bad
     input fails fast."""
     train_rows, eval_rows, check_name = load_task(cfg.task)
+    if cfg.diloco.learner:  # a DiLoCo learner trains its own shard: the rows whose index is k modulo K
+        from rlvr.diloco import parse_learner
+
+        k, learners = parse_learner(cfg.diloco.learner)
+        train_rows = train_rows[k::learners]
     extra_rows = load_extra_eval(cfg.task, cfg.eval.extra_path) if cfg.eval.extra_path else []
     if not cfg.task.chat_template:  # base models: chat messages become a plain Q:/A: transcript
         train_rows, eval_rows, extra_rows = ([{**r, "prompt": plain_text(r["prompt"])} for r in rows]
