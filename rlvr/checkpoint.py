@@ -322,8 +322,8 @@ def _split_optimizer(sd: dict) -> tuple[dict[str, torch.Tensor], str]:
 def _whole(tensor: torch.Tensor) -> torch.Tensor:
     """A host copy of ``tensor``, whole: a shard of weights sharded across learners (a DTensor, FSDP2) is gathered
     first, which every learner must do in the same order."""
-    if isinstance(tensor, DTensor):
-        tensor = tensor.full_tensor()
+    if isinstance(tensor, DTensor):  # gathered: a new tensor already
+        return tensor.full_tensor().detach().to("cpu").contiguous()
     return tensor.detach().to("cpu", copy=True).contiguous()
 
 
