@@ -34,7 +34,8 @@ def test_a_run_directory_works_from_any_directory(tiny_model_dir, tmp_path, monk
         (work / "data" / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (work / "newcomer_rewards.py").write_text(  # the user's reward module, beside their data
         "def correct(prompts, completions, answer, **kwargs):\n"
-        "    return [float(a in (c if isinstance(c, str) else c[0]['content'])) for c, a in zip(completions, answer)]\n")
+        "    texts = [c if isinstance(c, str) else c[0]['content'] for c in completions]\n"
+        "    return [float(a in t) for t, a in zip(texts, answer)]\n")
     threads = torch.get_num_threads()
     try:
         monkeypatch.chdir(work)
