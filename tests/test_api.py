@@ -287,7 +287,7 @@ TRL_FIELDS_NOT_SUPPORTED = [
     "vllm_mode", "vllm_server_base_url", "use_adaptive_entropy", "model_init_kwargs", "off_policy_mask_threshold",
     "vespo_k_pos", "use_bias_correction_kl", "min_p", "repetition_penalty", "generation_kwargs", "num_generations_eval",
     "cast_lm_head_to_fp32", "steps_per_generation", "generation_batch_size",
-    "log_unique_prompts", "deepspeed", "fsdp", "lr_scheduler_kwargs", "torch_compile", "dataloader_num_workers",
+    "log_unique_prompts", "deepspeed", "fsdp", "lr_scheduler_kwargs", "torch_compile",
 ]
 
 

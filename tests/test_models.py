@@ -19,7 +19,7 @@ def test_local_directory_loads_with_lora(tiny_model_dir):
 
 def test_missing_model_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="neither a built-in alias .* rlvr never downloads"):
-        resolve_model_dir("HuggingFaceTB/SmolLM2-135M-Instruct")
+        resolve_model_dir("nobody/no-such-model")
     with pytest.raises(ValueError, match="has no config.json"):
         resolve_model_dir(str(tmp_path))
 

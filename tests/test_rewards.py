@@ -187,6 +187,8 @@ def test_check_rewards_calls_each_function_as_training_does():
     chat = _rows()[0]["prompt"], _rows()[1]["prompt"]
     assert seen["prompts"] == [chat[0], chat[0], chat[1], chat[1]]  # 2 rows, 2 placeholder completions each
     assert seen["completions"] == [[{"role": "assistant", "content": t}] for t in ("", "0", "", "0")]
+    trl = {k: seen["columns"].pop(k, None) for k in ("trainer_state", "log_metric", "log_extra")}  # TRL 1.x's
+    assert None not in trl.values()
     assert seen["columns"] == {"answer": ["2", "2", "7", "7"], "completion_ids": [[0], [0, 0], [0], [0, 0]]}
     assert scores.total.tolist() == [1.0, 2.0, 1.0, 2.0]  # one fake token per character, plus one
     plain = check_rewards([WeightedReward("spy", spy)], [{"prompt": "1 + 1 =", "answer": "2"}], n=2)
