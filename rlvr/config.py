@@ -23,6 +23,7 @@ from rlvr.algo_config import PRESETS, AlgoConfig
 from rlvr.config_checks import at_least, check_choices, switch
 from rlvr.core.ppo import PPOSettings
 from rlvr.devices import DTYPES, check_device_spec, weight_dtype
+from rlvr.diloco import DilocoConfig
 from rlvr.models import ALL_LINEAR
 from rlvr.rewards.base import ON_ERROR
 from rlvr.rollout.decode_weights import PRECISIONS
@@ -412,53 +413,6 @@ class AsyncConfig:
                   "learner_wait_s")
 
 
-DELTA_DTYPES = ("fp32", "bf16")
-DILOCO_PLACEMENTS = ("hand", "ray")
-
-
-@dataclass(frozen=True)
-class DilocoConfig:
-    learner: str = ""
-    """k/K: this run is learner k (0-based) of K DiLoCo learners that share only diloco.bucket ('' : off). Each
-    trains its own shard of the training rows (those whose index is k modulo K). docs/concepts/diloco.md."""
-    bucket: str = ""
-    """Where the learners exchange deltas: a directory every learner can reach (local or shared disk) or an fsspec
-    URL (s3://, gs://, ...)."""
-    inner_steps: int = 16
-    """H: the steps each learner takes on its own between two exchanges (a round)."""
-    outer_lr: float = 0.7
-    """The outer optimizer's learning rate (Nesterov SGD on the mean delta; 1.0 with outer_momentum 0 averages)."""
-    outer_momentum: float = 0.9
-    """The outer optimizer's Nesterov momentum."""
-    round_timeout_s: float = 600.0
-    """Seconds a learner waits after publishing its delta for the others'; then the round closes with the deltas
-    that arrived (at least min_learners, else with none: every learner starts the next round from the same weights
-    again). A delta that arrives after its round closed is dropped (counted)."""
-    min_learners: int = 1
-    """Deltas a round needs to take an outer step when it closes at the timeout."""
-    max_delta_norm: float = 0.0
-    """A learner's delta is scaled down to this L2 norm before averaging (0: no bound): one poisoned learner moves
-    the average by at most max_delta_norm / K."""
-    delta_dtype: Literal[DELTA_DTYPES] = "fp32"
-    """The dtype deltas travel in: fp32, or bf16 (half the bytes; the delta's rounding, not the weights')."""
-    reset_optimizer: bool = False
-    """Reset the inner AdamW state at each round boundary (false: kept, as DiLoCo's paper keeps it)."""
-    placement: Literal[DILOCO_PLACEMENTS] = "hand"
-    """hand: one rlvr train per learner, started by you (one command per machine); ray: ``rlvr diloco`` places K
-    learners as Ray actors on the cluster at async.ray_address."""
-
-    def __post_init__(self) -> None:
-        check_choices(self)
-        at_least(self, 1, "inner_steps", "min_learners")
-        at_least(self, 0, "max_delta_norm")
-        if not self.round_timeout_s > 0 or not self.outer_lr > 0 or not 0 <= self.outer_momentum < 1:
-            raise ValueError("diloco needs round_timeout_s > 0, outer_lr > 0 and 0 <= outer_momentum < 1")
-        if self.learner:
-            from rlvr.diloco import parse_learner
-
-            parse_learner(self.learner)
-
-
 @dataclass(frozen=True)
 class EnvConfig:
     factory: str = ""
@@ -558,7 +512,7 @@ class RunConfig:
     """Metric sinks."""
     asynchronous: AsyncConfig = AsyncConfig()
     """Asynchronous GRPO: learner and rollout servers overlapped (``async`` in YAML and overrides)."""
-    diloco: DilocoConfig = DilocoConfig()
+    diloco: DilocoConfig = field(default_factory=DilocoConfig)
     """Learners on separate machines that exchange a delta every diloco.inner_steps steps through a bucket."""
 
 

@@ -31,17 +31,64 @@ import json
 import os
 import re
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load, save
 
 from rlvr.bucket import AdapterBucket, ManifestError, TornVersionError
+from rlvr.config_checks import at_least, check_choices
 
 TENSORS, RECORD = "adapter_model.safetensors", "adapter_config.json"
 MAX_DECISION_BYTES = 64 << 10
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 _LEARNER = re.compile(r"learner-([0-9]{4,9})")
+
+
+DELTA_DTYPES = ("fp32", "bf16")
+DILOCO_PLACEMENTS = ("hand", "ray")
+
+
+@dataclass(frozen=True)
+class DilocoConfig:
+    learner: str = ""
+    """k/K: this run is learner k (0-based) of K DiLoCo learners that share only diloco.bucket ('' : off). Each
+    trains its own shard of the training rows (those whose index is k modulo K). docs/concepts/diloco.md."""
+    bucket: str = ""
+    """Where the learners exchange deltas: a directory every learner can reach (local or shared disk) or an fsspec
+    URL (s3://, gs://, ...)."""
+    inner_steps: int = 16
+    """H: the steps each learner takes on its own between two exchanges (a round)."""
+    outer_lr: float = 0.7
+    """The outer optimizer's learning rate (Nesterov SGD on the mean delta; 1.0 with outer_momentum 0 averages)."""
+    outer_momentum: float = 0.9
+    """The outer optimizer's Nesterov momentum."""
+    round_timeout_s: float = 600.0
+    """Seconds a learner waits after publishing its delta for the others'; then the round closes with the deltas
+    that arrived (at least min_learners, else with none: every learner starts the next round from the same weights
+    again). A delta that arrives after its round closed is dropped (counted)."""
+    min_learners: int = 1
+    """Deltas a round needs to take an outer step when it closes at the timeout."""
+    max_delta_norm: float = 0.0
+    """A learner's delta is scaled down to this L2 norm before averaging (0: no bound): one poisoned learner moves
+    the average by at most max_delta_norm / K."""
+    delta_dtype: Literal[DELTA_DTYPES] = "fp32"
+    """The dtype deltas travel in: fp32, or bf16 (half the bytes; the delta's rounding, not the weights')."""
+    reset_optimizer: bool = False
+    """Reset the inner AdamW state at each round boundary (false: kept, as DiLoCo's paper keeps it)."""
+    placement: Literal[DILOCO_PLACEMENTS] = "hand"
+    """hand: one rlvr train per learner, started by you (one command per machine); ray: ``rlvr diloco`` places K
+    learners as Ray actors on the cluster at async.ray_address."""
+
+    def __post_init__(self) -> None:
+        check_choices(self)
+        at_least(self, 1, "inner_steps", "min_learners")
+        at_least(self, 0, "max_delta_norm")
+        if not self.round_timeout_s > 0 or not self.outer_lr > 0 or not 0 <= self.outer_momentum < 1:
+            raise ValueError("diloco needs round_timeout_s > 0, outer_lr > 0 and 0 <= outer_momentum < 1")
+        if self.learner:
+            parse_learner(self.learner)
 
 
 class RefusedDelta(ValueError):

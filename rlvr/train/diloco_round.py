@@ -107,17 +107,29 @@ class DilocoUpdate:
         else:
             self._rejoin(run, latest)
 
+    def _expected(self, round_: int) -> set[int]:
+        """Whom a round waits for: the learners of the previous round (and this one); every learner when there is
+        none. A learner that missed a round is not waited for again; its next delta counts if it comes in time."""
+        try:
+            previous = self.bucket.decision(round_ - 1) if round_ > 1 else None
+        except RefusedDelta:
+            previous = None
+        if previous is None or not previous.members:
+            return set(range(self.learners))
+        return {*previous.members, self.learner}
+
     def _wait_for_decision(self, run: Run, round_: int, like: dict[str, torch.Tensor]) -> Decision:
         """The round's decision; made here if this learner finds the round closable first."""
         d = self.cfg.diloco
         published = time.monotonic()
+        expected = self._expected(round_)
         while True:
             decision = self.bucket.decision(round_)
             if decision is not None:
                 return decision
             arrived = self.bucket.arrived(round_)
             timed_out = time.monotonic() - published >= d.round_timeout_s
-            if len(arrived) == self.learners or timed_out:
+            if expected <= set(arrived) or timed_out:
                 digests = {}
                 for k in arrived:
                     try:
@@ -126,7 +138,7 @@ class DilocoUpdate:
                         self.totals["refused"] += 1
                         print(f"rlvr: diloco: refused {err}", flush=True)
                 enough = len(digests) >= (d.min_learners if timed_out else 1)
-                reason = "all" if len(arrived) == self.learners and not timed_out else "timeout"
+                reason = "timeout" if timed_out else "all"
                 members = sorted(digests) if enough else []
                 self.bucket.decide(Decision(round_, tuple(members), {k: digests[k] for k in members}, self.learner,
                                             reason if enough else "too few"))
