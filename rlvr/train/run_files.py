@@ -118,7 +118,7 @@ def absolute_paths(cfg: RunConfig) -> RunConfig:
     """``cfg`` with every local path made absolute against the working directory, so that a run's config.yaml (and
     its checkpoints' copies) names the same files from any directory: output_dir, resume (a checkpoint path),
     model.name (a local directory, not an alias or a Hub id), task.train_path / eval_path, task.source (a local
-    file, directory or glob, not a Hub id) and eval.extra_path."""
+    file, directory or glob, not a Hub id), eval.extra_path and a local diloco.bucket (not a URL)."""
     from rlvr.offline_models import ALIASES
 
     name, source = cfg.model.name, cfg.task.source
@@ -131,7 +131,9 @@ def absolute_paths(cfg: RunConfig) -> RunConfig:
     return dataclasses.replace(
         cfg, output_dir=_absolute(cfg.output_dir), resume=cfg.resume if cfg.resume in ("", "auto") else
         _absolute(cfg.resume), model=dataclasses.replace(cfg.model, name=name), task=task,
-        eval=dataclasses.replace(cfg.eval, extra_path=_absolute(cfg.eval.extra_path)))
+        eval=dataclasses.replace(cfg.eval, extra_path=_absolute(cfg.eval.extra_path)),
+        diloco=dataclasses.replace(cfg.diloco, bucket=cfg.diloco.bucket if "://" in cfg.diloco.bucket else
+                                   _absolute(cfg.diloco.bucket)))
 
 
 def module_dirs(cfg: RunConfig) -> RunConfig:
