@@ -612,7 +612,7 @@ def _validate(cfg: RunConfig) -> None:
         if not cfg.model.lora:
             raise ConfigError("rollout.backend=server ships LoRA adapters to the servers after each update; set "
                               "model.lora=true (full weights cannot be hot-loaded over HTTP)")
-    if cfg.diloco.learner:
+    if cfg.diloco.learner or cfg.diloco.placement == "ray":
         if not cfg.diloco.bucket:
             raise ConfigError("diloco.learner needs diloco.bucket: the directory or URL the learners share")
         if a.enabled or cfg.algo.name == "ppo":

@@ -78,8 +78,11 @@ class DilocoConfig:
     reset_optimizer: bool = False
     """Reset the inner AdamW state at each round boundary (false: kept, as DiLoCo's paper keeps it)."""
     placement: Literal[DILOCO_PLACEMENTS] = "hand"
-    """hand: one rlvr train per learner, started by you (one command per machine); ray: ``rlvr diloco`` places K
-    learners as Ray actors on the cluster at async.ray_address."""
+    """hand: one rlvr train per learner (diloco.learner=k/K), started by you on each machine; ray: this rlvr train
+    places diloco.learners learners as Ray tasks on the cluster at async.ray_address (each writes
+    OUTPUT_DIR/learner-k; diloco.bucket must be reachable from every node)."""
+    learners: int = 0
+    """placement ray: how many learners to place."""
 
     def __post_init__(self) -> None:
         check_choices(self)
@@ -89,6 +92,9 @@ class DilocoConfig:
             raise ValueError("diloco needs round_timeout_s > 0, outer_lr > 0 and 0 <= outer_momentum < 1")
         if self.learner:
             parse_learner(self.learner)
+        if self.placement == "ray" and (self.learner or self.learners < 1):
+            raise ValueError("diloco.placement=ray places diloco.learners (>= 1) learners itself: set it, and leave "
+                             "diloco.learner unset")
 
 
 class RefusedDelta(ValueError):

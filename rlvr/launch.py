@@ -27,6 +27,10 @@ def train(cfg: RunConfig, rewards: list[WeightedReward] | None = None,
     """Train as configured; returns the summary also written to ``summary.json``. ``rewards``: reward functions
     built already (Python callables: rlvr.api), used instead of cfg.rewards; ``environment``: an episode
     environment's factory and tools as objects, used instead of env.factory / env.tools."""
+    if cfg.diloco.placement == "ray":  # K learners as Ray tasks, each this function with diloco.learner=k/K
+        from rlvr.runtime.ray_learners import train_on_ray
+
+        return train_on_ray(cfg, train)
     algo = cfg.algo
     if algo.name == "ppo":  # advantages come from the critic, inside the update
         update, advantages = PPOUpdate(cfg), None

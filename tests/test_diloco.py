@@ -14,6 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from rlvr.config import load_config
 from rlvr.core.outer import bound_norm, nesterov_step, outer_gradient
 from rlvr.diloco import Decision, RefusedDelta, RoundBucket, parse_learner
 
@@ -49,11 +50,17 @@ def test_a_delta_is_bounded_in_norm():
     assert bound_norm(delta, 0.0) == (delta, False) and bound_norm(delta, 5.0)[1] is False
 
 
-def test_learner_spec():
+def test_learner_spec_and_what_is_refused():
     assert parse_learner("1/3") == (1, 3)
     for bad in ("3/3", "1", "-1/2", "a/b"):
         with pytest.raises(ValueError, match="k/K"):
             parse_learner(bad)
+    with pytest.raises(ValueError, match="diloco.learner needs diloco.bucket"):
+        load_config("examples/diloco.yaml", ["diloco.learner=0/2", "diloco.bucket="])
+    with pytest.raises(ValueError, match="places diloco.learners"):
+        load_config("examples/diloco.yaml", ["diloco.placement=ray"])
+    with pytest.raises(ValueError, match="synchronous GRPO loop"):
+        load_config("examples/ppo.yaml", ["diloco.learner=0/2", "diloco.bucket=/tmp/b"])
 
 
 # ------------------------------------------------------------------------------------------------ the bucket

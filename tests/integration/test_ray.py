@@ -8,6 +8,7 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -54,3 +55,19 @@ def test_ray_actors_serve_restart_and_rejoin(local_ray, tiny_model_dir, tmp_path
     assert last["sampler/servers_live"] == 2
     uids = _trained_uids(out)
     assert len(uids) == 300 and len(set(uids)) == 300
+
+
+def test_diloco_learners_placed_by_ray_share_the_bucket(local_ray, tiny_model_dir, tmp_path):
+    """diloco.placement=ray: two learners as Ray tasks, talking only through the bucket; both take every round."""
+    from rlvr.diloco import RoundBucket
+    from rlvr.launch import train
+
+    root = str(Path(__file__).resolve().parents[2])
+    cfg = load_config(None, _overrides(tiny_model_dir, tmp_path / "run") + [
+        "diloco.placement=ray", "diloco.learners=2", f"diloco.bucket={tmp_path / 'bucket'}", "diloco.inner_steps=2",
+        "train.steps=4", "eval.every=0", "train.threads=1", f"import_dirs=[{root}]"])
+    summary = train(cfg)
+    assert len(summary["learners"]) == 2 and all("error" not in s for s in summary["learners"])
+    bucket = RoundBucket(str(tmp_path / "bucket"), 0, 2)
+    assert [bucket.decision(r).members for r in (1, 2)] == [(0, 1), (0, 1)]
+    assert (tmp_path / "run" / "learner-1" / "adapter").is_dir()
