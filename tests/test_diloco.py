@@ -233,3 +233,20 @@ def test_a_hostile_delta_is_refused_and_an_outsized_one_bounded(tiny_model_dir, 
     assert outer["refused"] >= 1 and outer["bounded"] >= 1
     (decision,) = _replay(bucket, 3, bound=0.05)
     assert decision.members == (0, 2)
+
+
+def test_a_learner_killed_inside_a_round_resumes_where_it_was(tiny_model_dir, tmp_path):
+    """A lone learner (K = 1: every round closes at once) is SIGKILLed after step 3, inside round 2; resumed from its
+    step-2 checkpoint, it keeps the checkpoint's weights, takes round 2 from the shared weights after round 1, and
+    ends on the weights of a run that was never killed."""
+    args = ["train.checkpoint_every=1"]
+    _finish(_start(tiny_model_dir, tmp_path / "whole", tmp_path / "bucket-whole", "0/1", *args))
+    out, bucket = tmp_path / "killed", tmp_path / "bucket-killed"
+    killed = _start(tiny_model_dir, out, bucket, "0/1", *args, env={"RLVR_FAULT": "after_update@3"})
+    killed.communicate(timeout=300)
+    assert killed.returncode == -9 and json.loads((out / "diloco.json").read_text()) == {"round": 2,
+                                                                                       "round_start_step": 2}
+    _finish(_start(tiny_model_dir, out, bucket, "0/1", *args, "resume=auto"))
+    a, b = _adapter(tmp_path / "whole"), _adapter(out)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert [d.members for d in _replay(bucket, 1)] == [(0,), (0,)]
