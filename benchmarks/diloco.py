@@ -60,17 +60,19 @@ def single(tmp: Path, steps: int, eval_every: int) -> dict:
     return {"wall_s": time.perf_counter() - started, "curve": _curve(out, 8 * 8)}
 
 
-def pair(tmp: Path, steps: int, eval_every: int, inner: int, fault: str = "") -> dict:
-    bucket, runs = tmp / f"bucket-{inner}{fault and '-killed'}", []
+def pair(tmp: Path, steps: int, eval_every: int, inner: int, fault: str = "", extra: tuple[str, ...] = (),
+         tag: str = "") -> dict:
+    tag = tag or ("-killed" if fault else "")
+    bucket, runs = tmp / f"bucket-{inner}{tag}", []
     started = time.perf_counter()
     jobs = []
     for k in range(2):
-        out = tmp / f"h{inner}-{k}{fault and '-killed'}"
+        out = tmp / f"h{inner}-{k}{tag}"
         runs.append(out)
         env = {**os.environ, **({"RLVR_FAULT": fault} if fault and k == 1 else {})}
         jobs.append(subprocess.Popen(_command(out, steps, eval_every, "train.threads=1", "train.prompts_per_step=4",
                                               f"diloco.learner={k}/2", f"diloco.bucket={bucket}",
-                                              f"diloco.inner_steps={inner}", "diloco.round_timeout_s=60"),
+                                              f"diloco.inner_steps={inner}", "diloco.round_timeout_s=60", *extra),
                                      cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
     codes = [job.wait() for job in jobs]
     if codes[0] != 0 or (not fault and codes[1] != 0):
@@ -85,6 +87,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--inner", type=int, nargs="+", default=[1, 4, 16])
+    parser.add_argument("--variants", action="store_true",
+                        help="also H = 4 with the inner AdamW reset each round, and with bf16 deltas")
     args = parser.parse_args()
     eval_every = max(args.inner)
     with tempfile.TemporaryDirectory() as tmp:
@@ -97,9 +101,15 @@ def main() -> None:
             print(f"H={h}:", pairs[h], flush=True)
         killed = pair(tmp, args.steps, eval_every, 4, fault="diloco_delta@2")
         print("killed:", killed, flush=True)
+        variants = {}
+        if args.variants:
+            for name, extra in (("AdamW reset each round", ("diloco.reset_optimizer=true",)),
+                                ("bf16 deltas", ("diloco.delta_dtype=bf16",))):
+                variants[name] = pair(tmp, args.steps, eval_every, 4, extra=extra, tag=f"-{extra[0]}")
+                print(name, variants[name], flush=True)
     adapter = pairs[args.inner[0]]["per_round_bytes"]
     results = {"machine": describe(), "steps": args.steps, "one": one, "pairs": {str(h): p for h, p in pairs.items()},
-               "killed": killed, "adapter_bytes": adapter}
+               "killed": killed, "variants": variants, "adapter_bytes": adapter}
     final = one["curve"][-1]
     lines = ["## DiLoCo: two learners through a bucket against one learner (benchmarks/diloco.py)", "",
              (f"`python benchmarks/diloco.py --steps {args.steps} --inner {' '.join(map(str, args.inner))}` on "
@@ -117,9 +127,14 @@ def main() -> None:
                      f"{p['bytes_sent'] / 2**20:.1f} MiB ({p['rounds']:.0f} rounds) | {ddp / 2**20:.1f} MiB "
                      f"({ddp / max(p['bytes_sent'], 1):.0f}x) |")
     end = killed["curve"][-1]
-    lines += [f"| 2 learners, H = 4, learner 1 killed in round 2 | {end['accuracy']:.2f} (learner 0) | "
+    lines += [(f"| 2 learners, H = 4, learner 1 killed in round 2 | {end['accuracy']:.2f} (learner 0) | "
               f"{end['samples']} (counted as if both ran) | {killed['wall_s']:.0f} s | "
-              f"{killed['bytes_sent'] / 2**20:.1f} MiB | |", "",
+              f"{killed['bytes_sent'] / 2**20:.1f} MiB | |")]
+    for name, p in variants.items():
+        end = p["curve"][-1]
+        lines.append(f"| 2 learners, H = 4, {name} | {end['accuracy']:.2f} | {end['samples']} | {p['wall_s']:.0f} s "
+                     f"| {p['bytes_sent'] / 2**20:.1f} MiB | |")
+    lines += ["",
               "Accuracy against samples (eval.every = the largest H, so every evaluation falls on a round boundary):",
               "", "| samples | one learner | " + " | ".join(f"H = {h}" for h in pairs) + " |",
               "|---|---|" + "---|" * len(pairs)]
