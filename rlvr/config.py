@@ -688,6 +688,38 @@ def parse_overrides(overrides: list[str]) -> dict:
     return tree
 
 
+class _AliasFound(yaml.YAMLError):
+    def __init__(self, line: int) -> None:
+        super().__init__(f"line {line}")
+        self.line = line
+
+
+class _TreeLoader(yaml.SafeLoader):
+    """``yaml.safe_load`` that refuses aliases (``*name``): each alias reuses a node, so 1 KB of them can make a graph
+    of a billion nodes (an "alias bomb") that hangs whatever walks it, such as a resumed checkpoint's config.yaml
+    compared with the run's. rlvr's configs never need one; without aliases the tree is no larger than the text."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            raise _AliasFound(self.peek_event().start_mark.line + 1)
+        return super().compose_node(parent, index)
+
+
+def load_yaml(text: str, source: str) -> Any:
+    """The YAML value in ``text`` (``source`` names it in errors), without aliases: ``ConfigError`` for one."""
+    try:
+        return yaml.load(text, Loader=_TreeLoader)  # a SafeLoader: plain values only
+    except _AliasFound as err:
+        raise ConfigError(f"{source}, line {err.line}: a YAML alias (*name); rlvr reads no aliases or merge keys "
+                          "(<<: *name): write the values out in full") from None
+    except yaml.YAMLError as err:  # malformed: one line naming where
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        what = " ".join(str(getattr(err, "problem", None) or err).split())
+        raise ConfigError(f"{source} is not valid YAML{where}: {what}; fix that line (indentation, a ':' or a "
+                          "quote)") from None
+
+
 def _merge(base: dict, extra: dict) -> dict:
     out = dict(base)
     for k, v in extra.items():
@@ -731,14 +763,7 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> RunConfig
         path = Path(path)
         if not path.is_file():
             raise ConfigError(f"config file {path} does not exist")
-        try:
-            data = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as err:
-            mark = getattr(err, "problem_mark", None)
-            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-            what = " ".join(str(getattr(err, "problem", None) or err).split())
-            raise ConfigError(f"{path} is not valid YAML{where}: {what}; fix that line (indentation, a ':' or a "
-                              "quote)") from None
+        data = load_yaml(path.read_text(), str(path)) or {}
         if not isinstance(data, dict):
             raise ConfigError(f"{path} must hold a YAML mapping")
     return build_config(_merge(data, parse_overrides(list(overrides))))
@@ -766,7 +791,7 @@ def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
 def config_changes(old_yaml: str, cfg: RunConfig) -> list[str]:
     """``key old -> new`` for every setting of ``cfg`` that differs from a saved config (output_dir, resume and
     import_dirs excluded); a key the old config lacks counts as changed from its default."""
-    old = _flatten(yaml.safe_load(old_yaml) or {})
+    old = _flatten(load_yaml(old_yaml, "the checkpoint's config.yaml") or {})
     new = _flatten(to_dict(cfg))
     return [f"{k} {old.get(k, '(unset)')} -> {v}" for k, v in new.items()
             if k not in ("output_dir", "resume", "import_dirs") and old.get(k) != v]

@@ -41,6 +41,7 @@ from rlvr.train.build import (
 from rlvr.train.collected import Collected
 from rlvr.train.evaluate import evaluate
 from rlvr.train.learners import check_learners, sharded_weights
+from rlvr.train.resume_checks import check_loop_state, check_run_dir
 from rlvr.train.run_files import (
     absolute_paths,
     model_card,
@@ -360,6 +361,8 @@ def open_run(cfg: RunConfig, update: Update, rewards: list[WeightedReward] | Non
 
     checkpoint = resume_checkpoint(cfg)
     run_dir = Path(cfg.output_dir) if checkpoint or not world.main else fresh_run_dir(Path(cfg.output_dir))
+    if checkpoint is not None:
+        check_run_dir(run_dir)  # no planted link or FIFO among the files the run writes again
     state = {"eval_accuracy_before": None, "eval_accuracy": None, "skipped_updates": 0, "consecutive_skips": 0,
              "elapsed_s": 0.0, "dropped_prompts": data.dropped_prompts, "cursor": 0}
     start = 0
@@ -368,6 +371,7 @@ def open_run(cfg: RunConfig, update: Update, rewards: list[WeightedReward] | Non
         if reference is not None:
             reference.load_state_tensors(load_reference(checkpoint))
         start = state.pop("step")
+        check_loop_state(state, checkpoint)  # every field the loop reads, before a step runs
         state.setdefault("cursor", start * cfg.train.prompts_per_step)  # checkpoints from before the cursor
         retune_optimizer(optimizer, scheduler, cfg.train)
         changes = config_changes(read_text(checkpoint, "config.yaml"), cfg)  # bounded, from inside the checkpoint
