@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from rlvr.tasks.columns import STEP_BY_STEP_SYSTEM_PROMPT, ColumnMap, eval_fraction_count, gold_answer, held_out_indices
+from rlvr.tasks.local_data import check_data_files, check_saved_dataset
 
 FILE_BUILDERS = {".parquet": "parquet", ".arrow": "arrow", ".json": "json", ".jsonl": "json", ".csv": "csv"}
 HF_SYSTEM_PROMPT = STEP_BY_STEP_SYSTEM_PROMPT
@@ -86,6 +87,7 @@ def _open(source: str, subset: str, streaming: bool) -> dict:
     path = Path(source).expanduser()
     offline = False  # True: a Hub id the unreachable Hub cannot serve, loaded from the datasets cache
     if path.is_dir() and ((path / "dataset_dict.json").is_file() or (path / "state.json").is_file()):
+        check_saved_dataset(path)  # names only its own regular files: no "../", no link, no FIFO
         saved = datasets.load_from_disk(str(path))  # memory-mapped: reading the first rows reads only those
         return {"train": saved} if isinstance(saved, datasets.Dataset) else dict(saved)
     if path.is_file() or glob.has_magic(source):
@@ -101,6 +103,7 @@ def _open(source: str, subset: str, streaming: bool) -> dict:
         args, kwargs = (source,), {"name": subset or None}
     else:
         raise FileNotFoundError(f"task.source {source!r}: no such file or directory{_did_you_mean(path)}")
+    check_data_files(source, path)  # no FIFO among the files of a glob or a folder
     try:
         with _hub_offline(offline):
             return dict(datasets.load_dataset(*args, **kwargs, streaming=streaming))
