@@ -38,6 +38,11 @@ def layout(tmp_path_factory, tokenizer):
     half.mkdir()
     (half / "adapter_config.json").write_bytes((outside / "a1" / "adapter_config.json").read_bytes())
     (half / "adapter_model.safetensors").symlink_to(outside / "a1" / "adapter_model.safetensors")
+    fifo = allowed / "fifo"  # no manifest, its config a FIFO: opening it to read would block the engine for good
+    fifo.mkdir()
+    os.mkfifo(fifo / "adapter_config.json")
+    (fifo / "adapter_model.safetensors").write_bytes((allowed / "a0" / "adapter_model.safetensors").read_bytes())
+    (allowed / "empty").mkdir()
     return allowed, outside
 
 
@@ -170,10 +175,19 @@ def test_adapters_load_only_from_inside_the_allowed_roots(secured, layout, tmp_p
         answers.add(r.text.replace(r.json().get("id", ""), ""))
     assert len(answers) == 1  # every refusal reads the same, whatever exists there
     assert secured.get("/stats").json()["adapters"] == []
-    # inside the root, the usual answers: missing (404) and unreadable (400), without quoting paths
-    missing = _load(secured, allowed / "missing")
-    assert missing.status_code == 404 and str(allowed) not in missing.text
-    assert missing.json()["error"]["message"].startswith("could not load adapter")
+
+
+def test_inside_the_roots_a_missing_or_unreadable_adapter_gets_the_same_answer(secured, layout):
+    """No existence oracle inside the roots either (a loopback server's default root is /): missing, an empty
+    folder, a FIFO config (refused unopened: the engine goes on serving) all read as a path outside does."""
+    allowed, outside = layout
+    answers = set()
+    for path in (allowed / "fifo", outside / "a1", allowed / "missing", allowed / "empty", allowed / "a0" / "x"):
+        r = _load(secured, path)
+        assert (r.status_code, r.json()["error"]["message"]) == (400, NOT_ALLOWED), (path, r.text)
+        answers.add(r.text.replace(r.json().get("id", ""), ""))
+    assert len(answers) == 1
+    assert secured.post("/v1/completions", {"prompt": "x", "max_tokens": 2}).status_code == 200
 
 
 def test_disallowed_protocols_are_refused_before_any_connection(secured, listener):
@@ -199,11 +213,11 @@ def test_errors_from_an_allowed_url_root_do_not_quote_the_remote(remote, listene
     assert listener.connections == before  # nothing outside the roots was contacted
     r = _load(remote, f"ftp://127.0.0.1:{port}/ok/v00000001")  # inside: fetched, and the reply is foreign
     assert listener.connections > before
-    assert r.status_code >= 400 and r.json()["error"]["message"].startswith("could not load adapter")
+    assert (r.status_code, r.json()["error"]["message"]) == (400, NOT_ALLOWED)
     assert "SECRET" not in r.text and "SSH" not in r.text
     r = _load(remote, f"ftp://127.0.0.1:{remote.closed_port}/bucket/v00000001")  # inside, nothing listening
     message = r.json()["error"]["message"]
-    assert r.status_code >= 400 and message.startswith("could not load adapter"), r.text
+    assert (r.status_code, message) == (400, NOT_ALLOWED), r.text
     assert "refused" not in r.text.lower() and "errno" not in r.text.lower() and "127.0.0.1" not in r.text
     assert "SECRET" in remote.output() or "fetching" in remote.output()  # the operator's log has the details
 

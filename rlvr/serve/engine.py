@@ -36,9 +36,11 @@ import concurrent.futures
 import contextlib
 import itertools
 import json
+import os
 import queue
 import secrets
 import shutil
+import stat
 import sys
 import tempfile
 import threading
@@ -148,19 +150,38 @@ def _to_host(out: SampledTokens) -> SampledTokens:
         out.ids, out.mask, out.behaviour_logp, out.truncated, out.top_ids, out.top_logp)))
 
 
+MAX_ADAPTER_CONFIG_BYTES = 1 << 20
+
+
+def _regular(path: Path) -> int:
+    """A descriptor of ``path`` opened without blocking, when it is a regular file (a FIFO never answers a reader
+    that blocks; the engine thread would hang for every client); OSError otherwise."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # links were resolved inside the roots by the policy
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(f"{path} is not a regular file")
+    return fd
+
+
 def check_adapter_files(path: Path) -> dict:
-    """The adapter's config, after checking that its config and weights can be read (before any model change)."""
+    """The adapter's config, after checking that its config and weights are regular files that can be read (before
+    any model change). Every failure is the one ``NOT_ALLOWED`` answer; the reason goes to the server's log."""
     from safetensors.torch import load_file
 
     try:
-        config = json.loads((path / "adapter_config.json").read_text())
+        with os.fdopen(_regular(path / "adapter_config.json"), "rb") as f:
+            raw = f.read(MAX_ADAPTER_CONFIG_BYTES + 1)
+        if len(raw) > MAX_ADAPTER_CONFIG_BYTES:
+            raise ValueError(f"adapter_config.json is over {MAX_ADAPTER_CONFIG_BYTES} bytes")
+        config = json.loads(raw)
+        os.close(_regular(path / "adapter_model.safetensors"))
         weights = load_file(str(path / "adapter_model.safetensors"))
-    except (OSError, ValueError, RuntimeError) as err:
+    except (OSError, ValueError, RecursionError, RuntimeError) as err:
         _log(f"adapter at {str(path)!r} unreadable: {type(err).__name__}: {err}")
-        raise EngineError("could not load adapter: adapter_config.json and adapter_model.safetensors must be "
-                          "readable") from None
+        raise EngineError(NOT_ALLOWED) from None
     if not isinstance(config, dict) or config.get("peft_type", "LORA") != "LORA" or not weights:
-        raise EngineError("could not load adapter: not a LoRA adapter")
+        _log(f"adapter at {str(path)!r} is not a LoRA adapter")
+        raise EngineError(NOT_ALLOWED)
     return config
 
 
@@ -353,12 +374,9 @@ class Engine:
             raise EngineError(NOT_ALLOWED) from None
         try:
             local = fetch_version(where, self._cache)
-        except FileNotFoundError:
-            raise EngineError("could not load adapter: no adapter at that path", status=404) from None
-        except Exception as err:  # noqa: BLE001 (a remote's reply or a path may be quoted in it: logged, not sent)
+        except Exception as err:  # noqa: BLE001 (missing, unreadable, not matching its manifest: one answer, no oracle)
             _log(f"fetching {where!r} failed: {type(err).__name__}: {err}")
-            raise EngineError("could not load adapter: the adapter could not be read or did not match its "
-                              "manifest") from None
+            raise EngineError(NOT_ALLOWED) from None
         downloaded = "://" in where and local.resolve().is_relative_to(self._cache.resolve())
         return local, downloaded
 

@@ -8,8 +8,9 @@ is answered 401 before the request body is read.
 anything is opened or fetched. A local path is resolved (``..`` and every symlink, the adapter's own files
 included) and must stay inside one of the local roots; a URL must use an allowed protocol, contain no
 chaining (``::``), ``..``, query, fragment, user info or percent-escapes, and lie under one of the URL roots
-(whole path segments: ``s3://b/run1`` does not admit ``s3://b/run10``). Refusals all read "adapter path not
-allowed", whether or not the path exists, so a client learns nothing about what lies outside the roots.
+(whole path segments: ``s3://b/run1`` does not admit ``s3://b/run10``). A path outside the roots, a missing one,
+one without readable adapter files (a FIFO is never opened) and one whose files are not a LoRA adapter all get the
+same 400 ``NOT_ALLOWED``, so a client learns nothing about what exists on the server (the reason goes to its log).
 
 Defaults: no protocol but local files; without roots, a server bound to loopback accepts any local directory
 (today's local use: the embedded runtime, tests, one-machine runs), and a server bound to any other address
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 
 LOCAL_PROTOCOLS = ("file", "local")
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "manifest.json")
-NOT_ALLOWED = "adapter path not allowed"
+NOT_ALLOWED = "adapter path not allowed, or no readable LoRA adapter there (the server's log says which)"
 MAX_PATH_CHARS = 4096
 _URL_REST = re.compile(r"[A-Za-z0-9._~/:=,+-]+")  # host[:port]/segments: no '@', '%', '?', '#', '\', spaces
 
