@@ -81,7 +81,8 @@ def _serve(args: argparse.Namespace) -> int:
           allowed_adapter_roots=tuple(r for r in args.allowed_adapter_roots.split(",") if r),
           allowed_protocols=tuple(p for p in args.allowed_protocols.split(",") if p),
           max_batch_tokens=args.max_batch_tokens, max_queued_rows=args.max_queued_rows, max_body_mb=args.max_body_mb,
-          body_timeout_s=args.body_timeout_s, precision=args.precision, device=args.device, dtype=args.dtype)
+          body_timeout_s=args.body_timeout_s, precision=args.precision, device=args.device, dtype=args.dtype,
+          lora_modules=tuple(args.lora_modules))
     return 0
 
 
@@ -147,6 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     p_serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
     p_serve.add_argument("--port", type=int, default=8000, help="port (0: any free one; the URL is printed)")
     p_serve.add_argument("--max-loras", type=int, default=4, help="LoRA adapters resident at once")
+    p_serve.add_argument("--lora-modules", nargs="+", default=[], metavar="NAME=PATH",
+                         help="adapters to load at start, as vLLM takes them: NAME=PATH or JSON "
+                              '{"name": NAME, "path": PATH}; clients ask for them by NAME')
     p_serve.add_argument("--threads", type=int, default=0, help="torch threads for generation (0: all cores)")
     p_serve.add_argument("--max-model-len", type=int, default=0, help="context limit (0: the model's own)")
     p_serve.add_argument("--served-model-name", default="", help="the base model's name in the API (default: MODEL)")

@@ -227,7 +227,6 @@ def test_unreadable_adapter_fails_and_leaves_the_others(server, adapters, tmp_pa
     ({"prompt": "x", "n": 0}, 400, "n: Input should be greater than or equal to 1"),
     ({"prompt": "x", "max_tokens": 300}, 400, "maximum context length is 256 tokens"),
     ({"prompt": "x", "model": "no-such-adapter"}, 404, "The model `no-such-adapter` does not exist."),
-    ({"prompt": "x", "stream": True}, 400, "stream=true is not supported"),
     ({"prompt": [1, 2, 10**6]}, 400, "prompt token ids must lie in"),
     ({"prompt": ""}, 400, "a prompt is empty"),
     ({"n": 2}, 400, "prompt: Field required"),

@@ -7,6 +7,7 @@ import sys
 from dataclasses import replace
 
 from rlvr.serve.engine import DEFAULT_QUEUED_ROWS, Engine
+from rlvr.serve.lora_modules import parse_lora_modules, refuse_adapter_as_model
 from rlvr.serve.security import AdapterPolicy, check_api_key, is_loopback
 
 PR_SET_PDEATHSIG = 1
@@ -29,7 +30,7 @@ def serve(model: str, host: str = "127.0.0.1", port: int = 8000, max_loras: int 
           allowed_adapter_roots: tuple[str, ...] = (), allowed_protocols: tuple[str, ...] = ("file",),
           max_batch_tokens: int = 0, max_queued_rows: int = DEFAULT_QUEUED_ROWS,
           max_body_mb: float = 4.0, body_timeout_s: float = 30.0, precision: str = "auto", device: str = "auto",
-          dtype: str = "auto") -> None:
+          dtype: str = "auto", lora_modules: tuple[str, ...] = ()) -> None:
     """Listen on host:port (0: any free port) and serve until interrupted. The first line printed names the URL;
     the model loads in the background (requests get 503 until it is ready). ``parent_pid``: exit when that
     process dies; ``cores``: run on these CPU cores only. ``api_key`` None: the ``RLVR_API_KEY`` environment
@@ -37,7 +38,9 @@ def serve(model: str, host: str = "127.0.0.1", port: int = 8000, max_loras: int 
     directory and any other refuses every adapter path (rlvr.serve.security). ``precision``: the decoding matmuls'
     (rlvr.rollout.decode_weights: fp32, bf16, or auto). ``device``: where the model runs (auto, cpu, cuda, cuda:N or
     mps; auto: a CUDA GPU when one is visible, else the CPU); a device that is not there is a ValueError before
-    anything loads. ``dtype``: the base model's weights (auto: bf16 on a bf16-capable GPU, fp32 elsewhere)."""
+    anything loads. ``dtype``: the base model's weights (auto: bf16 on a bf16-capable GPU, fp32 elsewhere).
+    ``lora_modules``: vLLM's ``--lora-modules`` arguments (rlvr.serve.lora_modules), loaded before the server is
+    ready; an adapter folder given as ``model`` is a ValueError saying so."""
     import os
 
     import uvicorn
@@ -52,6 +55,12 @@ def serve(model: str, host: str = "127.0.0.1", port: int = 8000, max_loras: int 
         policy = AdapterPolicy.parse(allowed_adapter_roots, allowed_protocols)
     else:
         policy = replace(AdapterPolicy.default(host), protocols=AdapterPolicy.parse((), allowed_protocols).protocols)
+    refuse_adapter_as_model(model)
+    modules = parse_lora_modules(lora_modules, (served_model_name or model, model))
+    if len(modules) > max_loras:
+        raise ValueError(f"--lora-modules names {len(modules)} adapters, more than --max-loras {max_loras}; raise "
+                         "--max-loras")
+    policy = replace(policy, local_roots=policy.local_roots + tuple(path for _, path in modules))
     if parent_pid:
         tie_to_parent(parent_pid)
     if cores:
@@ -61,7 +70,7 @@ def serve(model: str, host: str = "127.0.0.1", port: int = 8000, max_loras: int 
 
     engine = Engine(model, max_loras, max_model_len, max_num_seqs, batch_wait_ms / 1000, threads,
                     max_batch_tokens=max_batch_tokens, max_queued_rows=max_queued_rows, adapter_policy=policy,
-                    precision=precision, device=device, dtype=dtype).start()
+                    precision=precision, device=device, dtype=dtype, lora_modules=modules).start()
     app = create_app(engine, served_model_name or model, api_key=api_key, max_body_bytes=int(max_body_mb * 2**20),
                      body_timeout_s=body_timeout_s)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET

@@ -1,5 +1,5 @@
 """The generation routes of ``rlvr serve``: POST /v1/completions and POST /v1/chat/completions, vLLM's answers
-(token ids, log-probs of the distribution each token was drawn from)."""
+(token ids, log-probs of the distribution each token was drawn from), whole or streamed (rlvr.serve.streaming)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from rlvr.serve.engine import Generation, Job
 from rlvr.serve.errors import Refused
 from rlvr.serve.handling import Serving, handle, serving
 from rlvr.serve.request_models import ChatRequest, CompletionRequest, SamplingFields, parse
+from rlvr.serve.streaming import chat_stream, completion_stream
 
 router = APIRouter()
 
@@ -45,8 +46,6 @@ def tokenize(s: Serving, text: str, add_special_tokens: bool = True) -> list[int
 
 
 def sampling(s: Serving, req: SamplingFields, max_tokens: int, prompt_lengths: list[int]) -> SamplingParams:
-    if req.stream:
-        raise Refused(400, "stream=true is not supported by rlvr serve")
     longest, context = max(prompt_lengths), s.engine.max_model_len
     if longest + max_tokens > context:
         raise Refused(400, (
@@ -102,8 +101,11 @@ def answer_completion(s: Serving, req: CompletionRequest, gens: list[Generation]
             if req.return_token_ids:
                 choice["prompt_token_ids"], choice["token_ids"] = g.prompt_ids, tokens
             choices.append(choice)
-    return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+    body = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
             "model": req.model or s.served_name, "choices": choices, "usage": usage(gens)}
+    if req.stream:
+        return completion_stream(body, token_lengths(s, gens), include_usage(req))
+    return body
 
 
 def prepare_chat(s: Serving, body: bytes) -> tuple[Job, ChatRequest]:
@@ -133,9 +135,20 @@ def answer_chat(s: Serving, req: ChatRequest, gens: list[Generation]) -> dict:
         choices.append(choice)
     body = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
             "model": req.model or s.served_name, "choices": choices, "usage": usage([g])}
+    if req.stream:
+        return chat_stream(body, token_lengths(s, gens), include_usage(req))
     if req.return_token_ids:
         body["prompt_token_ids"] = g.prompt_ids
     return body
+
+
+def token_lengths(s: Serving, gens: list[Generation]) -> list[list[int]]:
+    """Per choice, in answer order, the length of each token's own text (where stream chunks cut the text)."""
+    return [[len(_piece(s.tokenizer, t)) for t in tokens] for g in gens for tokens in g.token_ids]
+
+
+def include_usage(req: SamplingFields) -> bool:
+    return req.stream_options is not None and req.stream_options.include_usage
 
 
 def _piece(tok, token: int) -> str:

@@ -191,7 +191,8 @@ class Engine:
     def __init__(self, model: str, max_loras: int = 4, max_model_len: int = 0, max_num_seqs: int = 256,
                  batch_wait_s: float = 0.01, threads: int = 0, *, max_batch_tokens: int = 0,
                  max_queued_rows: int = DEFAULT_QUEUED_ROWS, adapter_policy: AdapterPolicy | None = None,
-                 precision: str = "auto", device: str = "auto", dtype: str = "auto"):
+                 precision: str = "auto", device: str = "auto", dtype: str = "auto",
+                 lora_modules: tuple[tuple[str, str], ...] = ()):
         decode_dtype(precision)  # an unknown precision fails here, before the model loads (resolved once it has)
         self.precision = precision
         self.device = resolve_device(device, "--device")  # a device that is not there fails here, before loading
@@ -208,6 +209,7 @@ class Engine:
         self.max_queued_rows = max_queued_rows
         self.policy = adapter_policy or AdapterPolicy.default("127.0.0.1")
         self.batch_wait_s, self.threads = batch_wait_s, threads
+        self.lora_modules = lora_modules  # (name, path): loaded once the model is, before the server is ready
         # public name -> lora_path it was loaded from; replaced whole by the engine thread, never changed in
         # place, so other threads may iterate the dict they read
         self.adapters: dict[str, str] = {}
@@ -280,6 +282,11 @@ class Engine:
             if self.threads:
                 torch.set_num_threads(self.threads)
             self.load_model()
+            for name, path in self.lora_modules:
+                try:
+                    self._load(name, path, False)
+                except EngineError:
+                    raise RuntimeError(f"--lora-modules {name}={path} could not be loaded (see above)") from None
         except Exception as err:  # noqa: BLE001 (reported by /health and every request)
             self.load_error = f"{type(err).__name__}: {err}"
             _log(f"the model failed to load: {self.load_error}")

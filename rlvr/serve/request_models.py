@@ -15,6 +15,11 @@ _NAME = Field(min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f]+$")
 _STOP = Annotated[str, Field(min_length=1, max_length=256)]
 
 
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    include_usage: bool = False
+
+
 class SamplingFields(BaseModel):
     """The sampling fields both generation routes take."""
 
@@ -28,6 +33,7 @@ class SamplingFields(BaseModel):
     stop: _STOP | Annotated[list[_STOP], Field(max_length=32)] | None = None
     seed: int | None = Field(None, ge=-(1 << 63), lt=1 << 64)
     stream: bool = False
+    stream_options: StreamOptions | None = None
     return_token_ids: bool = False
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
