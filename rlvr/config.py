@@ -688,12 +688,6 @@ def parse_overrides(overrides: list[str]) -> dict:
     return tree
 
 
-class _AliasFound(yaml.YAMLError):
-    def __init__(self, line: int) -> None:
-        super().__init__(f"line {line}")
-        self.line = line
-
-
 class _TreeLoader(yaml.SafeLoader):
     """``yaml.safe_load`` that refuses aliases (``*name``): each alias reuses a node, so 1 KB of them can make a graph
     of a billion nodes (an "alias bomb") that hangs whatever walks it, such as a resumed checkpoint's config.yaml
@@ -701,7 +695,8 @@ class _TreeLoader(yaml.SafeLoader):
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         if self.check_event(yaml.AliasEvent):
-            raise _AliasFound(self.peek_event().start_mark.line + 1)
+            raise ConfigError(f"line {self.peek_event().start_mark.line + 1}: a YAML alias (*name); rlvr reads no "
+                              "aliases or merge keys (<<: *name): write the values out in full")
         return super().compose_node(parent, index)
 
 
@@ -709,9 +704,8 @@ def load_yaml(text: str, source: str) -> Any:
     """The YAML value in ``text`` (``source`` names it in errors), without aliases: ``ConfigError`` for one."""
     try:
         return yaml.load(text, Loader=_TreeLoader)  # a SafeLoader: plain values only
-    except _AliasFound as err:
-        raise ConfigError(f"{source}, line {err.line}: a YAML alias (*name); rlvr reads no aliases or merge keys "
-                          "(<<: *name): write the values out in full") from None
+    except ConfigError as err:  # an alias
+        raise ConfigError(f"{source}, {err}") from None
     except yaml.YAMLError as err:  # malformed: one line naming where
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
