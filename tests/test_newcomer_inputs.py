@@ -2,6 +2,7 @@
 malformed YAML, resume=auto with nothing to resume, the system prompt an hf run sent."""
 
 import json
+import re
 from pathlib import Path
 
 import torch
@@ -49,6 +50,34 @@ def test_an_environment_whose_reset_raises_is_one_line(tiny_long_model_dir, tmp_
     assert code == 2
     assert "BrokenReset.reset raised KeyError" in _one_line_error(capsys)
     assert not (tmp_path / "r").exists()  # stopped before the run directory was made: nothing to lose
+
+
+class LongReset:
+    """reset returns 4,000 characters: the prompt it makes cannot fit the tiny model's 2,048-token context."""
+
+    def reset(self, **row) -> str:
+        return " observation" * 350
+
+    def look(self, where: str) -> str:
+        """Look somewhere.
+
+        Args:
+            where: the place
+        """
+        return where
+
+    def get_reward(self) -> float:
+        return 0.0
+
+
+def test_a_reset_text_too_long_for_the_context_is_one_line(tiny_long_model_dir, tmp_path, capsys):
+    """The security review's finding: reset's text joined the prompt after the prompt-length check."""
+    code = main(["train", str(ROOT / "examples" / "demo.yaml"), *_tiny(tiny_long_model_dir, tmp_path / "r"),
+                 "env.factory=tests.test_newcomer_inputs:LongReset"])
+    assert code == 2
+    assert re.search(r"LongReset\.reset's text makes a prompt of \d+ tokens, more than the \d+ the model's "
+                     r"context leaves after env.max_episode_tokens", _one_line_error(capsys))
+    assert not (tmp_path / "r").exists()  # refused before the run directory was made
 
 
 def test_malformed_yaml_is_one_line_naming_the_line(tmp_path, capsys):

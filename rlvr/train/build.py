@@ -73,6 +73,8 @@ def load_data(cfg: RunConfig, environment: EnvironmentObjects | None = None) -> 
     setup = build_environment_setup(cfg.env, tokenizer, columns, environment)  # validated before the model loads
     budget = "env.max_episode_tokens" if setup else "rollout.max_new_tokens"  # the prompt, then this much
     room = model_context(model_dir) - (cfg.env.max_episode_tokens if setup else cfg.rollout.max_new_tokens)
+    if setup:  # reset's text joins the prompt only when an episode starts: checked there against the same room
+        setup.max_prompt_tokens = room
     encode = setup.prompt_ids if setup else None  # episodes: with the tools described
     train_rows, dropped_train = fit_prompts(tokenizer, train_rows, room, cfg.task.drop_long_prompts, "train",
                                             encode, budget)

@@ -72,6 +72,7 @@ class EnvironmentSetup:
     template_tools: bool  # the chat template renders tools= itself
     stop_after_call: bool
     closers: tuple[Callable[[], None], ...] = ()  # run at the end of the run: sandboxes, the async tools' loop
+    max_prompt_tokens: int = 0  # the room a prompt with its reset text may take (0: unchecked); set by load_data
 
     def close(self) -> None:
         """Release what the run's tools hold (the python tool's sandbox, the event loop of async tools)."""
@@ -107,18 +108,29 @@ class EnvironmentSetup:
                     raise EpisodeError(f"{self.spec.name}.reset returned different text for the {group_size} "
                                        "episodes of one row; they share one prompt: make reset's result depend on "
                                        "the row only")
-                prompt_ids.append(self.prompt_ids(prompt_with_observation(row["prompt"], seen[0])))
+                prompt_ids.append(self._fitting_prompt(row, seen[0]))
         except BaseException:
             for env in envs:
                 env.release()
             raise
         return envs, prompt_ids
 
+    def _fitting_prompt(self, row: dict, observation) -> list[int]:
+        """The row's prompt ids with reset's observation, refused when they leave too little room (the prompt-length
+        check before the run cannot see reset's text)."""
+        ids = self.prompt_ids(prompt_with_observation(row["prompt"], observation))
+        if self.max_prompt_tokens and len(ids) > self.max_prompt_tokens:
+            raise EpisodeError(f"{self.spec.name}.reset's text makes a prompt of {len(ids)} tokens, more than the "
+                               f"{self.max_prompt_tokens} the model's context leaves after env.max_episode_tokens: "
+                               "return a shorter observation from reset, or lower env.max_episode_tokens")
+        return ids
+
     def check_environment(self, row: dict) -> object:
-        """A reset instance for ``check_rewards`` (released at once: only its type matters there)."""
+        """A reset instance for ``check_rewards`` (released at once: only its type matters there); its prompt with
+        reset's text must fit, as every episode's must."""
         env = self.spec.episode()
         try:
-            env.reset(row)
+            self._fitting_prompt(row, env.reset(row))
             return env.instance
         finally:
             env.release()
