@@ -83,14 +83,44 @@ def pair(tmp: Path, steps: int, eval_every: int, inner: int, fault: str = "", ex
             "rounds": rounds, "per_round_bytes": sent / max(rounds, 1), "late": _last(runs[0], "update/outer_late")}
 
 
+VARIANTS = (("outer Nesterov, lr 0.7, momentum 0.9 (the default)", ()),
+            ("plain averaging (outer lr 1, momentum 0)", ("diloco.outer_momentum=0", "diloco.outer_lr=1.0")),
+            ("AdamW reset each round", ("diloco.reset_optimizer=true",)),
+            ("bf16 deltas", ("diloco.delta_dtype=bf16",)))
+
+
+def variants_only(steps: int, eval_every: int) -> None:
+    """H = 4, two learners: the outer step's settings, the inner AdamW state, the delta dtype."""
+    with tempfile.TemporaryDirectory() as tmp:
+        runs = {}
+        for i, (name, extra) in enumerate(VARIANTS):
+            runs[name] = pair(Path(tmp), steps, eval_every, 4, extra=extra, tag=f"-v{i}")
+            print(name, runs[name], flush=True)
+    lines = ["## DiLoCo at H = 4: outer step, inner optimizer, delta dtype (benchmarks/diloco.py --variants-only)", "",
+             (f"`python benchmarks/diloco.py --variants-only --steps {steps} --inner {eval_every}` on {describe()}: "
+              "two learners as in the section above, H = 4, one setting changed at a time."), "",
+             "| H = 4, two learners | held-out accuracy at each evaluation | bytes each learner sent |",
+             "|---|---|---|"]
+    for name, p in runs.items():
+        curve = ", ".join(f"{c['accuracy']:.2f} ({c['samples']} samples)" for c in p["curve"])
+        lines.append(f"| {name} | {curve} | {p['bytes_sent'] / 2**20:.1f} MiB |")
+    markdown = "\n".join(lines)
+    print(markdown)
+    publish("diloco_variants", {"machine": describe(), "steps": steps, "runs": runs}, markdown)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--inner", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--variants", action="store_true",
-                        help="also H = 4 with the inner AdamW reset each round, and with bf16 deltas")
+                        help="also H = 4 with plain averaging, with the inner AdamW reset each round, with bf16 deltas")
+    parser.add_argument("--variants-only", action="store_true", help="only the H = 4 variants (their own section)")
     args = parser.parse_args()
     eval_every = max(args.inner)
+    if args.variants_only:
+        variants_only(args.steps, eval_every)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         one = single(tmp, args.steps, eval_every)
@@ -103,9 +133,8 @@ def main() -> None:
         print("killed:", killed, flush=True)
         variants = {}
         if args.variants:
-            for name, extra in (("AdamW reset each round", ("diloco.reset_optimizer=true",)),
-                                ("bf16 deltas", ("diloco.delta_dtype=bf16",))):
-                variants[name] = pair(tmp, args.steps, eval_every, 4, extra=extra, tag=f"-{extra[0]}")
+            for i, (name, extra) in enumerate(VARIANTS[1:]):
+                variants[name] = pair(tmp, args.steps, eval_every, 4, extra=extra, tag=f"-v{i}")
                 print(name, variants[name], flush=True)
     adapter = pairs[args.inner[0]]["per_round_bytes"]
     results = {"machine": describe(), "steps": args.steps, "one": one, "pairs": {str(h): p for h, p in pairs.items()},
