@@ -90,12 +90,15 @@ VARIANTS = (("outer Nesterov, lr 0.7, momentum 0.9 (the default)", ()),
 
 
 def variants_only(steps: int, eval_every: int) -> None:
-    """H = 4, two learners: the outer step's settings, the inner AdamW state, the delta dtype."""
+    """H = 4, two learners: the outer step's settings, the inner AdamW state, the delta dtype; then H = 16 with a
+    learner killed in its second round."""
     with tempfile.TemporaryDirectory() as tmp:
         runs = {}
         for i, (name, extra) in enumerate(VARIANTS):
             runs[name] = pair(Path(tmp), steps, eval_every, 4, extra=extra, tag=f"-v{i}")
             print(name, runs[name], flush=True)
+        killed = pair(Path(tmp), steps, eval_every, 16, fault="diloco_delta@2")
+        print("killed at H = 16:", killed, flush=True)
     lines = ["## DiLoCo at H = 4: outer step, inner optimizer, delta dtype (benchmarks/diloco.py --variants-only)", "",
              (f"`python benchmarks/diloco.py --variants-only --steps {steps} --inner {eval_every}` on {describe()}: "
               "two learners as in the section above, H = 4, one setting changed at a time."), "",
@@ -104,9 +107,14 @@ def variants_only(steps: int, eval_every: int) -> None:
     for name, p in runs.items():
         curve = ", ".join(f"{c['accuracy']:.2f} ({c['samples']} samples)" for c in p["curve"])
         lines.append(f"| {name} | {curve} | {p['bytes_sent'] / 2**20:.1f} MiB |")
+    accuracy = ", ".join(f"{c['accuracy']:.2f}" for c in killed["curve"])
+    samples = ", ".join(str(c["samples"]) for c in killed["curve"])
+    lines += ["", (f"H = 16, learner 1 SIGKILLed as its second round ends (its first round's delta counted): learner "
+                   f"0's accuracy {accuracy} at {samples} samples (counted as if both ran); the round closed without "
+                   "it at the 60 s timeout and learner 0 ran on alone.")]
     markdown = "\n".join(lines)
     print(markdown)
-    publish("diloco_variants", {"machine": describe(), "steps": steps, "runs": runs}, markdown)
+    publish("diloco_variants", {"machine": describe(), "steps": steps, "runs": runs, "killed_h16": killed}, markdown)
 
 
 def main() -> None:
