@@ -61,7 +61,8 @@ class DilocoConfig:
     inner_steps: int = 16
     """H: the steps each learner takes on its own between two exchanges (a round)."""
     outer_lr: float = 0.7
-    """The outer optimizer's learning rate (Nesterov SGD on the mean delta; 1.0 with outer_momentum 0 averages)."""
+    """The outer optimizer's learning rate (Nesterov SGD on the mean delta; 1.0 with outer_momentum 0 averages).
+    The paper's 0.7 / 0.9 suit H >= 16 here; at H = 4 and 1 they diverged (docs/concepts/diloco.md): average there."""
     outer_momentum: float = 0.9
     """The outer optimizer's Nesterov momentum."""
     round_timeout_s: float = 600.0
