@@ -60,9 +60,18 @@ def test_sigterm_checkpoints_says_so_exits_143_and_resumes(tiny_model_dir, tmp_p
 
 
 def test_sighup_and_a_repeated_sigterm_ask_the_same_stop(capsys):
-    with stop_on_interrupt() as stop:
-        os.kill(os.getpid(), signal.SIGHUP)
-        os.kill(os.getpid(), signal.SIGTERM)  # already stopping: changes nothing
-        assert stop.requested and stop.signum == signal.SIGHUP
-    assert capsys.readouterr().out == "\nrlvr: SIGHUP: stopping after this step to save a checkpoint\n"
-    assert signal.getsignal(signal.SIGHUP) is signal.SIG_DFL  # the handlers before the run are back
+    outside = signal.signal(signal.SIGHUP, signal.SIG_DFL)  # as a terminal starts it (pytest may run under nohup)
+    try:
+        with stop_on_interrupt() as stop:
+            os.kill(os.getpid(), signal.SIGHUP)
+            os.kill(os.getpid(), signal.SIGTERM)  # already stopping: changes nothing
+            assert stop.requested and stop.signum == signal.SIGHUP
+        assert capsys.readouterr().out == "\nrlvr: SIGHUP: stopping after this step to save a checkpoint\n"
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_DFL  # the handlers before the run are back
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # started under nohup: a hang-up stays ignored
+        with stop_on_interrupt() as stop:
+            os.kill(os.getpid(), signal.SIGHUP)
+            assert not stop.requested
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, outside)
