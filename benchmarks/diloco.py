@@ -74,9 +74,10 @@ def pair(tmp: Path, steps: int, eval_every: int, inner: int, fault: str = "", ex
                                               f"diloco.learner={k}/2", f"diloco.bucket={bucket}",
                                               f"diloco.inner_steps={inner}", "diloco.round_timeout_s=60", *extra),
                                      cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
-    codes = [job.wait() for job in jobs]
+    errors = [job.communicate()[1] for job in jobs]
+    codes = [job.returncode for job in jobs]
     if codes[0] != 0 or (not fault and codes[1] != 0):
-        raise RuntimeError(f"DiLoCo learners failed: {codes}: {jobs[0].stderr.read()[-2000:]}")
+        raise RuntimeError(f"DiLoCo learners failed: {codes}: " + " | ".join(e[-1500:] for e in errors))
     sent = _last(runs[0], "update/outer_bytes_sent")
     rounds = _last(runs[0], "update/outer_rounds")
     return {"wall_s": time.perf_counter() - started, "curve": _curve(runs[0], 2 * 4 * 8), "bytes_sent": sent,

@@ -30,6 +30,7 @@ import hashlib
 import json
 import os
 import re
+import time
 from dataclasses import dataclass
 from typing import Literal
 
@@ -197,14 +198,21 @@ class RoundBucket:
         data = json.dumps({"round": decision.round, "members": list(decision.members),
                            "digests": {str(k): v for k, v in decision.digests.items()},
                            "closed_by": decision.closed_by, "reason": decision.reason}).encode()
-        path = self._decision_path(decision.round)
+        return self._create_once(self._decision_path(decision.round), data)
+
+    def claim_start(self) -> bool:
+        """Whether this learner is the one that publishes the job's starting weights (created once, exclusively)."""
+        return self._create_once(f"{self.rounds}/start.claim", json.dumps({"learner": self.learner}).encode())
+
+    def _create_once(self, path: str, data: bytes) -> bool:
+        """Create ``path`` holding ``data`` unless it exists; whether this call created it."""
         self.fs.makedirs(self.rounds, exist_ok=True)
         if self.global_.local:
             try:
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             except FileExistsError:
                 return False
-            with os.fdopen(fd, "wb") as f:  # readers retry a decision they find half written
+            with os.fdopen(fd, "wb") as f:  # readers retry a record they find half written
                 f.write(data)
             return True
         if self.fs.exists(path):
@@ -240,7 +248,8 @@ class RoundBucket:
     # ---------------------------------------------------------------------------------------- shared state
     def publish_state(self, round_: int, weights: dict[str, torch.Tensor], momentum: dict[str, torch.Tensor] | None,
                       record: dict) -> None:
-        """The weights (and momentum) after ``round_``, unless published already (every learner computes the same)."""
+        """The weights (and momentum) after ``round_``: written by one learner only (the round's decider, or the
+        start's claimant), since a second writer would truncate files a reader may be reading."""
         if round_ in self.global_.versions():
             return
         meta = json.dumps({**record, "round": round_}).encode()
@@ -251,6 +260,16 @@ class RoundBucket:
     def latest_state(self) -> int | None:
         return self.global_.latest()
 
+    def wait_for_state(self, round_: int, timeout_s: float) -> None:
+        """Wait until the weights after ``round_`` are published (RefusedDelta after ``timeout_s``)."""
+        deadline = time.monotonic() + timeout_s
+        while round_ not in self.global_.versions():
+            if time.monotonic() > deadline:
+                raise RefusedDelta(f"the shared weights of round {round_} did not appear in {self.url}/global within "
+                                   f"{timeout_s:g} s (diloco.round_timeout_s): is the learner that publishes them "
+                                   "running?")
+            time.sleep(0.2)
+
     def read_state(self, round_: int, like: dict[str, torch.Tensor]) -> tuple[dict, dict | None]:
         """(weights, momentum or None) after ``round_``, checked against ``like``."""
         weights = self._checked(self.global_, round_, like, "the shared weights")
@@ -260,10 +279,16 @@ class RoundBucket:
         return weights, momentum
 
     def _checked(self, bucket: AdapterBucket, round_: int, like: dict[str, torch.Tensor], what: str) -> dict:
-        try:
-            tensors = load(bucket.read(round_)[TENSORS])
-        except (ManifestError, TornVersionError, FileNotFoundError, OSError, SafetensorError, ValueError) as err:
-            raise RefusedDelta(f"{what} of round {round_}: {err}") from None
+        for attempt in range(50):  # a version replaced while read (a republish) reads torn for a moment
+            try:
+                tensors = load(bucket.read(round_)[TENSORS])
+                break
+            except (TornVersionError, FileNotFoundError) as err:
+                if attempt == 49:
+                    raise RefusedDelta(f"{what} of round {round_}: {err}") from None
+                time.sleep(0.1)
+            except (ManifestError, OSError, SafetensorError, ValueError) as err:
+                raise RefusedDelta(f"{what} of round {round_}: {err}") from None
         if tensors.keys() != like.keys() or any(t.shape != like[k].shape or t.dtype != torch.float32 or
                                                 not bool(torch.isfinite(t).all()) for k, t in tensors.items()):
             raise RefusedDelta(f"{what} of round {round_} do not fit this model")

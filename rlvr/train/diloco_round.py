@@ -95,9 +95,11 @@ class DilocoUpdate:
         """At the first step of this process: where the job is, and whether this learner's weights are current."""
         self.step = self.round_start_step = run.start
         latest = self.bucket.latest_state()
-        if latest is None:  # the job's first learner: its start is round 0's, which every learner then loads
-            weights = {n: p.detach().float() for n, p in self._params(run).items()}
-            self.bucket.publish_state(0, weights, None, {"learner": self.learner, "reason": "start"})
+        if latest is None:  # a new job: one learner's start is round 0's, which every learner then loads
+            if self.bucket.claim_start():
+                weights = {n: p.detach().float() for n, p in self._params(run).items()}
+                self.bucket.publish_state(0, weights, None, {"learner": self.learner, "reason": "start"})
+            self.bucket.wait_for_state(0, self.cfg.diloco.round_timeout_s)
             latest = self.bucket.latest_state()
         saved = self._saved_position(run)
         if run.start and saved.get("round") == latest + 1 and run.start >= saved["round_start_step"]:
@@ -172,8 +174,9 @@ class DilocoUpdate:
                                               d.outer_momentum)
         else:  # closed with too few deltas: the round is dropped, every learner starts it again from its start
             weights, momentum = self.start, self.momentum
-        self.bucket.publish_state(round_, weights, momentum, {"members": list(decision.members),
-                                                              "reason": decision.reason})
+        if decision.closed_by == self.learner:  # one writer; the others compute the same weights themselves
+            self.bucket.publish_state(round_, weights, momentum, {"members": list(decision.members),
+                                                                  "reason": decision.reason})
         late = self.learner not in decision.members
         self.totals["rounds"] += 1
         self.totals["late"] += late
