@@ -111,6 +111,7 @@ def test_a_round_is_decided_once_and_a_forged_decision_is_refused(tmp_path):
     first = Decision(1, (0, 1), {0: "a" * 64, 1: "b" * 64}, closed_by=0, reason="all")
     assert b.decide(first) and not b.decide(Decision(1, (0,), {0: "a" * 64}, closed_by=1, reason="timeout"))
     assert b.decision(1) == first
+    assert b.claim_start() and not RoundBucket(str(tmp_path), 1, 2).claim_start()  # one learner publishes the start
     (tmp_path / "rounds" / "00000002.json").write_text(json.dumps(
         {"round": 2, "members": [0, 7], "digests": {"0": "a" * 64, "7": "b" * 64}, "closed_by": 0, "reason": "all"}))
     with pytest.raises(RefusedDelta, match="not what rlvr writes"):
