@@ -120,7 +120,7 @@ class DilocoUpdate:
             return set(range(self.learners))
         return {*previous.members, self.learner}
 
-    def _wait_for_decision(self, run: Run, round_: int, like: dict[str, torch.Tensor]) -> Decision:
+    def _wait_for_decision(self, round_: int, like: dict[str, torch.Tensor]) -> Decision:
         """The round's decision; made here if this learner finds the round closable first."""
         d = self.cfg.diloco
         published = time.monotonic()
@@ -156,7 +156,7 @@ class DilocoUpdate:
         fault_point("diloco_delta", round_)
         sent = self.bucket.publish_delta(round_, delta, {"steps": d.inner_steps})
         t0 = time.monotonic()
-        decision = self._wait_for_decision(run, round_, like)
+        decision = self._wait_for_decision(round_, like)
         waited = time.monotonic() - t0
         deltas, bounded = [], 0
         for k in decision.members:  # learner order: every learner sums in the same order
