@@ -86,8 +86,8 @@ class stop_on_interrupt:
     """Ctrl-C (SIGINT), SIGTERM (what SLURM, Kubernetes, systemd and torchrun's launcher send) and SIGHUP (the
     terminal closed) ask the loop to stop after the current step: it checkpoints (rank 0 of a torchrun job) and
     exits with 128 + the signal's number (130, 143, 129). A second Ctrl-C aborts at once, leaving the previous
-    checkpoint as the newest; a repeated SIGTERM or SIGHUP changes nothing (the step still ends and saves). A signal
-    the process was started ignoring (``nohup``'s SIGHUP) stays ignored."""
+    checkpoint as the newest; a repeated SIGTERM or SIGHUP changes nothing (the step still ends and saves). A run
+    started under ``nohup`` (SIGHUP ignored) keeps ignoring hang-ups; SIGINT and SIGTERM are always answered."""
 
     def __init__(self) -> None:
         self.requested = False
@@ -107,7 +107,7 @@ class stop_on_interrupt:
     def __enter__(self) -> stop_on_interrupt:  # noqa: PYI034 (typing.Self needs Python 3.11)
         if threading.current_thread() is threading.main_thread():
             self._previous = {s: signal.signal(s, self._handle) for s in STOP_SIGNALS
-                              if signal.getsignal(s) is not signal.SIG_IGN}
+                              if not (s == getattr(signal, "SIGHUP", None) and signal.getsignal(s) is signal.SIG_IGN)}
         return self
 
     def __exit__(self, *exc) -> None:
