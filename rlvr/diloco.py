@@ -122,7 +122,7 @@ def parse_learner(spec: str) -> tuple[int, int]:
 
 def expected_bytes(like: dict[str, torch.Tensor], dtype: torch.dtype) -> int:
     """An upper bound on a delta's file size: its tensors at ``dtype`` plus safetensors' JSON header."""
-    itemsize = torch.tensor([], dtype=dtype).element_size()
+    itemsize = dtype.itemsize
     return sum(t.numel() * itemsize + 256 + len(name) for name, t in like.items()) + 4096
 
 

@@ -148,26 +148,24 @@ class _WholeWeightsSampler:
 @torch.no_grad()
 def clip_sharded_gradients(params: list[nn.Parameter], max_norm: float) -> float:
     """Scale the gradients of ``params`` (shards: DTensors; any others are whole on every learner) so their global
-    L2 norm is at most ``max_norm`` (as torch.nn.utils.clip_grad_norm_ does on whole gradients); returns the norm."""
-    sharded = torch.zeros((), dtype=torch.float64)
-    whole = torch.zeros((), dtype=torch.float64)
-    for p in params:
-        if p.grad is None:
-            continue
-        if isinstance(p.grad, DTensor):
-            sharded += p.grad.to_local().double().pow(2).sum().cpu()
-        else:
-            whole += p.grad.double().pow(2).sum().cpu()
-    group = next((p.grad.device_mesh.get_group() for p in params if isinstance(p.grad, DTensor)), None)
-    if group is not None:
-        backend_device = "cpu" if dist.get_backend(group) == "gloo" else torch.cuda.current_device()
-        total = sharded.to(backend_device)
-        dist.all_reduce(total, group=group)
-        sharded = total.cpu()
-    norm = math.sqrt(float(sharded + whole))
+    L2 norm is at most ``max_norm`` (as torch.nn.utils.clip_grad_norm_ does on whole gradients); returns the norm.
+    The squares are summed on the gradients' device (fp64) and cross to the host once."""
+    grads = [p.grad for p in params if p.grad is not None]
+    shards = [g.to_local() for g in grads if isinstance(g, DTensor)]
+    whole = [g for g in grads if not isinstance(g, DTensor)]
+
+    def squares(tensors: list[torch.Tensor]) -> torch.Tensor:  # [] fp64 on the tensors' device
+        return torch.stack([t.double().pow(2).sum() for t in tensors]).sum() if tensors else \
+            torch.zeros((), dtype=torch.float64, device="cpu")
+
+    sharded = squares(shards)
+    if shards:  # each learner holds other shards: their squares add up over the learners
+        group = next(g for g in grads if isinstance(g, DTensor)).device_mesh.get_group()
+        sharded = sharded.to("cpu" if dist.get_backend(group) == "gloo" else shards[0].device)
+        dist.all_reduce(sharded, group=group)
+    norm = math.sqrt(float(sharded) + float(squares(whole)))
     coef = max_norm / (norm + 1e-6)
     if coef < 1.0:
-        for p in params:
-            if p.grad is not None:
-                p.grad.mul_(coef)
+        for g in grads:
+            g.mul_(coef)
     return norm
