@@ -38,13 +38,12 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load, save
 
-from rlvr.bucket import AdapterBucket, ManifestError, TornVersionError
+from rlvr.bucket import MANIFEST, AdapterBucket, ManifestError, TornVersionError
 from rlvr.config_checks import at_least, check_choices
 
 TENSORS, RECORD = "adapter_model.safetensors", "adapter_config.json"
 MAX_DECISION_BYTES = 64 << 10
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-_LEARNER = re.compile(r"learner-([0-9]{4,9})")
 
 
 DELTA_DTYPES = ("fp32", "bf16")
@@ -137,8 +136,8 @@ class RoundBucket:
         self.url, self.learner, self.learners = str(url).rstrip("/"), learner, learners
         self.global_ = AdapterBucket(f"{self.url}/global")
         self.momentum = AdapterBucket(f"{self.url}/momentum")
-        self.fs, root = self.global_.fs, self.global_.root.rsplit("/", 1)[0]
-        self.rounds = f"{root}/rounds"
+        self.fs, self.root = self.global_.fs, self.global_.root.rsplit("/", 1)[0]  # the bucket's own path
+        self.rounds = f"{self.root}/rounds"
 
     def _learner_bucket(self, k: int) -> AdapterBucket:
         return AdapterBucket(f"{self.url}/learner-{k:04d}")
@@ -151,17 +150,10 @@ class RoundBucket:
         return self._learner_bucket(self.learner).publish_files(round_, files).bytes
 
     def arrived(self, round_: int) -> list[int]:
-        """Learners whose delta of ``round_`` has a manifest (not yet checked), ascending."""
-        try:
-            entries = self.fs.ls(self.global_.root.rsplit("/", 1)[0], detail=False)
-        except FileNotFoundError:
-            return []
-        found = []
-        for entry in entries:
-            match = _LEARNER.fullmatch(entry.rstrip("/").rsplit("/", 1)[-1])
-            if match and int(match[1]) < self.learners and round_ in self._learner_bucket(int(match[1])).versions():
-                found.append(int(match[1]))
-        return sorted(found)
+        """Learners whose delta of ``round_`` has a manifest (not yet checked), ascending: one existence check per
+        learner (polled while a round is open, so it must not grow with the rounds a learner has published)."""
+        return [k for k in range(self.learners)
+                if self.fs.exists(f"{self.root}/learner-{k:04d}/v{round_:08d}/{MANIFEST}")]
 
     def read_delta(self, round_: int, k: int, like: dict[str, torch.Tensor], dtype: torch.dtype,
                    digest: str | None = None) -> tuple[dict[str, torch.Tensor], str]:
