@@ -28,11 +28,12 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.machine import describe
 from benchmarks.report import publish
 
+EXAMPLE = "examples/diloco.yaml"  # --example changes it (the harder task: examples/reasoning.yaml)
 COMMON = ["log.progress=false", "log.plot=false", "log.trackers=[]", "log.samples=false", "train.checkpoint_every=0"]
 
 
 def _command(out: Path, steps: int, eval_every: int, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "rlvr", "train", "examples/diloco.yaml", f"output_dir={out}", f"train.steps={steps}",
+    return [sys.executable, "-m", "rlvr", "train", EXAMPLE, f"output_dir={out}", f"train.steps={steps}",
             f"eval.every={eval_every}", *COMMON, *extra]
 
 
@@ -43,7 +44,8 @@ def _curve(run: Path, samples_per_step: int) -> list[dict]:
         elapsed += r.get("time/step_s", 0.0)
         if "eval/accuracy" in r:
             curve.append({"step": r["step"], "samples": r["step"] * samples_per_step, "wall_s": round(elapsed, 1),
-                          "accuracy": r["eval/accuracy"]})
+                          "accuracy": r["eval/accuracy"], **({"extra": r["eval/extra_accuracy"]}
+                                                             if "eval/extra_accuracy" in r else {})})
     return curve
 
 
@@ -118,15 +120,57 @@ def variants_only(steps: int, eval_every: int) -> None:
     publish("diloco_variants", {"machine": describe(), "steps": steps, "runs": runs, "killed_h16": killed}, markdown)
 
 
+SLOW = ("diloco.round_timeout_s=900",)  # 16 steps of 64-token reasoning drift apart by minutes between learners
+
+
+def harder(steps: int, eval_every: int, inner: list[int]) -> None:
+    """--example another task: one learner against two at each H (default outer step) and plain averaging at the
+    smallest H; curves with eval.extra_path's accuracy where the example has one."""
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        runs = {"one learner (2 threads, 8 prompts a step)": single(tmp, steps, eval_every)}
+        print(runs, flush=True)
+        for h in inner:
+            runs[f"2 learners, H = {h}, outer Nesterov 0.7 / 0.9"] = pair(tmp, steps, eval_every, h, extra=SLOW)
+            print(h, runs, flush=True)
+        h = min(inner)
+        runs[f"2 learners, H = {h}, plain averaging"] = pair(tmp, steps, eval_every, h, tag="-avg", extra=(
+            "diloco.outer_momentum=0", "diloco.outer_lr=1.0", *SLOW))
+
+    def cell(c: dict) -> str:
+        extra = f" / {c['extra']:.3f}" if "extra" in c else ""
+        return f"{c['accuracy']:.2f}{extra} ({c['samples']} samples, {c['wall_s']:.0f} s)"
+    lines = [f"## DiLoCo on {EXAMPLE} (benchmarks/diloco.py --example)", "",
+             (f"`python benchmarks/diloco.py --example {EXAMPLE} --steps {steps} --inner "
+              f"{' '.join(map(str, inner))}` on {describe()}: one learner (8 prompts x G a step, 2 threads) against "
+              "two DiLoCo learners (4 prompts x G each on their own shard, 1 thread each): the same samples. "
+              "Accuracy is held-out (/ eval.extra_path's set where the example has one); wall time is the sum of "
+              "learner 0's step times."), "",
+             "| run | accuracy at each evaluation | wall (whole run) | bytes each learner sent |", "|---|---|---|---|"]
+    for name, r in runs.items():
+        sent = f"{r['bytes_sent'] / 2**20:.1f} MiB ({r['rounds']:.0f} rounds)" if "bytes_sent" in r else "0"
+        lines.append(f"| {name} | {'; '.join(cell(c) for c in r['curve'])} | {r['wall_s'] / 60:.1f} min | {sent} |")
+    markdown = "\n".join(lines)
+    print(markdown)
+    publish(f"diloco_{Path(EXAMPLE).stem}", {"machine": describe(), "steps": steps, "runs": runs}, markdown)
+
+
 def main() -> None:
+    global EXAMPLE
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--inner", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--variants", action="store_true",
                         help="also H = 4 with plain averaging, with the inner AdamW reset each round, with bf16 deltas")
     parser.add_argument("--variants-only", action="store_true", help="only the H = 4 variants (their own section)")
+    parser.add_argument("--example", default=EXAMPLE,
+                        help="another task's config (one learner, H in --inner, plain averaging at the smallest H)")
     args = parser.parse_args()
     eval_every = max(args.inner)
+    if args.example != EXAMPLE:
+        EXAMPLE = args.example
+        harder(args.steps, eval_every, args.inner)
+        return
     if args.variants_only:
         variants_only(args.steps, eval_every)
         return
