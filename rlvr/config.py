@@ -206,9 +206,14 @@ class RewardConfig:
     None for this function, excluded and counted)."""
     timeout_s: float = 0.0
     """Seconds one call may take (0: no limit); exceeding it counts as an error."""
+    model: str = ""
+    """For reward_model and judge: the model that scores (a directory or Hub id for a reward model; the served
+    model's name for a judge); passed to the built-in as its ``model`` argument."""
 
     def __post_init__(self) -> None:
         check_choices(self)
+        if self.model and "model" in self.kwargs:
+            raise ValueError(f"reward {self.name!r}: give the model once, as model: or as kwargs.model, not both")
         if self.timeout_s < 0:
             raise ValueError(f"timeout_s must be >= 0 (0: no limit); got {self.timeout_s}")
 

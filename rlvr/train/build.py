@@ -89,7 +89,8 @@ def load_data(cfg: RunConfig, environment: EnvironmentObjects | None = None) -> 
 
 
 def build_rewards(rewards: tuple[RewardConfig, ...]) -> list[WeightedReward]:
-    return [WeightedReward(r.name, build_reward(r.name, r.kwargs), r.weight, r.on_error, r.timeout_s) for r in rewards]
+    return [WeightedReward(r.name, build_reward(r.name, {**r.kwargs, **({"model": r.model} if r.model else {})}),
+                           r.weight, r.on_error, r.timeout_s) for r in rewards]
 
 
 def build_policy(model_dir: Path, model: ModelConfig, device: torch.device | None = None) -> nn.Module:
