@@ -31,6 +31,7 @@ from rlvr.rewards.base import (
 from rlvr.rewards.code import code_tests
 from rlvr.rewards.equations import equations_correct, steps_correct
 from rlvr.rewards.format import format_match, tool_success
+from rlvr.rewards.judge import judge
 from rlvr.rewards.length import overlong_penalty
 from rlvr.rewards.math import math_correct
 
@@ -40,6 +41,7 @@ BUILTINS = {
     "code_tests": code_tests,
     "equations_correct": equations_correct,
     "format": format_match,
+    "judge": judge,
     "math_correct": math_correct,
     "overlong_penalty": overlong_penalty,
     "steps_correct": steps_correct,

@@ -124,18 +124,23 @@ def scratch_context() -> Iterator[None]:
         CONTEXT = kept
 
 
-def trl_arguments(fn: Callable) -> dict[str, Any]:
-    """TRL's trainer_state, log_metric and log_extra for a function that takes them (by name or **kwargs)."""
+def trl_arguments(fn: Callable, group_size: int | None = None) -> dict[str, Any]:
+    """TRL's trainer_state, log_metric and log_extra for a function that takes them (by name or **kwargs), and
+    rlvr's ``group_size`` (G: completions i*G .. i*G+G-1 answer one prompt) for one that names it (a group judge)."""
     try:
         parameters = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):
         return {}
+    named = {p.name for p in parameters}
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
         wanted = set(TRL_ARGUMENTS)
     else:
-        wanted = {p.name for p in parameters} & set(TRL_ARGUMENTS)
+        wanted = named & set(TRL_ARGUMENTS)
     given = {"trainer_state": CONTEXT.state, "log_metric": CONTEXT.log.log_metric, "log_extra": CONTEXT.log.log_extra}
-    return {k: v for k, v in given.items() if k in wanted}
+    out = {k: v for k, v in given.items() if k in wanted}
+    if group_size and "group_size" in named:
+        out["group_size"] = group_size
+    return out
 
 
 class Scores(NamedTuple):
@@ -236,15 +241,17 @@ def score_completions(
     prompts: list,
     completions: list,
     columns: dict[str, list],
+    group_size: int | None = None,
 ) -> Scores:
-    """Run every reward function once over the batch and combine the values (see the module docstring)."""
+    """Run every reward function once over the batch and combine the values (see the module docstring);
+    ``group_size``: G when the completions come as whole groups (given to a function that names it)."""
     n = len(completions)
     per_fn: dict[str, torch.Tensor] = {}
     errors: dict[str, str] = {}
     total = torch.zeros(n, dtype=torch.float64)
     scored = torch.zeros(n, dtype=torch.bool)
     for reward in rewards:
-        trl = trl_arguments(reward.fn)
+        trl = trl_arguments(reward.fn, group_size)
         call = lambda reward=reward, trl=trl: reward.fn(prompts=prompts, completions=completions, **columns, **trl)
         try:
             values = _call_with_timeout(call, reward.timeout_s)
@@ -304,7 +311,7 @@ def check_rewards(
         columns["environments"] = [environments(row) for row in rows for _ in placeholders]
     try:
         with scratch_context():
-            return score_completions(rewards, prompts, as_completions(prompts, texts), columns)
+            return score_completions(rewards, prompts, as_completions(prompts, texts), columns, len(placeholders))
     except RewardError as err:
         shown = ", ".join(repr(t) for t in placeholders)
         raise RewardError(f"{err} (found before training: each function was called once on {len(rows)} training "

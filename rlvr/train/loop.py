@@ -26,6 +26,7 @@ from rlvr.devices import DeviceMemoryError, model_device, out_of_memory_advice
 from rlvr.faults import fault_point
 from rlvr.metrics import REWARD, namespaced
 from rlvr.rewards import base as reward_base
+from rlvr.rewards.judge import judge_metrics
 from rlvr.train.collect import collect_metrics, episode_metrics, warn_unscored
 from rlvr.train.run import BatchSource, Run, Update, stop_on_interrupt
 
@@ -64,6 +65,9 @@ def run_loop(run: Run, source: BatchSource, update: Update) -> dict:
             episodes = episode_metrics(batch)
             if episodes:
                 sections["episode"] = episodes
+            judged = judge_metrics(run.rewards)
+            if judged:
+                sections["judge"] = judged  # calls, retries, failures, cache hits, tokens, latency
             logged = reward_base.CONTEXT.log.drain()
             if logged:
                 sections["reward_log"] = logged  # what reward functions logged with TRL's log_metric

@@ -189,7 +189,7 @@ def score_groups(rewards: list[WeightedReward], groups: Groups, rows: list[dict]
     prompts = [r["prompt"] for r in rows for _ in range(G)]
     columns = {**reward_columns(rows, G), "completion_ids": groups.completion_token_ids(), **(extra or {})}
     completions = as_completions(prompts, groups.texts) if completions is None else completions
-    return score_completions(rewards, prompts, completions, columns)
+    return score_completions(rewards, prompts, completions, columns, G)
 
 
 def sample_scored(sampler: Sampler, rows: list[dict], group_size: int, params: SamplingParams, seed: int,

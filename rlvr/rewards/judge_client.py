@@ -1,0 +1,219 @@
+"""The HTTP side of an LLM judge: one chat-completion call per question to an OpenAI-compatible endpoint (``rlvr
+serve``, vLLM, any provider), with a concurrency limit, a deadline per call, bounded retries with backoff, a cache and
+counters. A call that cannot be answered returns None - the judge scores it None, never 0.
+
+Retried: timeouts, dropped connections, 429 and 5xx (a Retry-After honoured, bounded to 10 s); never retried: other
+4xx. 401, 403 and 404 are the run's configuration (a wrong key, model name or URL), so they raise ``JudgeConfigError``
+instead of scoring every completion None. Every answer is read through rlvr's HTTP client: a deadline for the whole
+exchange, a bound on its size, redirects not followed, its JSON checked field by field.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import json
+import math
+import random
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import httpx
+
+from rlvr.rewards.base import RewardError
+from rlvr.rollout.http_client import HttpClient, answer_limit, error_message, printable, read_json, retry_after
+from rlvr.rollout.server_errors import MalformedAnswer, PoolClosed
+
+CACHE_ENTRIES = 1 << 16  # answers kept (least recently used dropped first)
+RETRIED = (429, 500, 502, 503, 504)
+
+
+class JudgeConfigError(RewardError):
+    """The judge's endpoint refused the run's configuration (401, 403, 404): every call would fail the same way."""
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What a judge call returned: the reply's text and, when asked, the first token's top log-probs."""
+
+    text: str
+    top_logprobs: tuple[tuple[str, float], ...] = ()
+
+
+@dataclass
+class JudgeStats:
+    """Counters since the last ``drain`` (thread-safe): what the step's metrics report under ``judge/``."""
+
+    calls: int = 0  # HTTP requests sent, retries included
+    retries: int = 0
+    failures: int = 0  # questions with no usable answer (scored None)
+    unparsed: int = 0  # of which: answered, but not in the expected format
+    cache_hits: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    latency_s: float = 0.0  # summed over calls
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, **counts: float) -> None:
+        with self.lock:
+            for name, value in counts.items():
+                setattr(self, name, getattr(self, name) + value)
+
+    def drain(self) -> dict[str, float]:
+        """The counters (latency as the mean per call) and zero them."""
+        with self.lock:
+            names = ("calls", "retries", "failures", "unparsed", "cache_hits", "prompt_tokens", "completion_tokens")
+            out = {name: float(getattr(self, name)) for name in names}
+            out["latency_s"] = self.latency_s / self.calls if self.calls else 0.0
+            for name in names:
+                setattr(self, name, 0)
+            self.latency_s = 0.0
+        return out
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where and how a judge asks: ``base_url`` (…/v1), the model name, the API key (from the environment), the
+    limits."""
+
+    base_url: str
+    model: str
+    api_key: str | None = None
+    concurrency: int = 8
+    call_timeout_s: float = 60.0
+    retries: int = 3
+    backoff_s: float = 0.5
+
+    def __post_init__(self) -> None:
+        if not self.base_url.startswith(("http://", "https://")):
+            raise ValueError(f"judge base_url must be an http(s) URL (…/v1); got {self.base_url!r}")
+        if self.concurrency < 1 or self.retries < 0 or self.call_timeout_s <= 0 or self.backoff_s < 0:
+            raise ValueError("judge: concurrency >= 1, retries >= 0, call_timeout_s > 0 and backoff_s >= 0")
+
+
+class JudgeClient:
+    """Asks an endpoint many questions at once (at most ``concurrency`` in flight); see the module docstring."""
+
+    def __init__(self, endpoint: Endpoint, stats: JudgeStats, sleep: Callable[[float], None] = time.sleep):
+        self.endpoint = endpoint
+        self.stats = stats
+        self.url = endpoint.base_url.rstrip("/") + "/chat/completions"
+        self._sleep = sleep
+        self._http: HttpClient | None = None
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._cache: OrderedDict[str, Answer] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def ask_all(self, bodies: list[dict]) -> list[Answer | None]:
+        """The answer to each request body (None where none could be had), in order."""
+        if not bodies:
+            return []
+        with self._lock:
+            if self._http is None:
+                connect = min(10.0, self.endpoint.call_timeout_s)
+                self._http = HttpClient(self.endpoint.api_key, connect_timeout_s=connect)
+                self._pool = concurrent.futures.ThreadPoolExecutor(self.endpoint.concurrency,
+                                                                   thread_name_prefix="rlvr-judge")
+            pool = self._pool
+        bodies = [{"model": self.endpoint.model, **b} for b in bodies]
+        keys = [hashlib.sha256((self.url + "\0" + json.dumps(b, sort_keys=True)).encode()).hexdigest() for b in bodies]
+        unique = dict(zip(keys, bodies))  # a question asked twice in one batch is asked once (a cache hit)
+        self.stats.add(cache_hits=len(keys) - len(unique))
+        answers = dict(zip(unique, pool.map(self._ask, unique.keys(), unique.values())))
+        return [answers[k] for k in keys]
+
+    def _ask(self, key: str, body: dict) -> Answer | None:
+        with self._lock:
+            if key in self._cache:
+                self._cache.move_to_end(key)
+                self.stats.add(cache_hits=1)
+                return self._cache[key]
+        answer = self._with_retries(body)
+        if answer is None:
+            self.stats.add(failures=1)
+            return None
+        with self._lock:
+            self._cache[key] = answer
+            if len(self._cache) > CACHE_ENTRIES:
+                self._cache.popitem(last=False)
+        return answer
+
+    def _with_retries(self, body: dict) -> Answer | None:
+        limit = answer_limit(int(body.get("max_tokens") or 0) * max(1, int(body.get("top_logprobs") or 0)))
+        for attempt in range(self.endpoint.retries + 1):
+            if attempt:
+                self.stats.add(retries=1)
+            wait = self.endpoint.backoff_s * 2 ** attempt * (1 + 0.25 * random.random())
+            t0 = time.perf_counter()
+            try:
+                r = self._http.request("POST", self.url, timeout_s=self.endpoint.call_timeout_s, json_body=body,
+                                       max_bytes=limit)
+            except (httpx.TimeoutException, httpx.TransportError, MalformedAnswer):
+                self.stats.add(calls=1, latency_s=time.perf_counter() - t0)
+                self._sleep(wait)
+                continue
+            except PoolClosed:
+                return None
+            self.stats.add(calls=1, latency_s=time.perf_counter() - t0)
+            if r.status_code == 200:
+                try:
+                    return self._answer(read_json(r))
+                except MalformedAnswer:
+                    self._sleep(wait)  # a garbled answer may be a server's passing fault: asked again
+                    continue
+            if r.status_code in (401, 403, 404):
+                what = {401: "refused the API key (or its absence)", 403: "refused the API key",
+                        404: "does not serve that model or route"}[r.status_code]
+                raise JudgeConfigError(f"judge endpoint {self.url} {what} ({r.status_code}: {error_message(r)}); "
+                                       "check the judge's base_url, model and api_key_env")
+            if r.status_code not in RETRIED:
+                return None  # another 4xx: asking again would get the same answer
+            self._sleep(max(wait, retry_after(r) or 0.0))
+        return None
+
+    def _answer(self, payload: object) -> Answer:
+        """The first choice's text (and first token's top log-probs) from a chat-completion answer, checked."""
+        try:
+            choice = payload["choices"][0]
+            text = choice["message"]["content"]
+        except (TypeError, KeyError, IndexError):
+            raise MalformedAnswer("a chat completion without choices[0].message.content") from None
+        if not isinstance(text, str):
+            raise MalformedAnswer("a non-string message content")
+        usage = payload.get("usage") if isinstance(payload, dict) else None
+        if isinstance(usage, dict):
+            tokens = [usage.get(k) for k in ("prompt_tokens", "completion_tokens")]
+            if all(isinstance(t, int) and 0 <= t < 1 << 31 for t in tokens):
+                self.stats.add(prompt_tokens=tokens[0], completion_tokens=tokens[1])
+        return Answer(text, _first_top_logprobs(choice.get("logprobs")))
+
+    def close(self) -> None:
+        with self._lock:
+            pool, http, self._pool, self._http = self._pool, self._http, None, None
+        if pool is not None:
+            pool.shutdown(wait=True)
+        if http is not None:
+            http.close()
+
+
+def _first_top_logprobs(logprobs: object) -> tuple[tuple[str, float], ...]:
+    """The first generated token's alternatives, [(text, logprob)], from OpenAI's chat ``logprobs`` (() without)."""
+    if not isinstance(logprobs, dict) or not isinstance(logprobs.get("content"), list) or not logprobs["content"]:
+        return ()
+    first = logprobs["content"][0]
+    top = first.get("top_logprobs") if isinstance(first, dict) else None
+    if not isinstance(top, list):
+        raise MalformedAnswer("logprobs.content[0] without a top_logprobs list")
+    out = []
+    for entry in top[:64]:
+        token, lp = (entry.get("token"), entry.get("logprob")) if isinstance(entry, dict) else (None, None)
+        if lp == -math.inf:  # probability 0
+            continue
+        if not isinstance(token, str) or isinstance(lp, bool) or not isinstance(lp, (int, float)) \
+                or not math.isfinite(lp) or lp > 1e-6:
+            raise MalformedAnswer(f"a top_logprobs entry not (token, finite logprob <= 0): {printable(entry, 80)}")
+        out.append((token, float(lp)))
+    return tuple(out)

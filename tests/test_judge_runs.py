@@ -1,0 +1,44 @@
+"""A judge in real runs on the tiny model: the synchronous loop and the asynchronous runtime score every completion
+through a judge endpoint on loopback (tests/judge_server.py: len(text) % 11 on [0, 10]), samples.jsonl holds those
+scores, and the steps' metrics count the judge's calls under judge/."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rlvr.config import load_config
+from rlvr.launch import train
+from tests.judge_server import JudgeServer
+from tests.test_async import ASYNC
+from tests.test_e2e import _overrides
+
+
+def _judged_run(model_dir, out, url: str, *extra: str) -> tuple[list[dict], list[dict]]:
+    rewards = (f"rewards=[{{name: judge, model: m, kwargs: {{base_url: '{url}', backoff_s: 0.01}}}}, "
+               "{name: 'tests.helpers:length_reward', weight: 0.0}]")
+    cfg = load_config(None, [*_overrides(model_dir, out), rewards, "log.samples=true", *extra])
+    train(cfg)
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return samples, metrics
+
+
+@pytest.mark.parametrize("runtime", ["sync", "async"])
+def test_a_run_is_rewarded_by_the_judge(tiny_model_dir, tmp_path, runtime):
+    server = JudgeServer()
+    server.script.extend([("status", 503)] * 2)  # the first question (check_rewards' placeholder) retried twice
+    try:
+        extra = [*ASYNC, "train.steps=3"] if runtime == "async" else ["eval.every=0"]
+        samples, metrics = _judged_run(tiny_model_dir, tmp_path / "run", server.url, *extra)
+    finally:
+        server.close()
+    assert samples and all(s["rewards"]["judge"] == pytest.approx((len(s["text"]) % 11) / 10, abs=1e-6)
+                           for s in samples)
+    assert all(s["reward"] == pytest.approx(s["rewards"]["judge"], abs=1e-6) for s in samples)  # weight 1 and 0
+    steps = [m for m in metrics if "judge/calls" in m]
+    assert len(steps) == 3
+    asked = sum(m["judge/calls"] + m["judge/cache_hits"] for m in steps)
+    assert asked >= len(samples) and sum(m["judge/retries"] for m in steps) == 2
+    assert all(m["judge/failures"] == 0 for m in steps)
