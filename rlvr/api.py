@@ -326,7 +326,8 @@ class GRPOTrainer:
       names: an rlvr built-in (math_correct, format, ...) or ``'module:function'``. Each function is recorded in
       config.yaml as ``module:function``; a lambda, nested function or callable object trains, but cannot be named
       there (a warning says so), nor can ``__main__:function`` (a function of the running script) be imported by
-      ``rlvr train`` later. Reward models are refused.
+      ``rlvr train`` later. A reward model (TRL's string form: a directory of an AutoModelForSequenceClassification
+      with one label, or such a model object) is the ``reward_model`` built-in (docs/concepts/reward_models.md).
     - ``train_dataset`` / ``eval_dataset``: a ``datasets.Dataset`` or a list of dicts with a ``prompt`` column (a
       string, sent as it is, or chat messages, rendered with the model's chat template: TRL's standard and
       conversational formats) and any other columns, which reach the reward functions. They are written to
@@ -362,7 +363,8 @@ class GRPOTrainer:
                             ("optimizers", optimizers)):
             if value is not None and value != (None, None) and value != []:
                 raise ValueError(f"GRPOTrainer: rlvr does not support {name} (rlvr builds its own AdamW and "
-                                 "scheduler, has no callbacks and no reward models); leave it unset")
+                                 "scheduler, has no callbacks, and reads a reward model's tokenizer from its "
+                                 "directory); leave it unset")
         self.model_name = _model_name(model)
         model_dir = resolve_model_dir(self.model_name)
         if args is None:

@@ -82,7 +82,7 @@ def _serve(args: argparse.Namespace) -> int:
           allowed_protocols=tuple(p for p in args.allowed_protocols.split(",") if p),
           max_batch_tokens=args.max_batch_tokens, max_queued_rows=args.max_queued_rows, max_body_mb=args.max_body_mb,
           body_timeout_s=args.body_timeout_s, precision=args.precision, device=args.device, dtype=args.dtype,
-          lora_modules=tuple(args.lora_modules))
+          lora_modules=tuple(args.lora_modules), task=args.task)
     return 0
 
 
@@ -190,6 +190,10 @@ def main(argv: list[str] | None = None) -> int:
     p_serve.add_argument("--dtype", choices=("auto", "fp32", "bf16"), default="auto",
                          help="the base model's weights: auto (bf16 on a GPU with bf16 units, fp32 elsewhere), fp32 "
                               "or bf16; LoRA adapters keep their own dtype")
+    p_serve.add_argument("--task", choices=("auto", "generate", "classify"), default="auto",
+                         help="generate: a causal LM (the OpenAI routes); classify: a sequence-classification model, "
+                              "e.g. a reward model (vLLM's POST /classify); auto: classify when the model's config "
+                              "names a *ForSequenceClassification architecture")
     p_serve.set_defaults(run=_serve)
     p_plan = sub.add_parser("plan", help="peak training memory per device, PPO vs GRPO, component by component")
     p_plan.add_argument("model", help="1.5b, 7b, 8b, 70b, smollm2-135m, a built-in alias or a local model directory")

@@ -30,7 +30,7 @@ def serve(model: str, host: str = "127.0.0.1", port: int = 8000, max_loras: int 
           allowed_adapter_roots: tuple[str, ...] = (), allowed_protocols: tuple[str, ...] = ("file",),
           max_batch_tokens: int = 0, max_queued_rows: int = DEFAULT_QUEUED_ROWS,
           max_body_mb: float = 4.0, body_timeout_s: float = 30.0, precision: str = "auto", device: str = "auto",
-          dtype: str = "auto", lora_modules: tuple[str, ...] = ()) -> None:
+          dtype: str = "auto", lora_modules: tuple[str, ...] = (), task: str = "auto") -> None:
     """Listen on host:port (0: any free port) and serve until interrupted. The first line printed names the URL;
     the model loads in the background (requests get 503 until it is ready). ``parent_pid``: exit when that
     process dies; ``cores``: run on these CPU cores only. ``api_key`` None: the ``RLVR_API_KEY`` environment
@@ -40,7 +40,10 @@ def serve(model: str, host: str = "127.0.0.1", port: int = 8000, max_loras: int 
     mps; auto: a CUDA GPU when one is visible, else the CPU); a device that is not there is a ValueError before
     anything loads. ``dtype``: the base model's weights (auto: bf16 on a bf16-capable GPU, fp32 elsewhere).
     ``lora_modules``: vLLM's ``--lora-modules`` arguments (rlvr.serve.lora_modules), loaded before the server is
-    ready; an adapter folder given as ``model`` is a ValueError saying so."""
+    ready; an adapter folder given as ``model`` is a ValueError saying so. ``task``: generate, classify (a
+    sequence-classification model such as a reward model, served with vLLM's POST /classify:
+    rlvr.serve.classify_routes) or auto (classify when the model's config names a *ForSequenceClassification
+    architecture)."""
     import os
 
     import uvicorn
@@ -56,6 +59,13 @@ def serve(model: str, host: str = "127.0.0.1", port: int = 8000, max_loras: int 
     else:
         policy = replace(AdapterPolicy.default(host), protocols=AdapterPolicy.parse((), allowed_protocols).protocols)
     refuse_adapter_as_model(model)
+    from rlvr.rewards.reward_model import find_reward_model
+
+    if task not in ("auto", "generate", "classify"):
+        raise ValueError(f"--task must be auto, generate or classify; got {task!r}")
+    classify = task == "classify" or (task == "auto" and find_reward_model(model) is not None)
+    if classify and lora_modules:
+        raise ValueError("--lora-modules: a sequence-classification model is served without adapters")
     modules = parse_lora_modules(lora_modules, (served_model_name or model, model))
     if len(modules) > max_loras:
         raise ValueError(f"--lora-modules names {len(modules)} adapters, more than --max-loras {max_loras}; raise "
@@ -68,9 +78,16 @@ def serve(model: str, host: str = "127.0.0.1", port: int = 8000, max_loras: int 
 
     from rlvr.serve.app import create_app
 
-    engine = Engine(model, max_loras, max_model_len, max_num_seqs, batch_wait_ms / 1000, threads,
-                    max_batch_tokens=max_batch_tokens, max_queued_rows=max_queued_rows, adapter_policy=policy,
-                    precision=precision, device=device, dtype=dtype, lora_modules=modules).start()
+    if classify:
+        from rlvr.serve.classify_engine import ClassifyEngine
+
+        engine = ClassifyEngine(model, max_model_len, max_num_seqs, batch_wait_ms / 1000, threads,
+                                max_batch_tokens=max_batch_tokens, max_queued_rows=max_queued_rows, device=device,
+                                dtype=dtype).start()
+    else:
+        engine = Engine(model, max_loras, max_model_len, max_num_seqs, batch_wait_ms / 1000, threads,
+                        max_batch_tokens=max_batch_tokens, max_queued_rows=max_queued_rows, adapter_policy=policy,
+                        precision=precision, device=device, dtype=dtype, lora_modules=modules).start()
     app = create_app(engine, served_model_name or model, api_key=api_key, max_body_bytes=int(max_body_mb * 2**20),
                      body_timeout_s=body_timeout_s)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -81,7 +98,8 @@ def serve(model: str, host: str = "127.0.0.1", port: int = 8000, max_loras: int 
     weights = str(engine.weight_dtype).removeprefix("torch.")
     print(f"rlvr serve: listening on http://{host}:{bound} (model {served_model_name or model} on {engine.device}, "
           f"{weights} weights)", flush=True)
-    print(f"rlvr serve: {policy.describe()}; API key {'required' if api_key else 'not required'}", flush=True)
+    what = "a sequence-classification model: POST /classify" if classify else policy.describe()
+    print(f"rlvr serve: {what}; API key {'required' if api_key else 'not required'}", flush=True)
     if not is_loopback(host):
         if not api_key:
             print(f"rlvr serve: warning: {host} is not loopback and there is no --api-key: anyone who can reach this "

@@ -20,7 +20,9 @@ has it cancelled (the engine drops its rows).
 The parts: rlvr.serve.security (the API key, checked before any route), rlvr.serve.handling (what every POST
 route goes through, and the state the routes share), rlvr.serve.request_models (request validation),
 rlvr.serve.errors (the error answers), and the routes: rlvr.serve.info_routes (health, models, stats),
-rlvr.serve.completion_routes (generation), rlvr.serve.adapter_routes (adapter loads and unloads).
+rlvr.serve.completion_routes (generation), rlvr.serve.adapter_routes (adapter loads and unloads). A
+sequence-classification model (a reward model; rlvr.serve.classify_engine) is served with POST /classify
+(rlvr.serve.classify_routes) and the info routes instead; each kind of server refuses the other's routes (404).
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from rlvr.serve import adapter_routes, completion_routes, info_routes
+from rlvr.serve import adapter_routes, classify_routes, completion_routes, info_routes
+from rlvr.serve.classify_engine import ClassifyEngine
 from rlvr.serve.engine import Engine
 from rlvr.serve.errors import error
 from rlvr.serve.handling import Serving
@@ -42,8 +45,8 @@ DEFAULT_BODY_BYTES = 4 << 20
 BODY_TIMEOUT_S = 30.0  # a body still arriving after this is dropped (408)
 
 
-def create_app(engine: Engine, served_name: str, *, api_key: str = "", max_body_bytes: int = DEFAULT_BODY_BYTES,
-               body_timeout_s: float = BODY_TIMEOUT_S) -> FastAPI:
+def create_app(engine: Engine | ClassifyEngine, served_name: str, *, api_key: str = "",
+               max_body_bytes: int = DEFAULT_BODY_BYTES, body_timeout_s: float = BODY_TIMEOUT_S) -> FastAPI:
     """The app; ``api_key``: require it (Bearer) on every route but /health; a body larger than
     ``max_body_bytes`` gets 413, one still arriving after ``body_timeout_s`` 408."""
     app = FastAPI(title="rlvr serve", docs_url=None, redoc_url=None, openapi_url=None)
@@ -52,8 +55,12 @@ def create_app(engine: Engine, served_name: str, *, api_key: str = "", max_body_
     app.state.serving = Serving(engine, served_name, max_body_bytes, body_timeout_s)
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_exception_handler(Exception, crashed)
-    for routes in (info_routes, completion_routes, adapter_routes):
-        app.include_router(routes.router)
+    if isinstance(engine, ClassifyEngine):  # a reward model: /classify, and generation refused
+        routers = (info_routes.router, classify_routes.router, classify_routes.no_generation)
+    else:
+        routers = (info_routes.router, completion_routes.router, adapter_routes.router, classify_routes.no_classify)
+    for router in routers:
+        app.include_router(router)
     return app
 
 
