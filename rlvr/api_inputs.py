@@ -8,10 +8,12 @@ import functools
 import json
 import sys
 import warnings
+from pathlib import Path
 from typing import Any
 
 from rlvr.envs.environment import load_environment
 from rlvr.rewards import BUILTINS, build_reward
+from rlvr.rewards.reward_model import SEQ_CLS, find_reward_model, reward_model
 from rlvr.train.scoring import EnvironmentObjects, Tools
 
 IN_MAIN = "it is defined in the script (or notebook) that is running"
@@ -89,6 +91,9 @@ def reward_entry(fn: Any, i: int) -> tuple[str, dict, Any, str]:
     """(name for config.yaml, kwargs, the function to call, why it cannot be imported by that name or '')."""
     where = f"reward_funcs[{i}]"
     if isinstance(fn, str):  # an unknown built-in, a module that does not import, a missing function: one line now
+        if fn not in BUILTINS and ":" not in fn and (path := find_reward_model(fn)) is not None:
+            model = str(path.resolve()) if Path(fn).expanduser().is_dir() else fn  # TRL's reward model by path
+            return "reward_model", {"model": model}, build_reward("reward_model", {"model": model}), ""
         return fn, {}, build_reward(fn), ""
     if isinstance(fn, functools.partial) and not fn.args:
         name, kwargs, _, why = reward_entry(fn.func, i)
@@ -96,13 +101,28 @@ def reward_entry(fn: Any, i: int) -> tuple[str, dict, Any, str]:
             why = "its bound keyword arguments cannot be written to config.yaml"
         return name, {**kwargs, **fn.keywords}, fn, why
     if hasattr(fn, "forward") and hasattr(fn, "parameters"):
-        raise ValueError(f"GRPOTrainer: {where} is a model; rlvr has no reward models: a reward is a function "
-                         "f(prompts, completions, **columns) -> list[float | None] (a verifier)")
+        return model_entry(fn, where)
     if not callable(fn):
         raise TypeError(f"GRPOTrainer: {where} must be a function, a built-in reward's name "
                         f"({', '.join(sorted(BUILTINS))}) or 'module:function'; got {type(fn).__name__}")
     name, why = callable_name(fn)
     return name, {}, fn, why
+
+
+def model_entry(model: Any, where: str) -> tuple[str, dict, Any, str]:
+    """A reward model object (TRL takes a PreTrainedModel in reward_funcs): scored in process where it is, and
+    named in config.yaml by its ``name_or_path`` (the directory or cached Hub id it was loaded from)."""
+    if not type(model).__name__.endswith(SEQ_CLS) or not hasattr(model, "config"):
+        raise ValueError(f"GRPOTrainer: {where} is a model ({type(model).__name__}) but not a reward model: pass an "
+                         "AutoModelForSequenceClassification with num_labels=1, its directory, or a function "
+                         "f(prompts, completions, **columns) -> list[float | None]")
+    source = str(getattr(model, "name_or_path", "") or "")
+    path = find_reward_model(source)
+    if path is None:
+        raise ValueError(f"GRPOTrainer: {where} is a {type(model).__name__} whose name_or_path ({source!r}) is not a "
+                         "directory holding it and its tokenizer; save both with save_pretrained(DIR) and pass DIR")
+    name = str(path.resolve()) if Path(source).expanduser().is_dir() else source
+    return "reward_model", {"model": name}, reward_model(model), ""
 
 
 def callable_name(obj: Any) -> tuple[str, str]:
@@ -154,5 +174,6 @@ def held_out_check(entries: list[tuple[str, dict, Any, str]]) -> str:
     raise ValueError(
         "GRPOTrainer: rlvr measures accuracy before and after training with a reward function it can import by name "
         "(the first of reward_funcs that it can: a completion is correct when it scores 1.0), and none of "
-        f"{[e[0] for e in entries]} can be (lambdas, nested functions, callable objects and functools.partial cannot); "
+        f"{[e[0] for e in entries]} can be (lambdas, nested functions, callable objects and functools.partial cannot, "
+        "and a reward model's score is no correctness check); "
         "define your correctness reward at the top level of a module or script and list it first")

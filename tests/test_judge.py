@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from rlvr.rewards.judge import expected_score, judge, parse_group, parse_json_score, parse_number
+from rlvr.rewards.judge import expected_score, judge, parse_group, parse_json_score, parse_number, scale_labels
 from rlvr.rewards.judge_client import JudgeConfigError
 from tests.judge_server import JudgeServer, chat_answer, tagged_responses
 
@@ -40,8 +40,14 @@ def test_parsers_read_only_the_expected_format_and_clamp():
     # the expected value over the scale's tokens: p(3) = .6, p(5) = .3 (" 5" counts as 5), "x" and "9" ignored
     import math
     top = [("3", math.log(0.6)), (" 5", math.log(0.3)), ("x", math.log(0.05)), ("9", math.log(0.05))]
-    assert expected_score(top, 1, 5) == pytest.approx(((3 * 0.6 + 5 * 0.3) / 0.9 - 1) / 4)
-    assert expected_score([("x", math.log(0.6)), ("3", math.log(0.4))], 1, 5) is None  # < half the mass on the scale
+    scale = scale_labels(1, 5)
+    assert scale == {"1": 1.0, "2": 2.0, "3": 3.0, "4": 4.0, "5": 5.0}
+    assert expected_score(top, scale, 1, 5) == pytest.approx(((3 * 0.6 + 5 * 0.3) / 0.9 - 1) / 4)
+    assert expected_score([("x", math.log(0.6)), ("3", math.log(0.4))], scale, 1, 5) is None  # < half the mass
+    assert expected_score([("x", math.log(0.6)), ("3", math.log(0.4))], scale, 1, 5, min_mass=0.3) == pytest.approx(0.5)
+    # labels of a base model's few-shot answer: " Warm" and "warm" are one label
+    warm = [(" Warm", math.log(0.3)), ("warm", math.log(0.3)), (" cold", math.log(0.2)), ("The", math.log(0.2))]
+    assert expected_score(warm, {"warm": 1, "cold": 0}, 0, 1) == pytest.approx(0.75)
 
 
 def _by_hand(texts):
@@ -127,7 +133,7 @@ def test_the_group_judge_scores_responses_relative_to_each_other(server):
     prompts = ["p1"] * 4 + ["p2"] * 4
     texts = ["a", "bbbb", "cc", "ddddddd", "x" * 12, "y", "zz", "www"]
     assert fn(prompts, texts, group_size=4) == _by_hand(texts)  # mapped back from the shown (shuffled) order
-    shown = [tagged_responses(body) for body in server.requests]
+    shown = sorted((tagged_responses(body) for body in server.requests), key=lambda s: "a" not in s)  # sent at once
     assert sorted(shown[0]) == sorted(texts[:4]) and sorted(shown[1]) == sorted(texts[4:])
     assert any(s != t for s, t in zip(shown, (texts[:4], texts[4:])))  # shuffled
     assert "4 responses" in server.requests[0]["messages"][-1]["content"]

@@ -34,6 +34,7 @@ from rlvr.rewards.format import format_match, tool_success
 from rlvr.rewards.judge import judge
 from rlvr.rewards.length import overlong_penalty
 from rlvr.rewards.math import math_correct
+from rlvr.rewards.reward_model import reward_model
 
 # Built-in names map to factories that take the configured keyword arguments.
 BUILTINS = {
@@ -44,6 +45,7 @@ BUILTINS = {
     "judge": judge,
     "math_correct": math_correct,
     "overlong_penalty": overlong_penalty,
+    "reward_model": reward_model,
     "steps_correct": steps_correct,
     "tool_success": tool_success,
 }

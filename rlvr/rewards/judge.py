@@ -3,10 +3,12 @@
 ``judge(...)`` builds a reward function with TRL's signature. Per completion (``per_group=False``) it asks one
 question per completion: the rubric, the request, the response, and an answer on the scale [lo, hi] - the number
 alone (``answer: number``), ``{"score": N}`` (``answer: json``), or read from the first token's top log-probs as the
-expected value over the scale's integers (``answer: logprobs``, G-Eval's estimate: continuous scores even from a
-small judge). Per group (``per_group=True``, as OpenPipe ART's RULER does) it asks one question per prompt with its
-G responses and reads ``{"scores": [...]}``: GRPO needs only the scores' order within a group. Scores are clamped to
-[lo, hi] and returned on [0, 1]; a question without a usable answer is None (masked and counted, never 0).
+expected value over the scale's integers or over ``labels`` (``answer: logprobs``, G-Eval's estimate: continuous
+scores even from a small judge; ``{warm: 1, cold: 0}`` for a few-shot base model asked through ``api:
+completions``). Per group (``per_group=True``, as OpenPipe ART's RULER does) it asks one question per prompt with
+its G responses and reads ``{"scores": [...]}``: GRPO needs only the scores' order within a group. Scores are
+clamped to [lo, hi] and returned on [0, 1]; a question without a usable answer is None (masked and counted, never
+0).
 
 The policy's text is untrusted input to the judge (``guard=True``, the default): each response sits between tags
 that carry a nonce derived from a secret of this judge and the text (the policy cannot write the closing tag), a
@@ -90,28 +92,38 @@ def parse_group(text: str, group_size: int, lo: float, hi: float) -> list[float]
     return [_clamped(float(s), lo, hi) for s in scores]
 
 
-def expected_score(top_logprobs: Sequence[tuple[str, float]], lo: int, hi: int) -> float | None:
-    """Sum_v p(v) * v / Sum_v p(v) over the tokens that read as an integer v of [lo, hi], on [0, 1]; None when those
-    tokens hold less than MIN_MASS of the probability (the judge was not answering with a number)."""
-    mass: dict[int, float] = {}
+def expected_score(top_logprobs: Sequence[tuple[str, float]], labels: dict[str, float], lo: float, hi: float,
+                   min_mass: float = MIN_MASS) -> float | None:
+    """Sum_l p(l) * value(l) / Sum_l p(l) over the first token's alternatives that are a label (compared stripped and
+    case-folded: " Warm" is "warm"), on [0, 1]; None when the labels hold less than ``min_mass`` of the probability
+    (the judge was not answering with one)."""
+    values = {k.strip().casefold(): v for k, v in labels.items()}
+    mass: dict[str, float] = {}
     for token, lp in top_logprobs:
-        t = token.strip()
-        if t.isdigit() and lo <= int(t) <= hi:
-            mass[int(t)] = mass.get(int(t), 0.0) + math.exp(lp)
+        t = token.strip().casefold()
+        if t in values:
+            mass[t] = mass.get(t, 0.0) + math.exp(lp)
     total = sum(mass.values())
-    if total < MIN_MASS:
+    if total < min_mass or total == 0.0:
         return None
-    return _clamped(sum(v * p for v, p in mass.items()) / total, lo, hi)
+    return _clamped(sum(values[t] * p for t, p in mass.items()) / total, lo, hi)
+
+
+def scale_labels(lo: float, hi: float) -> dict[str, float]:
+    """The labels of an integer scale: "1" -> 1.0, ..., "5" -> 5.0."""
+    return {str(v): float(v) for v in range(int(lo), int(hi) + 1)}
 
 
 def prompt_text(prompt: object) -> str:
-    """The policy's prompt as the judge reads it: a string as it is; chat messages as their content (one message),
-    or ``role: content`` lines."""
+    """The policy's prompt as the judge reads it: a string as it is; chat messages as the user's message when it is
+    the only one besides system messages (the policy's instructions: put what the judge must know in the rubric),
+    else every message as ``role: content`` lines."""
     if isinstance(prompt, str):
         return prompt
     messages = [m for m in prompt if isinstance(m, dict)]
-    if len(messages) == 1:
-        return str(messages[0].get("content", ""))
+    asked = [m for m in messages if m.get("role") != "system"]
+    if len(asked) == 1:
+        return str(asked[0].get("content", ""))
     return "\n".join(f"{m.get('role', '')}: {m.get('content', '')}" for m in messages)
 
 
@@ -131,24 +143,36 @@ class Judge:
     """A reward function that asks an LLM judge (see the module docstring); ``stats`` counts what it did."""
 
     def __init__(self, endpoint: Endpoint, *, rubric: str = RUBRIC, template: str = "",
-                 scale: Sequence[float] = (0, 10), answer: str = "number", per_group: bool = False,
-                 reads: str = "final", guard: bool = True, temperature: float = 0.0, top_p: float = 1.0,
-                 max_tokens: int = 0, seed: int | None = 0, shuffle: bool = True):
-        lo, hi = (float(v) for v in scale)
+                 scale: Sequence[float] | None = None, answer: str = "number", labels: dict[str, float] | None = None,
+                 min_mass: float = MIN_MASS, per_group: bool = False, reads: str = "final", guard: bool = True,
+                 temperature: float = 0.0, top_p: float = 1.0, max_tokens: int = 0, seed: int | None = 0,
+                 shuffle: bool = True):
         if answer not in ANSWERS or reads not in READS:
             raise ValueError(f"judge: answer is one of {', '.join(ANSWERS)} and reads one of {', '.join(READS)}")
+        well_formed = labels and all(isinstance(k, str) and k.strip() and _real(v) for k, v in labels.items())
+        if labels is not None and (answer != "logprobs" or not well_formed):
+            raise ValueError("judge: labels (answer: logprobs only) map each answer token's text to a number, "
+                             "e.g. {warm: 1, cold: 0}")
+        if scale is None:
+            scale = (min(labels.values()), max(labels.values())) if labels else (0, 10)
+        lo, hi = (float(v) for v in scale)
         if not lo < hi:
             raise ValueError(f"judge: scale must be [lo, hi] with lo < hi; got {list(scale)}")
-        if answer == "logprobs" and (per_group or lo != int(lo) or hi != int(hi) or lo < 0 or hi > 9):
-            raise ValueError("judge: answer: logprobs reads one token, so it needs a per-completion judge and an "
-                             "integer scale within [0, 9] (e.g. [1, 5])")
+        if answer == "logprobs" and labels is None and (lo != int(lo) or hi != int(hi) or lo < 0 or hi > 9):
+            raise ValueError("judge: answer: logprobs reads one token, so without labels it needs an integer scale "
+                             "within [0, 9] (e.g. [1, 5])")
+        if answer == "logprobs" and per_group:
+            raise ValueError("judge: answer: logprobs reads one token: it scores one completion a question, not groups")
+        if not 0.0 <= min_mass <= 1.0:
+            raise ValueError(f"judge: min_mass is a probability in [0, 1]; got {min_mass}")
         slot = "{completions}" if per_group else "{completion}"
         template = template or (GROUP if per_group else SINGLE)
         if slot not in template:
             raise ValueError(f"judge: the template must contain {slot}: where the policy's text goes")
         self.endpoint, self.rubric, self.template = endpoint, rubric, template
         self.lo, self.hi, self.answer, self.per_group, self.reads, self.guard = lo, hi, answer, per_group, reads, guard
-        self.shuffle = shuffle
+        self.labels = labels if labels is not None else scale_labels(lo, hi)
+        self.min_mass, self.shuffle = min_mass, shuffle
         self.sampling = {"temperature": 1.0 if answer == "logprobs" else temperature, "top_p": top_p,
                          **({"seed": seed} if seed is not None else {})}
         self.max_tokens = 1 if answer == "logprobs" else (max_tokens or (16 if answer == "number" else 32))
@@ -206,9 +230,16 @@ class Judge:
         return order
 
     def _body(self, question: str) -> dict:
-        messages = ([{"role": "system", "content": SYSTEM}] if self.guard else []) + [
+        """The request: chat messages (the guard's system message first), or the bare prompt for api: completions
+        (a base model: the guard is the tags alone)."""
+        body = {"max_tokens": self.max_tokens, **self.sampling}
+        if self.endpoint.api == "completions":
+            body["prompt"] = question
+            if self.answer == "logprobs":
+                body["logprobs"] = 20
+            return body
+        body["messages"] = ([{"role": "system", "content": SYSTEM}] if self.guard else []) + [
             {"role": "user", "content": question}]
-        body = {"messages": messages, "max_tokens": self.max_tokens, **self.sampling}
         if self.answer == "logprobs":
             body.update(logprobs=True, top_logprobs=20)
         return body
@@ -217,7 +248,7 @@ class Judge:
         if reply is None:
             return None
         if self.answer == "logprobs":
-            score = expected_score(reply.top_logprobs, int(self.lo), int(self.hi))
+            score = expected_score(reply.top_logprobs, self.labels, self.lo, self.hi, self.min_mass)
         elif self.answer == "json":
             score = parse_json_score(reply.text, self.lo, self.hi)
         else:
@@ -251,21 +282,24 @@ def _groups(prompts: list, group_size: int | None) -> list[tuple[int, int]]:
     return spans
 
 
-def judge(model: str, base_url: str, api_key_env: str = "", rubric: str = RUBRIC, template: str = "",
-          scale: Sequence[float] = (0, 10), answer: str = "number", per_group: bool = False, reads: str = "final",
-          guard: bool = True, temperature: float = 0.0, top_p: float = 1.0, max_tokens: int = 0,
+def judge(model: str, base_url: str, api_key_env: str = "", api: str = "chat", rubric: str = RUBRIC,
+          template: str = "", scale: Sequence[float] | None = None, answer: str = "number",
+          labels: dict[str, float] | None = None, min_mass: float = MIN_MASS, per_group: bool = False,
+          reads: str = "final", guard: bool = True, temperature: float = 0.0, top_p: float = 1.0, max_tokens: int = 0,
           seed: int | None = 0, shuffle: bool = True, concurrency: int = 8, call_timeout_s: float = 60.0,
           retries: int = 3, backoff_s: float = 0.5) -> Judge:
     """The built-in ``judge``: an LLM judge at ``base_url`` (…/v1) serving ``model``, its API key read from the
-    environment variable ``api_key_env`` (none when empty). See the module docstring and docs/concepts/judges.md."""
+    environment variable ``api_key_env`` (none when empty); ``api``: chat (/chat/completions) or completions
+    (/completions: a base model reading ``template`` as raw text). See the module docstring and
+    docs/concepts/judges.md."""
     key = api_key_from_env(api_key_env)
     if api_key_env and key is None:
         raise ValueError(f"judge: the environment variable {api_key_env} (api_key_env) is not set; export the "
                          "judge's API key there, or leave api_key_env empty for an endpoint without a key")
-    endpoint = Endpoint(base_url, model, key, concurrency, call_timeout_s, retries, backoff_s)
-    return Judge(endpoint, rubric=rubric, template=template, scale=scale, answer=answer, per_group=per_group,
-                 reads=reads, guard=guard, temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=seed,
-                 shuffle=shuffle)
+    endpoint = Endpoint(base_url, model, key, api, concurrency, call_timeout_s, retries, backoff_s)
+    return Judge(endpoint, rubric=rubric, template=template, scale=scale, answer=answer, labels=labels,
+                 min_mass=min_mass, per_group=per_group, reads=reads, guard=guard, temperature=temperature,
+                 top_p=top_p, max_tokens=max_tokens, seed=seed, shuffle=shuffle)
 
 
 def judge_metrics(rewards: Sequence) -> dict[str, float]:

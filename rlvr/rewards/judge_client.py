@@ -82,6 +82,7 @@ class Endpoint:
     base_url: str
     model: str
     api_key: str | None = None
+    api: str = "chat"  # chat: /chat/completions (messages); completions: /completions (a prompt, for base models)
     concurrency: int = 8
     call_timeout_s: float = 60.0
     retries: int = 3
@@ -90,6 +91,8 @@ class Endpoint:
     def __post_init__(self) -> None:
         if not self.base_url.startswith(("http://", "https://")):
             raise ValueError(f"judge base_url must be an http(s) URL (…/v1); got {self.base_url!r}")
+        if self.api not in ("chat", "completions"):
+            raise ValueError(f"judge api must be chat or completions; got {self.api!r}")
         if self.concurrency < 1 or self.retries < 0 or self.call_timeout_s <= 0 or self.backoff_s < 0:
             raise ValueError("judge: concurrency >= 1, retries >= 0, call_timeout_s > 0 and backoff_s >= 0")
 
@@ -100,7 +103,7 @@ class JudgeClient:
     def __init__(self, endpoint: Endpoint, stats: JudgeStats, sleep: Callable[[float], None] = time.sleep):
         self.endpoint = endpoint
         self.stats = stats
-        self.url = endpoint.base_url.rstrip("/") + "/chat/completions"
+        self.url = endpoint.base_url.rstrip("/") + ("/chat/completions" if endpoint.api == "chat" else "/completions")
         self._sleep = sleep
         self._http: HttpClient | None = None
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
@@ -175,20 +178,22 @@ class JudgeClient:
         return None
 
     def _answer(self, payload: object) -> Answer:
-        """The first choice's text (and first token's top log-probs) from a chat-completion answer, checked."""
+        """The first choice's text (and first token's top log-probs) from a (chat) completion answer, checked."""
+        chat = self.endpoint.api == "chat"
         try:
             choice = payload["choices"][0]
-            text = choice["message"]["content"]
+            text = choice["message"]["content"] if chat else choice["text"]
         except (TypeError, KeyError, IndexError):
-            raise MalformedAnswer("a chat completion without choices[0].message.content") from None
+            raise MalformedAnswer("an answer without choices[0]'s text") from None
         if not isinstance(text, str):
-            raise MalformedAnswer("a non-string message content")
+            raise MalformedAnswer("a non-string answer text")
         usage = payload.get("usage") if isinstance(payload, dict) else None
         if isinstance(usage, dict):
             tokens = [usage.get(k) for k in ("prompt_tokens", "completion_tokens")]
             if all(isinstance(t, int) and 0 <= t < 1 << 31 for t in tokens):
                 self.stats.add(prompt_tokens=tokens[0], completion_tokens=tokens[1])
-        return Answer(text, _first_top_logprobs(choice.get("logprobs")))
+        logprobs = choice.get("logprobs")
+        return Answer(text, _first_top_logprobs(logprobs) if chat else _first_top_completion_logprobs(logprobs))
 
     def close(self) -> None:
         with self._lock:
@@ -199,6 +204,31 @@ class JudgeClient:
             http.close()
 
 
+def _checked(pairs: list, limit: int = 64) -> tuple[tuple[str, float], ...]:
+    """(token, logprob) pairs, each a string and a finite log-prob <= 0 (-inf: dropped, probability 0)."""
+    out = []
+    for token, lp in pairs[:limit]:
+        if lp == -math.inf:
+            continue
+        if not isinstance(token, str) or isinstance(lp, bool) or not isinstance(lp, (int, float)) \
+                or not math.isfinite(lp) or lp > 1e-6:
+            raise MalformedAnswer(f"a top log-prob not (token, finite logprob <= 0): {printable((token, lp), 80)}")
+        out.append((token, float(lp)))
+    return tuple(out)
+
+
+def _first_top_completion_logprobs(logprobs: object) -> tuple[tuple[str, float], ...]:
+    """The first token's alternatives from /completions' ``logprobs`` (``top_logprobs``: one {token: logprob} a
+    token); () without."""
+    if not isinstance(logprobs, dict) or not isinstance(logprobs.get("top_logprobs"), list) \
+            or not logprobs["top_logprobs"]:
+        return ()
+    first = logprobs["top_logprobs"][0]
+    if not isinstance(first, dict):
+        raise MalformedAnswer("logprobs.top_logprobs[0] is not an object")
+    return _checked(list(first.items()))
+
+
 def _first_top_logprobs(logprobs: object) -> tuple[tuple[str, float], ...]:
     """The first generated token's alternatives, [(text, logprob)], from OpenAI's chat ``logprobs`` (() without)."""
     if not isinstance(logprobs, dict) or not isinstance(logprobs.get("content"), list) or not logprobs["content"]:
@@ -207,13 +237,4 @@ def _first_top_logprobs(logprobs: object) -> tuple[tuple[str, float], ...]:
     top = first.get("top_logprobs") if isinstance(first, dict) else None
     if not isinstance(top, list):
         raise MalformedAnswer("logprobs.content[0] without a top_logprobs list")
-    out = []
-    for entry in top[:64]:
-        token, lp = (entry.get("token"), entry.get("logprob")) if isinstance(entry, dict) else (None, None)
-        if lp == -math.inf:  # probability 0
-            continue
-        if not isinstance(token, str) or isinstance(lp, bool) or not isinstance(lp, (int, float)) \
-                or not math.isfinite(lp) or lp > 1e-6:
-            raise MalformedAnswer(f"a top_logprobs entry not (token, finite logprob <= 0): {printable(entry, 80)}")
-        out.append((token, float(lp)))
-    return tuple(out)
+    return _checked([(e.get("token"), e.get("logprob")) if isinstance(e, dict) else (None, None) for e in top])
