@@ -420,7 +420,11 @@ class GRPOTrainer:
         out = out if out.name else out.resolve()
         data_dir = out.with_name(f"{out.name}.data")  # beside the run: a fresh run moves what is inside aside
         train_path = self._data_file(data_dir, "train", dataset_jsonl(train_rows, "train_dataset"))
-        if eval_rows is None:
+        if not check:
+            eval_path, eval_size = train_path, 0
+            print("rlvr: every reward is a reward model or a judge, so no held-out accuracy is measured (it counts "
+                  "completions a correctness reward scores 1.0); list such a reward first to measure it")
+        elif eval_rows is None:
             eval_path, eval_size = train_path, min(len(train_rows), NO_EVAL_DATASET_EVAL_SIZE)
             print(f"rlvr: no eval_dataset: accuracy before and after training is measured on the first {eval_size} "
                   "rows of train_dataset, which are trained on (not held out); pass eval_dataset for a held-out "

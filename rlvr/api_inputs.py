@@ -13,6 +13,7 @@ from typing import Any
 
 from rlvr.envs.environment import load_environment
 from rlvr.rewards import BUILTINS, build_reward
+from rlvr.rewards.judge import Judge
 from rlvr.rewards.reward_model import SEQ_CLS, find_reward_model, reward_model
 from rlvr.train.scoring import EnvironmentObjects, Tools
 
@@ -167,10 +168,13 @@ def environment_objects(tools: Any, factory: Any, max_completion_length: int,
 
 
 def held_out_check(entries: list[tuple[str, dict, Any, str]]) -> str:
-    """The reward whose 1.0 counts as correct in held-out accuracy: the first one rlvr can build again by name."""
+    """The reward whose 1.0 counts as correct in held-out accuracy: the first one rlvr can build again by name;
+    '' when every reward is a reward model or a judge (no correctness check: accuracy is not measured)."""
     for name, kwargs, _, why in entries:
         if not kwargs and why in ("", IN_MAIN):  # __main__:fn imports in this process, where the run evaluates
             return name
+    if all(name in ("reward_model", "judge") or isinstance(fn, Judge) for name, _, fn, _ in entries):
+        return ""
     raise ValueError(
         "GRPOTrainer: rlvr measures accuracy before and after training with a reward function it can import by name "
         "(the first of reward_funcs that it can: a completion is correct when it scores 1.0), and none of "

@@ -137,8 +137,15 @@ def test_config_and_trl_forms(rm_dir, tiny_model_dir, tmp_path):
     assert (cfg.rewards[1].name, cfg.rewards[1].kwargs) == ("reward_model", {"model": str(rm_dir.resolve())})
     assert cfg.task.eval_reward == "arithmetic_correct"  # a reward model's score is not a correctness check
     assert trainer.rewards[1].fn(PROMPTS[:1], COMPLETIONS[:1]) == expected
-    with pytest.raises(ValueError, match="a reward model's score is no correctness check"):
-        GRPOTrainer(str(tiny_model_dir), str(rm_dir), args=args, train_dataset=rows)  # held-out accuracy needs one
+    # TRL's string form alone: no correctness check, so no held-out accuracy; the run trains on the model's scores
+    args = GRPOConfig(output_dir=str(tmp_path / "alone"), num_generations=2, per_device_train_batch_size=2,
+                      max_steps=1, max_completion_length=4, disable_tqdm=True, report_to="none")
+    trainer = GRPOTrainer(str(tiny_model_dir), str(rm_dir), args=args, train_dataset=rows)
+    assert trainer.rlvr_config.task.eval_size == 0
+    trainer.train()
+    records = [json.loads(line) for line in (tmp_path / "alone" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1] and "eval/accuracy" not in records[0]
+    assert math.isfinite(records[0]["rollout/reward/reward_model_mean"])
 
 
 def test_a_run_trains_on_the_reward_model(rm_dir, tiny_model_dir, tmp_path):

@@ -135,7 +135,7 @@ def fit_prompts(tokenizer, rows: list[dict], max_prompt_tokens: int, drop: bool,
                 f"{budget} the model's context leaves room for {max_prompt_tokens}. Shorten it, lower {budget}, or "
                 "set task.drop_long_prompts=true to skip such rows (they are counted)."
             )
-    if not kept:
+    if rows and not kept:  # no rows at all: an eval split of size 0 (no held-out accuracy)
         raise ValueError(f"no {split} prompt fits in {max_prompt_tokens} tokens")
     return kept, len(rows) - len(kept)
 

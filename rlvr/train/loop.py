@@ -76,7 +76,8 @@ def run_loop(run: Run, source: BatchSource, update: Update) -> dict:
                 sections[source.metrics_section] = report  # async: the servers'; sync: the curriculum's
             metrics = namespaced(sections)
             run.after_step(step, metrics, batch, source.state(), started=t0)
-            bar.set_postfix(reward=f"{metrics[REWARD]:.3f}", acc=f"{run.state['eval_accuracy']:.3f}")
+            accuracy = run.state["eval_accuracy"]
+            bar.set_postfix(reward=f"{metrics[REWARD]:.3f}", acc="-" if accuracy is None else f"{accuracy:.3f}")
             if run.collectives.any(stop.requested):  # under torchrun: every learner stops at the same step
                 bar.close()
                 run.interrupted(step, stop.signum)

@@ -225,8 +225,8 @@ class Run:
             self.reference.refresh(self.cfg.algo.ref_mixup_alpha)
 
     def evaluate_before(self) -> None:
-        """Held-out accuracy of the starting weights (a fresh run only)."""
-        if self.start == 0:
+        """Held-out accuracy of the starting weights (a fresh run with held-out rows only)."""
+        if self.start == 0 and self.data.eval_rows:
             self.state["eval_accuracy_before"] = self.state["eval_accuracy"] = self.evaluate()
             metrics = {ACCURACY: self.state["eval_accuracy"], "eval/dropped_prompts": self.state["dropped_prompts"]}
             self.evaluate_extra(metrics)
@@ -236,7 +236,8 @@ class Run:
         """Evaluate when due, log (with the step's wall time since ``started``), guard against non-finite updates,
         checkpoint when due (with ``source_state``: the batch source's cursor)."""
         cfg = self.cfg
-        if step == cfg.train.steps or (cfg.eval.every and step % cfg.eval.every == 0):
+        due = step == cfg.train.steps or (cfg.eval.every and step % cfg.eval.every == 0)
+        if due and self.data.eval_rows:  # none: task.eval_size 0 (a run whose rewards include no correctness check)
             t0 = time.perf_counter()
             self.state["eval_accuracy"] = metrics[ACCURACY] = self.evaluate()
             metrics["eval/time_s"] = time.perf_counter() - t0

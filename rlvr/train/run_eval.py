@@ -31,5 +31,8 @@ def held_out_accuracy(cfg: RunConfig, model: nn.Module, environment: Environment
 def accuracy_line(summary: dict, run_dir: str) -> str:
     """held-out accuracy: 12.0% -> 40.0% (+28.0 points) in 3.1 min; run directory: runs/x"""
     before, after = summary["eval_accuracy_before"], summary["eval_accuracy_after"]
+    if before is None or after is None:
+        return (f"held-out accuracy: not measured (no held-out rows: task.eval_size 0) in "
+                f"{summary['wall_time_s'] / 60:.1f} min; run directory: {run_dir}")
     return (f"held-out accuracy: {before:.1%} -> {after:.1%} ({(after - before) * 100:+.1f} points) "
             f"in {summary['wall_time_s'] / 60:.1f} min; run directory: {run_dir}")
