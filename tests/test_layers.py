@@ -13,7 +13,8 @@ TIERS = (
      "config_checks", "devices", "distributed"),
     ("architecture", "checkpoint", "metrics", "envs", "diloco"),
     ("models",),
-    ("rollout", "rewards", "algo_config"),
+    ("rollout", "algo_config"),
+    ("rewards",),  # judges and served reward models use the rollout's HTTP client
     ("config", "plan"),
     ("tasks", "config_doc"),
     ("train",),

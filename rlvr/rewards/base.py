@@ -192,6 +192,13 @@ def completion_text(completion: Any) -> str:
     return "".join(m.get("content", "") for m in completion)
 
 
+def plain_text(prompt: Any, text: str) -> str:
+    """A prompt and a completion's text as one plain text (no chat template): a chat prompt's contents joined by
+    newlines, then the completion (what a reward model without a chat template scores)."""
+    head = prompt if isinstance(prompt, str) else "\n".join(str(m.get("content") or "") for m in prompt)
+    return head + text
+
+
 def as_completions(prompts: list, texts: list[str]) -> list:
     """Completions in TRL's convention: plain text for string prompts, chat messages for chat prompts."""
     return [t if isinstance(p, str) else [{"role": "assistant", "content": t}] for p, t in zip(prompts, texts)]

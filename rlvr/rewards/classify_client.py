@@ -30,8 +30,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from rlvr.rewards.base import RewardError
-from rlvr.rewards.reward_model import render
+from rlvr.rewards.base import RewardError, plain_text
 from rlvr.rollout.http_client import (
     SMALL_ANSWER_BYTES,
     HttpClient,
@@ -186,7 +185,7 @@ class ClassifyClient:
         if self.chat:
             bodies = [({**common, "messages": _messages(p, t)}, 1) for p, t in zip(prompts, texts)]
         else:
-            plain = [render(None, p, t, chat=False) for p, t in zip(prompts, texts)]
+            plain = [plain_text(p, t) for p, t in zip(prompts, texts)]
             bodies = [({**common, "input": plain[i:i + self.batch_size]}, len(plain[i:i + self.batch_size]))
                       for i in range(0, len(plain), self.batch_size)]
         results = list(self._pool.map(lambda b: self._one(*b), bodies))

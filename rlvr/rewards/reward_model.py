@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from rlvr.rewards.base import completion_text
+from rlvr.rewards.base import completion_text, plain_text
 
 SEQ_CLS = "ForSequenceClassification"
 MAX_CONFIG_BYTES = 4 << 20
@@ -107,8 +107,7 @@ def render(tokenizer: Any, prompt: Any, text: str, chat: bool) -> str:
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
         messages.append({"role": "assistant", "content": text})
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
-    head = prompt if isinstance(prompt, str) else "\n".join(str(m.get("content") or "") for m in prompt)
-    return head + text
+    return plain_text(prompt, text)
 
 
 def encode(tokenizer: Any, texts: list[str], chat: bool, max_length: int) -> list[list[int]]:

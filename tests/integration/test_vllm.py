@@ -217,3 +217,29 @@ def test_multi_turn_episodes_with_the_calculator_on_vllm(vllm, rlvr_server, trai
     for a, b in zip(greedy["vllm"].groups.completion_ids, greedy["rlvr"].groups.completion_ids):
         first = 8  # the opening of the first turn: the same on both servers
         assert a[:first].tolist() == b[:first].tolist()
+
+
+def test_a_judge_on_vllm_scores_as_on_rlvr_serve(vllm, rlvr_server, model_dir, monkeypatch):
+    """The same judge questions (a 1-5 chat judge and a few-shot /v1/completions judge, both from the first token's
+    log-probs) asked of vLLM and of rlvr serve, both fp32: the same scores."""
+    from rlvr.rewards.judge import judge
+
+    monkeypatch.setenv("JUDGE_KEY", KEY)
+    few_shot = ("Text: What a lovely surprise, thank you so much!\nTone: warm\n\nText: I don't care, figure it out "
+                "yourself.\nTone: cold\n\nText: You've got this, I'm proud of you.\nTone: warm\n\nText: That was a "
+                "stupid thing to do.\nTone: cold\n\nText: {completion}\nTone:")
+    settings = {"chat": {"rubric": "How kind the reply is.", "scale": [1, 5], "answer": "logprobs", "min_mass": 0.05},
+                "completions": {"api": "completions", "template": few_shot, "answer": "logprobs",
+                                "labels": {"warm": 1, "cold": 0}, "min_mass": 0.1}}
+    prompts = ["My bus was cancelled so I walked to work in the rain."] * 3
+    replies = ["Oh no, that sounds rough! I hope the rest of your day is lovely.", "Whatever. Buses get cancelled.",
+               "I hate rain. Walking in it is awful and miserable."]
+    for name, kwargs in settings.items():
+        scores, secret = {}, None
+        for where, url in (("vllm", vllm), ("rlvr", rlvr_server)):
+            fn = judge(str(model_dir), f"{url}/v1", api_key_env="JUDGE_KEY", **kwargs)
+            secret = fn._secret = secret or fn._secret  # the same tags' nonces: the same questions
+            scores[where] = fn(prompts, replies)
+            assert fn.stats.drain()["failures"] == 0, (name, where)
+            fn.close()
+        assert scores["vllm"] == [pytest.approx(s, abs=1e-2) for s in scores["rlvr"]], name
