@@ -5,11 +5,6 @@ requests with the same fields and numbers as vLLM.
 Run by ``make test-vllm``; skipped unless RLVR_VLLM_PYTHON names vLLM's Python.
 """
 
-import os
-import signal
-import socket
-import subprocess
-import time
 
 import httpx
 import pytest
@@ -17,9 +12,9 @@ import torch
 
 from rlvr.rewards.reward_model import reward_model
 from tests.conftest import make_tokenizer
+from tests.integration.vllm_server import VLLM_PYTHON, vllm_server
 from tests.serving import ServerProcess
 
-VLLM_PYTHON = os.environ.get("RLVR_VLLM_PYTHON", "")
 pytestmark = pytest.mark.skipif(not VLLM_PYTHON, reason="set RLVR_VLLM_PYTHON (make test-vllm builds .venv-vllm)")
 PROMPTS = ["What is 3 + 4?",
            [{"role": "system", "content": "Reply with only the number."}, {"role": "user", "content": "12 * 9?"}],
@@ -48,36 +43,9 @@ def rm_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def vllm(rm_dir, tmp_path_factory):
     """vLLM's OpenAI server on loopback serving the reward model; its whole process group is stopped after."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    log = tmp_path_factory.mktemp("vllm-rm") / "server.log"
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
-    cmd = [VLLM_PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", str(rm_dir), "--host", "127.0.0.1",
-           "--port", str(port), "--dtype", "float32", "--max-model-len", "256"]
-    with log.open("w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 600
-        while True:
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"vLLM did not start:\n{log.read_text()[-4000:]}")
-            time.sleep(1)
+    with vllm_server(rm_dir, ["--dtype", "float32", "--max-model-len", "256"],
+                     tmp_path_factory.mktemp("vllm-rm") / "server.log") as url:
         yield url
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
 
 
 @pytest.mark.parametrize("chat, max_length", [("auto", 1024), (False, 1024), ("auto", 12)])

@@ -6,10 +6,6 @@ servers run with an API key (vLLM's own ``--api-key``): the pool sends it, and w
 Run by ``make test-vllm`` (which builds .venv-vllm); skipped unless RLVR_VLLM_PYTHON names vLLM's Python.
 """
 
-import os
-import signal
-import socket
-import subprocess
 import time
 from pathlib import Path
 
@@ -28,10 +24,10 @@ from rlvr.rollout.server_errors import ServerAuthError
 from rlvr.tasks import arithmetic_rows
 from rlvr.train.batch import StepBatch
 from rlvr.train.forward import completion_logprobs
+from tests.integration.vllm_server import VLLM_PYTHON, vllm_server
 from tests.serving import ServerProcess
 from tests.serving import post as post_without_key
 
-VLLM_PYTHON = os.environ.get("RLVR_VLLM_PYTHON", "")
 pytestmark = pytest.mark.skipif(not VLLM_PYTHON, reason="set RLVR_VLLM_PYTHON (make test-vllm builds .venv-vllm)")
 SYSTEM = "Reply with only the number."
 KEY = "vllm-test-key-5d1c"  # a test's own key; the runtimes make a random one per run
@@ -39,12 +35,6 @@ KEY = "vllm-test-key-5d1c"  # a test's own key; the runtimes make a random one p
 
 def post(url: str, path: str, body) -> httpx.Response:
     return post_without_key(url, path, body, api_key=KEY)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -55,36 +45,11 @@ def model_dir() -> Path:
 @pytest.fixture(scope="module")
 def vllm(model_dir, tmp_path_factory):
     """A vLLM OpenAI server on loopback with runtime LoRA loading; its whole process group is stopped after."""
-    port = _free_port()
-    log = tmp_path_factory.mktemp("vllm") / "server.log"
-    env = {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "VLLM_CPU_KVCACHE_SPACE": "1",
-           "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
-    cmd = [VLLM_PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir), "--host", "127.0.0.1",
-           "--port", str(port), "--enable-lora", "--max-lora-rank", "16", "--max-loras", "4", "--dtype", "float32",
-           "--max-model-len", "512", "--logprobs-mode", "processed_logprobs", "--api-key", KEY]
-    with log.open("w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 600
-        while True:
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"vLLM did not start:\n{log.read_text()[-4000:]}")
-            time.sleep(1)
+    args = ["--enable-lora", "--max-lora-rank", "16", "--max-loras", "4", "--dtype", "float32", "--max-model-len",
+            "512", "--logprobs-mode", "processed_logprobs", "--api-key", KEY]
+    with vllm_server(model_dir, args, tmp_path_factory.mktemp("vllm") / "server.log",
+                     {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}) as url:
         yield url
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
 
 
 @pytest.fixture(scope="module")
