@@ -82,7 +82,7 @@ def _serve(args: argparse.Namespace) -> int:
           allowed_protocols=tuple(p for p in args.allowed_protocols.split(",") if p),
           max_batch_tokens=args.max_batch_tokens, max_queued_rows=args.max_queued_rows, max_body_mb=args.max_body_mb,
           body_timeout_s=args.body_timeout_s, precision=args.precision, device=args.device, dtype=args.dtype,
-          lora_modules=tuple(args.lora_modules), task=args.task)
+          lora_modules=tuple(args.lora_modules), task=args.task, prefix_cache_mb=args.prefix_cache_mb)
     return 0
 
 
@@ -194,6 +194,10 @@ def main(argv: list[str] | None = None) -> int:
                          help="generate: a causal LM (the OpenAI routes); classify: a sequence-classification model, "
                               "e.g. a reward model (vLLM's POST /classify); auto: classify when the model's config "
                               "names a *ForSequenceClassification architecture")
+    p_serve.add_argument("--prefix-cache-mb", type=float, default=1024,
+                         help="MiB of recent completions' keys and values kept, so a request that extends an earlier "
+                              "prompt + completion (an episode's next turn) feeds only its new tokens (default "
+                              "%(default)s; 0: none)")
     p_serve.set_defaults(run=_serve)
     p_plan = sub.add_parser("plan", help="peak training memory per device, PPO vs GRPO, component by component")
     p_plan.add_argument("model", help="1.5b, 7b, 8b, 70b, smollm2-135m, a built-in alias or a local model directory")

@@ -101,3 +101,33 @@ def test_a_server_killed_mid_episode_moves_the_turn_elsewhere(tiny_model_dir, to
         fast.stop()
 
 
+
+
+def test_a_servers_prefix_store_feeds_only_each_turns_new_tokens(tiny_model_dir, tokenizer, tmp_path):
+    """The same seeded episodes from a server that keeps completions' caches (the default) and from one that keeps
+    none: the same tokens, log-probs to float rounding; the first continued every later turn from its store, which
+    an adapter load empties."""
+    kept, plain = ServerProcess(tiny_model_dir), ServerProcess(tiny_model_dir, "--prefix-cache-mb", "0")
+    try:
+        kept.wait_ready(), plain.wait_ready()
+        model = _trainer(tiny_model_dir)
+        got = {}
+        for name, server in (("kept", kept), ("plain", plain)):
+            remote = _remote([server.url], model, tokenizer, tmp_path / name)
+            got[name] = remote.sample_episodes(_ids(tokenizer), [Answering() for _ in range(4)], 2, STOP, seed=5,
+                                               limits=LIMITS)
+            if name == "kept":
+                stats = kept.get("/stats").json()
+                remote.sync(1)  # a new adapter version: nothing held may be continued under it
+                after_load = kept.get("/stats").json()
+            remote.close()
+        assert "prefix_hits" not in plain.get("/stats").json()
+    finally:
+        kept.stop(), plain.stop()
+    a, b = got["kept"].groups, got["plain"].groups
+    assert torch.equal(a.completion_ids, b.completion_ids) and got["kept"].stats.turns == got["plain"].stats.turns
+    torch.testing.assert_close(a.behaviour_logp, b.behaviour_logp, atol=1e-5, rtol=0)
+    later_turns = sum(t - 1 for t in got["kept"].stats.turns)
+    assert later_turns > 0 and stats["prefix_hits"] == later_turns  # every later turn continued its episode's cache
+    assert stats["prefix_reused_tokens"] > 0 and stats["prefix_cache_bytes"] > 0
+    assert after_load["prefix_cache_bytes"] == 0

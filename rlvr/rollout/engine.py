@@ -178,18 +178,46 @@ def generate_groups(
         top_logprobs: also record the k most likely tokens of each step and their log-probs.
         share_prefix: prefill a token prefix common to all prompts once when it is at least this long (0: never).
     """
-    b, _p = prompt_ids.shape
-    n = b * group_size
-    device = prompt_ids.device
     columns = prompt_ids.shape[1] + params.max_new_tokens
     cache = preallocated_cache(columns)  # no per-token copy of the cache
     share_prefix = share_prefix_within(backbone.config, columns, share_prefix)  # exact under sliding windows
     last_hidden, prompt_attn = prefill(backbone, prompt_ids, prompt_mask, cache, share_prefix)
     logits = head(last_hidden).repeat_interleave(group_size, dim=0)  # [B*G, V]
     cache.batch_repeat_interleave(group_size)
-    attn = prompt_attn.repeat_interleave(group_size, dim=0)  # [B*G, P + t]
+    attn = prompt_attn.repeat_interleave(group_size, dim=0)  # [B*G, P]
     next_pos = prompt_mask.long().sum(-1).repeat_interleave(group_size)  # [B*G]
+    return decode(backbone, head, logits, cache, attn, next_pos, params, eos_ids, pad_id, generator, stop,
+                  top_logprobs)
 
+
+Leaving = Callable[[torch.Tensor, torch.Tensor, object, torch.Tensor], None]
+"""(their places in the cache's batch [k], their rows of the whole batch [k], the cache, its attention mask
+[A, C]): rows about to leave the cache - finished, or all remaining ones when the generation ends. Their keys and
+values cover every token but the last one sampled (it was never fed back)."""
+
+
+@torch.no_grad()
+def decode(
+    backbone: nn.Module,
+    head: nn.Module,
+    logits: torch.Tensor,
+    cache,
+    attn: torch.Tensor,
+    next_pos: torch.Tensor,
+    params: SamplingParams,
+    eos_ids: list[int],
+    pad_id: int,
+    generator: Generators = None,
+    stop: Callable[[list[int]], bool] | None = None,
+    top_logprobs: int = 0,
+    leaving: Leaving | None = None,
+) -> SampledTokens:
+    """Sample up to ``params.max_new_tokens`` tokens for each of n rows whose contexts are in ``cache``: ``logits``
+    [n, V] are the next token's, ``attn`` [n, C] the cache's attention mask, ``next_pos`` [n] the next token's
+    position. Finished rows leave the batch and the cache; ``leaving`` sees them go (episodes keep them for their
+    next turn). Arguments as ``generate_groups``'s."""
+    n = logits.shape[0]
+    device = logits.device
     ids = torch.full((n, params.max_new_tokens), pad_id, dtype=torch.long, device=device)
     logps = torch.zeros((n, params.max_new_tokens), dtype=torch.float32, device=device)
     lengths = torch.zeros(n, dtype=torch.long, device=device)
@@ -213,8 +241,13 @@ def generate_groups(
                                   for row, d in zip(active.tolist(), done.tolist())], device=done.device)
         finished[active] = done
         if t + 1 == params.max_new_tokens or bool(done.all()):
+            if leaving is not None:
+                leaving(torch.arange(active.shape[0], device=device), active, cache, attn)
             break
         if bool(done.any()):  # compact: finished rows leave the batch and the cache
+            if leaving is not None:
+                gone = done.nonzero().squeeze(-1)
+                leaving(gone, active[gone], cache, attn)
             keep = (~done).nonzero().squeeze(-1)
             cache.batch_select_indices(keep)
             active, tokens, attn, next_pos = active[keep], tokens[keep], attn[keep], next_pos[keep]

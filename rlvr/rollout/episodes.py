@@ -30,8 +30,9 @@ from torch import nn
 
 from rlvr.envs.tools import ToolStats
 from rlvr.prompts import left_pad
-from rlvr.rollout.engine import SamplingParams, generate_groups
+from rlvr.rollout.engine import SampledTokens, SamplingParams, generate_groups
 from rlvr.rollout.groups import Groups, stop_string_checker
+from rlvr.rollout.turn_cache import TurnCache
 
 
 class Environment(Protocol):
@@ -140,19 +141,25 @@ def observation_ids(tokenizer, texts: list[str], turn_closed: bool = True) -> li
 
 
 def local_turns(decoder: tuple[nn.Module, Callable], tokenizer, eos: list[int], params: SamplingParams,
-                generators: list[torch.Generator]) -> TurnSampler:
+                generators: list[torch.Generator], keep_cache: bool = True) -> TurnSampler:
     """Model turns sampled in this process from ``decoder`` (backbone, head: rlvr.rollout.decode_weights.decoding,
-    entered for the whole episode run); ``generators[i]`` is episode i's randomness."""
+    entered for the whole episode run); ``generators[i]`` is episode i's randomness. ``keep_cache``: each episode's
+    keys and values carried to its next turn (rlvr.rollout.turn_cache); false: every turn prefills the whole
+    context again (the reference the cache is tested against)."""
     backbone, head = decoder
     pad = tokenizer.pad_token_id
     stop = stop_string_checker(tokenizer, params.stop)
-
     device = next(backbone.parameters()).device
 
-    def turns(contexts: list[list[int]], episodes: list[int]) -> list[Turn]:
+    def prefilled(contexts: list[list[int]], episodes: list[int]) -> SampledTokens:
         ids, mask = left_pad(contexts, pad)  # [n, P] on the CPU
-        out = generate_groups(backbone, head, ids.to(device), mask.to(device), 1, params, eos, pad,
-                              generator=[generators[i] for i in episodes], stop=stop)
+        return generate_groups(backbone, head, ids.to(device), mask.to(device), 1, params, eos, pad,
+                               generator=[generators[i] for i in episodes], stop=stop)
+
+    sample = TurnCache(backbone, head, params, eos, pad, generators, stop) if keep_cache else prefilled
+
+    def turns(contexts: list[list[int]], episodes: list[int]) -> list[Turn]:
+        out = sample(contexts, episodes)
         ids, mask, logp, truncated = out.ids.tolist(), out.mask.sum(-1).tolist(), out.behaviour_logp.tolist(), \
             out.truncated.tolist()  # one crossing to the host per turn
         return [Turn(ids[row][:n], logp[row][:n], truncated[row]) for row, n in enumerate(mask)]

@@ -61,14 +61,17 @@ class LocalSampler:
     records the version). Each generation decodes with the LoRA adapter folded into a copy of the weights, made
     when it starts, with the matmuls in ``precision`` (rlvr.rollout.decode_weights.decode_dtype: fp32, bf16, or
     auto, the default of ``rlvr train`` and ``rlvr serve`` too: bf16 for a model of 50M+ parameters where the
-    hardware has bf16 units, else fp32)."""
+    hardware has bf16 units, else fp32). Episodes keep each episode's keys and values from turn to turn
+    (rlvr.rollout.turn_cache; ``turn_cache=False``: every turn prefills its whole context, the reference)."""
 
     def __init__(self, model: nn.Module, tokenizer, autocast_mode: str = "none", version: int = 0,
-                 precision: str = "auto", fold_lora: bool | str = "auto", per_completion_seeds: bool = False):
+                 precision: str = "auto", fold_lora: bool | str = "auto", per_completion_seeds: bool = False,
+                 turn_cache: bool = True):
         self.model, self.tokenizer, self.autocast_mode, self.version = model, tokenizer, autocast_mode, version
         self.dtype = decode_dtype(precision, model)
         self.fold_lora = fold_lora  # rollout.fold_lora: decided per generation (auto: whether the copies fit)
         self.per_completion_seeds = per_completion_seeds
+        self.turn_cache = turn_cache
 
     def sample(self, prompts: list[Prompt], group_size: int, params: SamplingParams, seed: int,
                first: int = 0) -> Groups:
@@ -94,8 +97,9 @@ class LocalSampler:
             fold = fold_choice(self.fold_lora, self.model, self.dtype, n,
                                max(map(len, prompt_ids), default=0) + limits.max_episode_tokens)
             with autocast(self.model, self.autocast_mode), decoding(self.model, self.dtype, fold=fold) as decoder:
-                return run_episodes(local_turns(decoder, self.tokenizer, eos, params, generators), self.tokenizer,
-                                    prompt_ids, envs, group_size, params, limits, eos, self.version)
+                turns = local_turns(decoder, self.tokenizer, eos, params, generators, self.turn_cache)
+                return run_episodes(turns, self.tokenizer, prompt_ids, envs, group_size, params, limits, eos,
+                                    self.version)
         finally:
             self.model.train(was_training)
 

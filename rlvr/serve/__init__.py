@@ -6,7 +6,7 @@ import socket
 import sys
 from dataclasses import replace
 
-from rlvr.serve.engine import DEFAULT_QUEUED_ROWS, Engine
+from rlvr.serve.engine import DEFAULT_PREFIX_CACHE_MB, DEFAULT_QUEUED_ROWS, Engine
 from rlvr.serve.lora_modules import parse_lora_modules, refuse_adapter_as_model
 from rlvr.serve.security import AdapterPolicy, check_api_key, is_loopback
 
@@ -30,7 +30,8 @@ def serve(model: str, host: str = "127.0.0.1", port: int = 8000, max_loras: int 
           allowed_adapter_roots: tuple[str, ...] = (), allowed_protocols: tuple[str, ...] = ("file",),
           max_batch_tokens: int = 0, max_queued_rows: int = DEFAULT_QUEUED_ROWS,
           max_body_mb: float = 4.0, body_timeout_s: float = 30.0, precision: str = "auto", device: str = "auto",
-          dtype: str = "auto", lora_modules: tuple[str, ...] = (), task: str = "auto") -> None:
+          dtype: str = "auto", lora_modules: tuple[str, ...] = (), task: str = "auto",
+          prefix_cache_mb: float = DEFAULT_PREFIX_CACHE_MB) -> None:
     """Listen on host:port (0: any free port) and serve until interrupted. The first line printed names the URL;
     the model loads in the background (requests get 503 until it is ready). ``parent_pid``: exit when that
     process dies; ``cores``: run on these CPU cores only. ``api_key`` None: the ``RLVR_API_KEY`` environment
@@ -43,7 +44,8 @@ def serve(model: str, host: str = "127.0.0.1", port: int = 8000, max_loras: int 
     ready; an adapter folder given as ``model`` is a ValueError saying so. ``task``: generate, classify (a
     sequence-classification model such as a reward model, served with vLLM's POST /classify:
     rlvr.serve.classify_routes) or auto (classify when the model's config names a *ForSequenceClassification
-    architecture)."""
+    architecture). ``prefix_cache_mb``: the keys and values of recent completions kept for requests that extend them
+    (an episode's next turn; rlvr.serve.engine), at most this many MiB (0: none)."""
     import os
 
     import uvicorn
@@ -87,7 +89,8 @@ def serve(model: str, host: str = "127.0.0.1", port: int = 8000, max_loras: int 
     else:
         engine = Engine(model, max_loras, max_model_len, max_num_seqs, batch_wait_ms / 1000, threads,
                         max_batch_tokens=max_batch_tokens, max_queued_rows=max_queued_rows, adapter_policy=policy,
-                        precision=precision, device=device, dtype=dtype, lora_modules=modules).start()
+                        precision=precision, device=device, dtype=dtype, lora_modules=modules,
+                        prefix_cache_mb=prefix_cache_mb).start()
     app = create_app(engine, served_model_name or model, api_key=api_key, max_body_bytes=int(max_body_mb * 2**20),
                      body_timeout_s=body_timeout_s)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET

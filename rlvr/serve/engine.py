@@ -19,6 +19,11 @@ client went away) is dropped: its queued prompts never run, and a running batch 
 cancelled stops at the next decoding step. Nothing sent after an adapter load or unload joins a batch that
 runs before it, so a request sent after ``load_inplace`` never sees the old weights.
 
+Prefix reuse (``--prefix-cache-mb``): every completion's keys and values are held afterwards, least recently used
+dropped beyond the bound, so a request whose prompt extends an earlier prompt + completion (an episode's next turn:
+the same tokens, then an observation) feeds only its new tokens (rlvr.rollout.turn_cache). Held per adapter name and
+emptied on every adapter load or unload, so no request ever continues another version's cache.
+
 Device: the model lives on one device (``--device``: auto is a CUDA GPU when one is visible, else the CPU), in
 ``--dtype`` (auto: bf16 on a bf16-capable GPU, fp32 elsewhere); prompts are padded on the CPU and cross to the
 model's device once per batch, every tensor of the generation is made there (sampling generators included), and
@@ -58,11 +63,13 @@ from rlvr.prompts import left_pad
 from rlvr.rollout.decode_weights import DecodeCache, decode_dtype, decoding
 from rlvr.rollout.engine import SampledTokens, SamplingParams, generate_groups
 from rlvr.rollout.groups import eos_token_ids, stop_string_checker
+from rlvr.rollout.turn_cache import PrefixStore, sample_continuing
 from rlvr.seeds import completion_seed
 from rlvr.serve.security import NOT_ALLOWED, AdapterPathError, AdapterPolicy
 
 DEFAULT_BATCH_TOKENS = 1 << 17  # 131,072 KV positions: ~6 GB of fp32 cache for SmolLM2-135M
 DEFAULT_QUEUED_ROWS = 4096
+DEFAULT_PREFIX_CACHE_MB = 1024  # ~22k positions of SmolLM2-135M's fp32 cache: 64 episodes of ~350 tokens
 RETRY_AFTER_S = 1
 _STOP = object()  # queued by close(): the engine thread ends
 
@@ -192,7 +199,7 @@ class Engine:
                  batch_wait_s: float = 0.01, threads: int = 0, *, max_batch_tokens: int = 0,
                  max_queued_rows: int = DEFAULT_QUEUED_ROWS, adapter_policy: AdapterPolicy | None = None,
                  precision: str = "auto", device: str = "auto", dtype: str = "auto",
-                 lora_modules: tuple[tuple[str, str], ...] = ()):
+                 lora_modules: tuple[tuple[str, str], ...] = (), prefix_cache_mb: float = DEFAULT_PREFIX_CACHE_MB):
         decode_dtype(precision)  # an unknown precision fails here, before the model loads (resolved once it has)
         self.precision = precision
         self.device = resolve_device(device, "--device")  # a device that is not there fails here, before loading
@@ -201,9 +208,9 @@ class Engine:
         self.tokenizer = load_tokenizer(self.model_dir)
         context = model_context(self.model_dir)
         self.max_model_len = min(max_model_len, context) if max_model_len else context
-        if min(max_loras, max_num_seqs, max_queued_rows) < 1 or max_batch_tokens < 0:
+        if min(max_loras, max_num_seqs, max_queued_rows) < 1 or min(max_batch_tokens, prefix_cache_mb) < 0:
             raise ValueError("--max-loras, --max-num-seqs and --max-queued-rows must be at least 1, "
-                             "--max-batch-tokens at least 0")
+                             "--max-batch-tokens and --prefix-cache-mb at least 0")
         self.max_loras, self.max_num_seqs = max_loras, max_num_seqs
         self.max_batch_tokens = max_batch_tokens or max(DEFAULT_BATCH_TOKENS, self.max_model_len)
         self.max_queued_rows = max_queued_rows
@@ -224,6 +231,8 @@ class Engine:
         self._cache = Path(tempfile.mkdtemp(prefix="rlvr-serve-adapters-"))
         self._base = self._peft = None
         self._decode_cache = DecodeCache()  # the last batch's folded weights; emptied on every adapter change
+        # recent completions' keys and values, for requests that extend them (episode turns); emptied likewise
+        self.prefixes = PrefixStore(int(prefix_cache_mb * 2**20)) if prefix_cache_mb else None
         self.busy_s = 0.0  # time spent generating
         self.batches = self.requests = self.rows = 0  # batches run, requests served in them, completions
         self.cancelled = 0  # requests dropped because their client went away
@@ -364,6 +373,8 @@ class Engine:
 
     def _adapter_job(self, job: AdapterJob) -> None:
         self._decode_cache.clear()  # peft may reuse or rewrite the tensors of a replaced adapter
+        if self.prefixes is not None:
+            self.prefixes.clear()
         try:
             result = self._unload(job.name) if job.action == "unload" else self._load(job.name, job.path, job.inplace)
         except Exception as err:  # noqa: BLE001 (the request fails, the engine goes on)
@@ -451,7 +462,6 @@ class Engine:
             if first.adapter is not None and first.adapter not in self._internal:
                 raise EngineError(f"The model `{first.adapter}` does not exist.", status=404)
             prompts = [p for job, a, b in pieces for p in job.prompts[a:b]]
-            ids, mask = left_pad(prompts, self.tokenizer.pad_token_id)  # on the CPU; to the model's device once
             generators = []
             for job, a, b in pieces:
                 if job.seed is None:  # one seed per request, however many batches it runs in
@@ -467,9 +477,7 @@ class Engine:
                     decoding(model, self.dtype, self._decode_cache) as (backbone, head):
                 hook = backbone.register_forward_pre_hook(abandoned)
                 try:
-                    out = generate_groups(backbone, head, ids.to(self.device), mask.to(self.device), first.n,
-                                          first.params, self.eos_ids, self.tokenizer.pad_token_id, generators,
-                                          stop_string_checker(self.tokenizer, first.params.stop), first.top_logprobs)
+                    out = self._sample(backbone, head, prompts, first, generators)
                 finally:
                     hook.remove()
             out = _to_host(out)  # the batch's results cross to the CPU once
@@ -494,6 +502,24 @@ class Engine:
             if job.taken == len(job.prompts):
                 _settle(job.future, job.results)
         self._finish([job for job in jobs if job.taken == len(job.prompts) or job.future.cancelled()])
+
+    def _sample(self, backbone, head, prompts: list[list[int]], first: Job, generators: list) -> SampledTokens:
+        """The batch's completions; with the prefix store, a prompt that extends a held completion feeds only its
+        new tokens (rlvr.rollout.turn_cache), and every completion is held for the requests that extend it."""
+        stop = stop_string_checker(self.tokenizer, first.params.stop)
+        pad = self.tokenizer.pad_token_id
+        if self.prefixes is None:
+            ids, mask = left_pad(prompts, pad)  # on the CPU; to the model's device once
+            return generate_groups(backbone, head, ids.to(self.device), mask.to(self.device), first.n, first.params,
+                                   self.eos_ids, pad, generators, stop, first.top_logprobs)
+        held = [self.prefixes.find(first.adapter, p) for p in prompts]
+        got = sample_continuing(backbone, head, prompts, held, first.n, first.params, self.eos_ids, pad, generators,
+                                stop, first.top_logprobs)
+        self.prefixes.reused_tokens += got.reused
+        for h in got.held:
+            if h is not None:
+                self.prefixes.put(first.adapter, h)
+        return got.out
 
     def _policy(self, adapter: str | None):
         if self._peft is None:

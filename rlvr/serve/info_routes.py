@@ -22,8 +22,11 @@ async def health(s: Annotated[Serving, Depends(serving)]):
 async def stats(s: Annotated[Serving, Depends(serving)]):
     """How the engine has batched its work."""
     e = s.engine
+    prefixes = getattr(e, "prefixes", None)  # a classify engine holds none
+    held = {"prefix_hits": prefixes.hits, "prefix_reused_tokens": prefixes.reused_tokens,
+            "prefix_cache_bytes": prefixes.bytes} if prefixes is not None else {}
     return {"batches": e.batches, "requests": e.requests, "completions": e.rows, "busy_s": e.busy_s,
-            "adapters": list(e.adapters), "queued_completions": e.queued_rows, "cancelled": e.cancelled}
+            "adapters": list(e.adapters), "queued_completions": e.queued_rows, "cancelled": e.cancelled, **held}
 
 
 @router.get("/v1/models")
