@@ -15,6 +15,7 @@ each table row says).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -55,15 +56,19 @@ def _step_order(steps: int, seed: int) -> list[dict]:
 
 VARIANTS = {  # rlvr's settings besides the mode: checkpointing, then what else differs from the defaults
     "on": ("on", []), "off": ("off", []),
-    "on-512": ("on", ["train.heap_threshold_kb=512"]),  # freed memory returned to the OS whatever faults cost
+    "on-glibc": ("on", []),  # glibc's malloc instead of the mimalloc the rlvr command preloads (RLVR_ALLOCATOR=system)
+    "on-512": ("on", ["train.heap_threshold_kb=512"]),  # glibc, freed memory returned to the OS whatever faults cost
     "on-bf16": ("on", ["model.autocast=bf16"]),
 }
+SYSTEM_ALLOCATOR = ("on-glibc", "on-512")
 VARIANT_LABELS = {"on": "checkpointing on", "off": "checkpointing off",
-                  "on-512": "checkpointing on, `train.heap_threshold_kb=512`",
+                  "on-glibc": "checkpointing on, glibc's malloc (`RLVR_ALLOCATOR=system`)",
+                  "on-512": "checkpointing on, glibc with `train.heap_threshold_kb=512`",
                   "on-bf16": "checkpointing on, bf16 autocast training"}
 
 
 def child_rlvr(mode: str, steps: int, variant: str = "on", seed: str = str(SEED)) -> dict:
+    from rlvr.allocator import in_use as allocator_in_use
     from rlvr.config import load_config
     from rlvr.launch import train
     from rlvr.metrics import read_metrics
@@ -80,7 +85,8 @@ def child_rlvr(mode: str, steps: int, variant: str = "on", seed: str = str(SEED)
         "eval.every=0", "eval.batch_size=4", "task.eval_size=4", "log.progress=false", "log.trackers=[]",
         "log.plot=false",
     ])
-    train(cfg)
+    with phase_peaks() as phases:
+        train(cfg)
     records = [r for r in read_metrics(out / "metrics.jsonl") if "rollout/reward_mean" in r]
     return {
         "step_s": [r["rollout/time_generate_s"] + r["rollout/time_reward_s"] + r["update/time_s"] for r in records],
@@ -90,7 +96,50 @@ def child_rlvr(mode: str, steps: int, variant: str = "on", seed: str = str(SEED)
         "train_tokens": [r["update/tokens_per_s"] * r["update/time_s"] for r in records],
         "reward": [r["rollout/reward_mean"] for r in records],
         "peak_rss_mb": _peak_rss_mb(),
+        "phases": phases,
+        "allocator": allocator_in_use(),
     }
+
+
+def _vm(field: str) -> float:
+    """/proc/self/status's ``field`` (VmRSS, VmHWM) in MB."""
+    line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith(field + ":"))
+    return int(line.split()[1]) / 1024
+
+
+@contextlib.contextmanager
+def phase_peaks():
+    """Peak RSS of each phase of every step (sampling and scoring; the update) and RSS when it began: the loop's
+    source and update wrapped, the peak reset before each (/proc/self/clear_refs; this child process only)."""
+    from rlvr import launch
+
+    phases: list[dict] = []
+    loop = launch.run_loop
+
+    def measured(name, call):
+        def run(*args):
+            start = _vm("VmRSS")
+            Path("/proc/self/clear_refs").write_text("5")
+            out = call(*args)
+            phases.append({"phase": name, "start_mb": start, "peak_mb": _vm("VmHWM")})
+            return out
+        return run
+
+    class Source:
+        def __init__(self, inner):
+            self.inner, self.next = inner, measured("sample", inner.next)
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+    def wrapped(run, source, update):
+        return loop(run, Source(source), measured("update", update))  # the loop only calls it
+
+    launch.run_loop = wrapped
+    try:
+        yield phases
+    finally:
+        launch.run_loop = loop
 
 
 def child_trl(mode: str, steps: int, seed: str = str(SEED)) -> dict:
@@ -267,6 +316,12 @@ def main() -> None:
         elif kind == "bf16":
             result = child_bf16()
         else:
+            if kind == "rlvr":  # as the rlvr command starts: mimalloc preloaded unless the variant says glibc
+                from rlvr.allocator import VARIABLE, preload_and_restart
+
+                if rest[2:3] and rest[2] in SYSTEM_ALLOCATOR:
+                    os.environ[VARIABLE] = "system"
+                preload_and_restart()
             result = CHILDREN[kind](rest[0], int(rest[1]), *rest[2:])
         print(json.dumps(result))
         return
@@ -284,7 +339,7 @@ def main() -> None:
     results["generation"] = _run_child("generation", "3")
     results["bf16"] = _run_child("bf16")
     runs = [(mode, "rlvr", "on") for mode in args.modes] + [(mode, "trl", "on") for mode in args.modes]
-    runs += [("lora", "rlvr", v) for v in ("off", "on-512", "on-bf16")] if "lora" in args.modes else []
+    runs += [("lora", "rlvr", v) for v in ("off", "on-glibc", "on-512", "on-bf16")] if "lora" in args.modes else []
     for mode, trainer, ckpt in runs:
         print(f"running {trainer} ({mode}, checkpointing {ckpt}) ...", flush=True)
         extra = (ckpt,) if trainer == "rlvr" else ()
@@ -293,7 +348,8 @@ def main() -> None:
     rows = []
     peak32, peak16 = results["matmul"]["fp32_gflops"], results["matmul"]["bf16_gflops"]
     variants = [(m, f"rlvr_{m}", "on") for m in args.modes]
-    variants += [("lora", f"rlvr_lora_{v}", v) for v in ("off", "on-512", "on-bf16")] if "lora" in args.modes else []
+    variants += [("lora", f"rlvr_lora_{v}", v) for v in ("off", "on-glibc", "on-512", "on-bf16")] \
+        if "lora" in args.modes else []
     for mode, key, variant in variants:
         ours, theirs = _summary(results[key]), _summary(results[f"trl_{mode}"])
         flops = training_flops(results[key], mode, B, G, BETA)

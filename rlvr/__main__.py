@@ -1,5 +1,20 @@
+"""``python -m rlvr`` and the ``rlvr`` command: the allocator first (rlvr.allocator; before torch loads), then the
+CLI."""
+
 import sys
 
-from rlvr.cli import main
+from rlvr.allocator import preload_and_restart
 
-sys.exit(main())
+RUNS = ("train", "eval", "serve")  # the commands that train or generate: they get the leaner allocator
+
+
+def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] in RUNS:
+        preload_and_restart()
+    from rlvr.cli import main as cli_main
+
+    return cli_main()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

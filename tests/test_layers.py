@@ -9,7 +9,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "rlvr"
 
 # Bottom up. A unit (a folder of rlvr/, or a top-level module) imports only units of lower tiers.
 TIERS = (
-    ("core", "seeds", "faults", "memory", "offline_models", "trackers", "prompts", "verifiers", "bucket",
+    ("core", "seeds", "faults", "memory", "allocator", "offline_models", "trackers", "prompts", "verifiers", "bucket",
      "config_checks", "devices", "distributed"),
     ("architecture", "checkpoint", "metrics", "envs", "diloco"),
     ("models",),

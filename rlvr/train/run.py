@@ -18,6 +18,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from rlvr.allocator import in_use as allocator_in_use
 from rlvr.checkpoint import latest_valid, load_reference, load_training_state, read_text, save_training_state
 from rlvr.config import RunConfig, config_changes, to_dict, to_yaml
 from rlvr.devices import resolve_device
@@ -275,6 +276,7 @@ class Run:
             "eval_size": len(self.data.eval_rows),
             "skipped_updates": state["skipped_updates"],
             "dropped_prompts": state["dropped_prompts"],
+            "allocator": allocator_in_use(),  # mimalloc where the rlvr command preloaded it (rlvr/allocator.py)
         }
         whole = whole_state_dict(self.model) if shards(self.model) else None  # sharded: gathered by every learner
         if not self.main:  # rank 0 saves what every learner holds

@@ -1,0 +1,57 @@
+"""The allocator the rlvr command runs on (rlvr.allocator): what RLVR_ALLOCATOR picks, and a real `rlvr` process that
+re-executes itself with mimalloc preloaded, runs on it, and hands its children the environment it was given."""
+
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlvr.allocator import chosen_library, mimalloc_library
+
+ROOT = Path(__file__).resolve().parent.parent
+WHEEL = sys.platform.startswith("linux") and platform.machine() == "x86_64"  # where pyproject installs cmeel-mimalloc
+
+
+def test_the_setting_picks_the_library(tmp_path):
+    assert chosen_library("system") is None
+    assert chosen_library("auto", platform="darwin") is None  # preloading is a Linux (glibc loader) matter
+    assert chosen_library("auto") == mimalloc_library()
+    library = tmp_path / "libjemalloc.so.2"
+    library.write_bytes(b"")
+    assert chosen_library(str(library)) == library.resolve()
+    with pytest.raises(ValueError, match="RLVR_ALLOCATOR='/nowhere/libx.so': not a file; set it to auto, system"):
+        chosen_library("/nowhere/libx.so")
+
+
+@pytest.mark.skipif(not WHEEL, reason="cmeel-mimalloc is installed on Linux x86-64 only")
+def test_the_rlvr_command_runs_on_mimalloc_and_its_children_choose_for_themselves(tiny_model_dir, tmp_path):
+    """A tiny training run through `python -m rlvr train`: its summary names mimalloc; a reward function called in
+    it sees the environment the command was started with (no LD_PRELOAD, none of the re-execution's marks)."""
+    assert mimalloc_library() is not None and mimalloc_library().is_file()
+    (tmp_path / "seen.py").write_text(
+        "import json, os\n"
+        "def seen(completions, **kw):\n"
+        f"    open({str(tmp_path / 'env.json')!r}, 'w').write(json.dumps(dict(os.environ)))\n"
+        "    return [0.0] * len(completions)\n")
+    out = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "RLVR_ALLOCATOR", "MIMALLOC_PURGE_DELAY")}
+    args = ["examples/demo.yaml", f"model.name={tiny_model_dir}", f"output_dir={out}", "train.steps=1",
+            "train.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=4", "task.eval_size=2",
+            "eval.every=0", "log.progress=false", "log.plot=false", "log.trackers=[]", f"import_dirs=[{tmp_path}]",
+            "rewards=[{name: 'seen:seen'}]"]
+    done = subprocess.run([sys.executable, "-m", "rlvr", "train", *args], check=False, cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads((out / "summary.json").read_text())["allocator"] == "mimalloc"
+    inherited = json.loads((tmp_path / "env.json").read_text())
+    assert "LD_PRELOAD" not in inherited and not any(k.startswith("_RLVR") for k in inherited)
+    # RLVR_ALLOCATOR=system: no re-execution, glibc's malloc
+    system = subprocess.run([sys.executable, "-m", "rlvr", "train", *args, f"output_dir={tmp_path / 'system'}"],
+                            check=False, cwd=ROOT, env={**env, "RLVR_ALLOCATOR": "system"}, capture_output=True,
+                            text=True, timeout=300)
+    assert system.returncode == 0, system.stderr[-3000:]
+    assert json.loads((tmp_path / "system" / "summary.json").read_text())["allocator"] == "the system's"
