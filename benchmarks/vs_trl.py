@@ -95,7 +95,7 @@ def child_rlvr(mode: str, steps: int, variant: str = "on", seed: str = str(SEED)
         "generated_tokens": [r["rollout/completion_len_mean"] * B * G for r in records],
         "train_tokens": [r["update/tokens_per_s"] * r["update/time_s"] for r in records],
         "reward": [r["rollout/reward_mean"] for r in records],
-        "peak_rss_mb": _peak_rss_mb(),
+        "peak_rss_mb": max([_peak_rss_mb(), *(p["peak_mb"] for p in phases)]),  # the resets lower ru_maxrss
         "phases": phases,
         "allocator": allocator_in_use(),
     }
@@ -119,6 +119,8 @@ def phase_peaks():
     def measured(name, call):
         def run(*args):
             start = _vm("VmRSS")
+            if not phases:  # the peak so far: loading the model and everything before the first step
+                phases.append({"phase": "load", "start_mb": 0.0, "peak_mb": _vm("VmHWM")})
             Path("/proc/self/clear_refs").write_text("5")
             out = call(*args)
             phases.append({"phase": name, "start_mb": start, "peak_mb": _vm("VmHWM")})
@@ -299,6 +301,20 @@ def _summary(run: dict) -> dict:
             "peak_rss_mb": run["peak_rss_mb"], "reward_mean": statistics.mean(run["reward"])}
 
 
+def _phase_lines(results: dict, variants: list) -> str:
+    """Peak RSS by phase, in GB: before the first step (the model loaded), then the highest peak of sampling (and
+    scoring) and of the update over the steps, for each rlvr row."""
+    parts = []
+    for mode, key, variant in variants:
+        phases = results[key].get("phases") or []
+        peak = {name: max((p["peak_mb"] for p in phases if p["phase"] == name), default=0.0) / 1024
+                for name in ("load", "sample", "update")}
+        loaded = f"{peak['load']:.2f}" if peak["load"] else "-"
+        parts.append(f"{mode}, {VARIANT_LABELS[variant]}: {loaded} / {peak['sample']:.2f} / {peak['update']:.2f}")
+    return ("Peak RSS by phase (GB; model loaded / sampling and scoring / the update, the highest over the steps): "
+            + "; ".join(parts) + ".")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=6)
@@ -381,8 +397,9 @@ steady state = mean of the rest). Cells read rlvr / TRL; ratios are rlvr ÷ TRL 
 |---|---|---|---|---|---|
 {chr(10).join(rows)}
 
-rlvr's defaults: `rollout.precision=auto` (on this machine: {results['generation']['rlvr_dtype']} decoding),
-`train.heap_threshold_kb=0` (glibc's allocator; 512 returns freed memory to the system between steps).
+rlvr's defaults: `rollout.precision=auto` (on this machine: {results['generation']['rlvr_dtype']} decoding), the
+allocator the `rlvr` command preloads (here: {results[variants[0][1]]['allocator']}; rlvr/allocator.py), TRL's process
+glibc's malloc. {_phase_lines(results, variants)}
 
 TRL is fed the same prompts in the same order (rlvr's sampler order, `shuffle_dataset=False`); sampling
 noise still differs, so mean rewards over {args.steps} steps are indicative only.

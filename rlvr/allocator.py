@@ -1,12 +1,12 @@
 """The memory allocator a run uses: mimalloc, preloaded when ``rlvr`` starts, where it is installed.
 
 A training step allocates and frees thousands of activation tensors of a few sizes, interleaved with tensors kept
-for backward. glibc's malloc serves most of them from one heap, and the holes they leave are reused badly: a LoRA
-step of SmolLM2-135M held 2.5 GB at its peak where 1.6 GB was live, and glibc's remedies cost time (mmapping every
-block from 512 KiB up, ``train.heap_threshold_kb``, returns the memory and faults it in again every step: 1.4-1.7x
-the step; ``malloc_trim`` between phases cut only 0.1 GB, the holes open within the update). mimalloc (size-class
-pages, freed pages reused for the same sizes) kept the same step at 1.65-1.75 GB and ran it as fast or faster;
-jemalloc was as lean but 9 % slower (benchmarks/memory_allocators.py, BENCHMARKS.md).
+for backward. glibc's malloc serves most of them from one heap and reuses the holes they leave badly: a LoRA step of
+SmolLM2-135M held 2.5 GB at its peak where ~1.6 GB was live, and glibc's remedies cost time (mmapping every block
+from 512 KiB up, ``train.heap_threshold_kb``, faults the memory in again every step: 1.5x the step; ``malloc_trim``
+between phases saved 0.1 GB, the holes open within the update). mimalloc (size-class pages: a freed block serves
+the next tensor of its size) held 1.65-1.8 GB at 0.94-1.0x glibc's step time; jemalloc was as lean but 9 % slower
+(docs/experiments/performance.md, "The train step and the allocator"; BENCHMARKS.md, "rlvr vs TRL").
 
 An allocator must be loaded before the process starts, so the ``rlvr`` command re-executes itself once with
 mimalloc in ``LD_PRELOAD`` (the way PyTorch's own CPU launcher, ``torch.backends.xeon.run_cpu``, preloads jemalloc
@@ -14,10 +14,10 @@ or tcmalloc), then takes it out of the environment again so that the processes i
 sandboxes) choose for themselves. ``RLVR_ALLOCATOR``: ``auto`` (the default: mimalloc where the ``cmeel-mimalloc``
 wheel is installed - Linux x86-64 -, else the system's), ``system`` (never preload), or the path of an allocator's
 shared library. Python programs that import rlvr (``GRPOTrainer``) run in a process rlvr did not start: preload it
-there with ``LD_PRELOAD=$(python -m rlvr.allocator) python train.py``.
+there with ``LD_PRELOAD=$(python -m rlvr.allocator) MIMALLOC_PURGE_DELAY=10000 python train.py``.
 
-Freed memory: mimalloc keeps pages a step freed for the next step (``MIMALLOC_PURGE_DELAY``, set to -1 here unless
-the environment sets it): giving them back after the default 10 ms made every step fault them in again (8 % slower).
+Freed memory: mimalloc keeps pages a step freed for 10 s (``MIMALLOC_PURGE_DELAY=10000``, unless the environment
+sets it): its default, 10 ms, made every step fault them in again (8 % slower); never purging crept upwards.
 """
 
 from __future__ import annotations
@@ -89,5 +89,5 @@ def in_use() -> str:
     return "the system's"
 
 
-if __name__ == "__main__":  # LD_PRELOAD=$(python -m rlvr.allocator) python train.py
+if __name__ == "__main__":  # LD_PRELOAD=$(python -m rlvr.allocator) MIMALLOC_PURGE_DELAY=10000 python train.py
     print(chosen_library(os.environ.get(VARIABLE, "auto")) or "")

@@ -1,4 +1,5 @@
-"""Give freed memory back to the operating system between steps (glibc only; a no-op elsewhere).
+"""Give freed memory back to the operating system between steps (glibc only; a no-op elsewhere, and under the
+mimalloc the rlvr command preloads: rlvr/allocator.py).
 
 glibc raises its mmap threshold after large blocks are freed, so later large tensors come from the heap
 and their memory stays with the process once freed: a training step's activations then show up in RSS
