@@ -198,3 +198,24 @@ def test_fused_siblings_compute_each_input_once_and_any_input_correctly():
     first = a(x)
     first.zero_()  # a reader changes its output in place; asking again recomputes it
     assert torch.allclose(a(x), x @ w[0].T)
+
+
+@pytest.mark.parametrize("kernel", ["blas", "onednn"])
+def test_fp32_decoding_with_either_matmul_kernel_samples_what_peft_samples(tokenizer, monkeypatch, kernel):
+    """fp32 decode matmuls go to oneDNN where it was measured faster (dw.onednn_fp32_faster): both kernels sample the
+    tokens peft's unmerged layers sample, with log-probs to fp32 rounding; with a gradient the kernel is always
+    F.linear."""
+    monkeypatch.setenv("RLVR_FP32_MATMUL", kernel)
+    dw.onednn_fp32_faster.cache_clear()
+    try:
+        model = _lora_model(tokenizer)
+        params = SamplingParams(temperature=1.0, max_new_tokens=10)
+        ref = _unmerged(model, tokenizer, params)
+        with torch.no_grad(), decoding(model, torch.float32) as (backbone, head):
+            got = _generate(backbone, head, tokenizer, params)
+        assert torch.equal(got.ids, ref.ids)
+        torch.testing.assert_close(got.behaviour_logp, ref.behaviour_logp, atol=1e-5, rtol=0)
+        x, w = torch.randn(3, 8, requires_grad=True), torch.randn(5, 8)
+        assert dw.decode_linear(x, w, None).requires_grad  # training never meets the sampling-only kernel
+    finally:
+        dw.onednn_fp32_faster.cache_clear()
