@@ -94,6 +94,7 @@ def main() -> None:
     floor = {"generation": 2 * n * tokens / decode_peak / 1e9, "reference_pass": 2 * n * train_tokens / peak / 1e9,
              "policy_forward_backward_update": 4 * n * train_tokens / peak / 1e9}
     result = {"machine": describe(), "matmul_fp32_gflops": peak, "matmul_bf16_gflops": peaks["bf16_gflops"],
+              "matmul_fp32_onednn_gflops": peaks["fp32_onednn_gflops"],
               "decode_dtype": str(dtype).removeprefix("torch."), "generated_tokens": tokens, "floor_s": floor,
               "train_tokens": train_tokens,
               "phases_s": {"generation": gen_s, "reference_pass": ref_s,
@@ -126,6 +127,15 @@ def _markdown(r: dict) -> str:
         parts.append(f"- **{name}**: matrix products take {mm['share']:.0%} of the phase at {mm['gflops']:.0f} GFLOP/s "
                      f"({mm['gflops'] / peak_of[name]:.0%} of the measured {label_of[name]} peak). "
                      f"Top operators by self time: {ops}.")
+    onednn = r.get("matmul_fp32_onednn_gflops")
+    if onednn:
+        train_floor = floor["reference_pass"] + floor["policy_forward_backward_update"]
+        at_onednn = floor["generation"] + train_floor * r["matmul_fp32_gflops"] / onednn
+        parts.append(f"- **The fp32 peak above is MKL's**, which torch's fp32 matmul calls (on AMD CPUs MKL takes its "
+                     f"AVX2 code): oneDNN's fp32 kernel reached {onednn:.0f} GFLOP/s in the same run. Against that "
+                     f"peak the step's floor is {at_onednn:.2f} s and the step {total / at_onednn:.1f}× it; sampling "
+                     "already uses oneDNN for fp32 where it measures faster (rlvr/rollout/decode_weights.py), "
+                     "training does not yet.")
     return f"""## Where a step's time goes (`python benchmarks/profile_step.py`)
 
 Machine: {r['machine']}; measured fp32 matmul peak {r['matmul_fp32_gflops']:.0f} GFLOP/s. One LoRA step at the

@@ -280,6 +280,14 @@ def child_matmul_peak() -> dict:
             a @ b
             best = max(best, 2 * n**3 / (time.perf_counter() - started))
         out[f"{name}_gflops"] = best / 1e9
+    # torch's fp32 matmul is MKL's, which runs its AVX2 code on AMD CPUs; oneDNN's kernel shows what the FPUs do
+    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
+    best = 0.0
+    for _ in range(4):
+        started = time.perf_counter()
+        torch.ops.mkldnn._linear_pointwise(a, b, None, "none", [], "")
+        best = max(best, 2 * 2048**3 / (time.perf_counter() - started))
+    out["fp32_onednn_gflops"] = best / 1e9
     return out
 
 
