@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import json
 import re
 from collections.abc import Iterator
@@ -21,6 +22,7 @@ from torch import nn
 
 from rlvr.architecture import check_layers, lora_targets, output_layer, unwrap
 from rlvr.core.head import OutputLayer
+from rlvr.matmul import frozen_linear
 from rlvr.offline_models import ALIASES, OFFLINE_MODELS, alias_dir
 
 HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")  # "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -181,7 +183,12 @@ def add_lora(model: nn.Module, spec: LoraSpec) -> nn.Module:
         target_parameters=parameters or None,
         task_type="CAUSAL_LM",
     )
-    return get_peft_model(model, config)
+    wrapped = get_peft_model(model, config)
+    for module in wrapped.modules():  # the frozen base weights: forward and input gradient through rlvr.matmul
+        base = getattr(module, "base_layer", None)
+        if isinstance(base, nn.Linear) and type(base) is nn.Linear:
+            base.forward = functools.partial(frozen_linear, base)
+    return wrapped
 
 
 def is_lora(model: nn.Module) -> bool:

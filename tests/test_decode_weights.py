@@ -5,6 +5,7 @@ import pytest
 import torch
 from torch import nn
 
+from rlvr import matmul
 from rlvr.models import LoraSpec, add_lora, backbone_and_head
 from rlvr.rollout import LocalSampler, SamplingParams, encode_prompts, generate_groups
 from rlvr.rollout import decode_weights as dw
@@ -202,11 +203,11 @@ def test_fused_siblings_compute_each_input_once_and_any_input_correctly():
 
 @pytest.mark.parametrize("kernel", ["blas", "onednn"])
 def test_fp32_decoding_with_either_matmul_kernel_samples_what_peft_samples(tokenizer, monkeypatch, kernel):
-    """fp32 decode matmuls go to oneDNN where it was measured faster (dw.onednn_fp32_faster): both kernels sample the
-    tokens peft's unmerged layers sample, with log-probs to fp32 rounding; with a gradient the kernel is always
-    F.linear."""
+    """fp32 decode matmuls go to oneDNN where it was measured faster (rlvr.matmul.onednn_fp32_faster): both kernels
+    sample the tokens peft's unmerged layers sample, with log-probs to fp32 rounding; with a gradient the kernel is
+    always F.linear."""
     monkeypatch.setenv("RLVR_FP32_MATMUL", kernel)
-    dw.onednn_fp32_faster.cache_clear()
+    matmul.onednn_fp32_faster.cache_clear()
     try:
         model = _lora_model(tokenizer)
         params = SamplingParams(temperature=1.0, max_new_tokens=10)
@@ -218,4 +219,25 @@ def test_fp32_decoding_with_either_matmul_kernel_samples_what_peft_samples(token
         x, w = torch.randn(3, 8, requires_grad=True), torch.randn(5, 8)
         assert dw.decode_linear(x, w, None).requires_grad  # training never meets the sampling-only kernel
     finally:
-        dw.onednn_fp32_faster.cache_clear()
+        matmul.onednn_fp32_faster.cache_clear()
+
+
+def test_a_frozen_linear_through_onednn_has_f_linears_value_and_input_gradient(monkeypatch):
+    """rlvr.matmul.frozen_linear: the LoRA base layers' forward and input gradient (by hand: grad @ W), against
+    F.linear's autograd; a trained weight, or bf16, stays on F.linear."""
+    monkeypatch.setenv("RLVR_FP32_MATMUL", "onednn")
+    matmul.onednn_fp32_faster.cache_clear()
+    try:
+        layer = nn.Linear(8, 5)
+        layer.requires_grad_(False)
+        x = torch.randn(2, 3, 8, requires_grad=True)
+        g = torch.randn(2, 3, 5)
+        y = matmul.frozen_linear(layer, x)
+        y.backward(g)
+        assert y.grad_fn.name().endswith("FrozenLinearFunctionBackward")
+        torch.testing.assert_close(y, x @ layer.weight.T + layer.bias, atol=1e-5, rtol=0)
+        torch.testing.assert_close(x.grad, g @ layer.weight, atol=1e-5, rtol=0)
+        layer.weight.requires_grad_(True)
+        assert "FrozenLinear" not in matmul.frozen_linear(layer, x).grad_fn.name()
+    finally:
+        matmul.onednn_fp32_faster.cache_clear()

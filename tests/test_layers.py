@@ -9,8 +9,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "rlvr"
 
 # Bottom up. A unit (a folder of rlvr/, or a top-level module) imports only units of lower tiers.
 TIERS = (
-    ("core", "seeds", "faults", "memory", "allocator", "offline_models", "trackers", "prompts", "verifiers", "bucket",
-     "config_checks", "devices", "distributed"),
+    ("core", "seeds", "faults", "memory", "allocator", "matmul", "offline_models", "trackers", "prompts", "verifiers",
+     "bucket", "config_checks", "devices", "distributed"),
     ("architecture", "checkpoint", "metrics", "envs", "diloco"),
     ("models",),
     ("rollout", "algo_config"),

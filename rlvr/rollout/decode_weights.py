@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -33,44 +31,18 @@ from torch import nn
 
 from rlvr.architecture import unwrap
 from rlvr.core.head import OutputLayer
+from rlvr.matmul import onednn_linear, uses_onednn
 from rlvr.models import backbone_and_head
 
 PRECISIONS = ("auto", "fp32", "bf16")
 
 
-@functools.cache
-def onednn_fp32_faster() -> bool:
-    """Whether oneDNN's fp32 matmul beats the BLAS one torch calls for ``F.linear`` on this CPU at a decode step's
-    shape (measured once per process, ~50 ms). MKL runs its AVX2 code on AMD CPUs: on the AVX-512 EPYC here oneDNN's
-    fp32 kernel was 2.1x MKL's at 32 rows (337 vs 162 GFLOP/s) and 2.7x on the output layer (260 vs 95)."""
-    if os.environ.get("RLVR_FP32_MATMUL") in ("blas", "onednn"):  # for tests and A/B measurements
-        return os.environ["RLVR_FP32_MATMUL"] == "onednn"
-    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
-        return False
-    x, w = torch.randn(32, 1024, device="cpu"), torch.randn(2048, 1024, device="cpu")
-
-    def seconds(f) -> float:
-        for _ in range(3):
-            f()
-        t0 = time.perf_counter()
-        for _ in range(10):
-            f()
-        return time.perf_counter() - t0
-
-    try:
-        onednn = seconds(lambda: torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], ""))
-    except RuntimeError:
-        return False
-    return onednn < 0.9 * seconds(lambda: F.linear(x, w))
-
-
 def decode_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """``x @ W.T + b`` in W's dtype, for sampling (no gradient): fp32 on a CPU goes to oneDNN's kernel where it was
-    measured faster (``onednn_fp32_faster``); both are fp32 throughout (log-probs agree to ~1e-6)."""
+    measured faster (rlvr.matmul); both are fp32 throughout (log-probs agree to ~1e-6)."""
     x = x.to(weight.dtype)
-    if weight.dtype == torch.float32 and weight.device.type == "cpu" and not torch.is_grad_enabled() \
-            and onednn_fp32_faster():
-        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), weight, bias, "none", [], "")
+    if not torch.is_grad_enabled() and uses_onednn(weight):
+        return onednn_linear(x, weight, bias)
     return F.linear(x, weight, bias)
 
 
