@@ -322,13 +322,10 @@ class TrainConfig:
     """Several learners (torchrun): seconds any collective (gathering a step's groups, summing gradients) may wait
     for the other ranks before the job stops with an error; a rank that died ends the others within it."""
     heap_threshold_kb: int = 0
-    """glibc's malloc only (a process the rlvr command started runs on mimalloc where it is installed, which needs
-    none of this: rlvr/allocator.py): allocations of at least this many KiB are mmapped and go back to the system
-    when freed (rlvr/memory.py); 0 leaves glibc's defaults (freed memory is kept for the next step). 512 cuts a LoRA
-    step's peak RSS from 2.8 to 1.6 GB under glibc (benchmarks/vs_trl.py); it costs no time where page faults are
-    cheap (the Xeon of the earlier measurements) and 1.45-1.7x step time where they are not (a VM that maps fresh
-    memory at ~2 GB/s). 256 cuts the lean step's peak by a further ~6 %, at up to ~20 % step time on small
-    batches."""
+    """glibc's malloc only (the rlvr command runs on mimalloc where installed: rlvr/allocator.py): allocations of at
+    least this many KiB are mmapped and returned when freed (rlvr/memory.py); 0 keeps glibc's defaults. 512 cuts a
+    LoRA step's peak RSS 2.3 -> 1.5 GB under glibc at 1.5-1.7x step time where page faults are slow
+    (benchmarks/vs_trl.py); 256 cuts the lean step's peak ~6 % more, up to ~20 % slower on small batches."""
     logprob_chunk: int = 512
     """Tokens per output-layer chunk when computing log-probs; fewer for a large vocabulary, so one chunk's logits
     stay within 32M elements (128 MB in fp32; Gemma 3's 262k vocabulary gets 128)."""

@@ -106,3 +106,26 @@ def test_a_context_that_does_not_extend_the_cache_is_prefilled_whole(tokenizer):
         # an episode left out of a turn has ended: its cache is dropped
         cache([go_on + again.ids[0, : int(again.mask[0].sum())].tolist() + [7]], [0])
         assert set(cache.held) <= {0}
+
+
+def test_the_prefix_store_stays_within_its_bound_and_matches_only_whole_prefixes():
+    """A client flooding a server with requests cannot grow the store past --prefix-cache-mb (least recently used go
+    first); a prefix is found only under its own adapter and only where every held token matches."""
+    from rlvr.rollout.turn_cache import Held, PrefixStore
+
+    def held(tokens):  # 2 layers, keys and values [1, L, 4] fp32: 32 bytes per token per tensor
+        return Held(list(tokens), [torch.zeros(1, len(tokens), 4)] * 2, [torch.zeros(1, len(tokens), 4)] * 2)
+
+    store = PrefixStore(max_bytes=64 * 10)  # ten tokens' worth
+    store.put("a", held([1, 2, 3]))  # 3 tokens x 4 tensors x 16 bytes = 192
+    store.put("a", held([1, 2, 3, 4, 5]))  # 320
+    assert store.find("a", [1, 2, 3, 9]).tokens == [1, 2, 3]
+    assert store.find("a", [1, 2, 3, 4, 5, 6]).tokens == [1, 2, 3, 4, 5]  # the longest that fits
+    assert store.find("b", [1, 2, 3, 4, 5, 6]) is None  # another adapter's cache is never continued
+    assert store.find("a", [1, 2, 4, 4, 5, 6]) is None and store.find("a", [1, 2, 3]) is None  # must extend it
+    store.put("a", held([7, 8, 9, 10]))  # 256: over the bound, the least recently used ([1, 2, 3]) goes
+    assert store.bytes <= store.max_bytes and store.find("a", [1, 2, 3, 9]) is None
+    store.put("a", held(range(20)))  # larger than the whole store: not kept
+    assert store.bytes <= store.max_bytes and store.find("a", list(range(21))) is None
+    store.clear()
+    assert store.bytes == 0 and store.find("a", [7, 8, 9, 10, 11]) is None
