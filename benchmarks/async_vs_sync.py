@@ -83,7 +83,7 @@ def main() -> None:
 
     from benchmarks.machine import describe
     from benchmarks.report import publish
-    from rlvr.models import resolve_model_dir
+    from rlvr.models.policy import resolve_model_dir
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-async-"))
     results: dict = {"machine": describe(), "steps": args.steps, "runs": {}}

@@ -24,7 +24,7 @@ def main() -> None:
 
     from benchmarks.decoding import _prompts
     from benchmarks.machine import describe
-    from rlvr.models import LoraSpec, load_policy
+    from rlvr.models.policy import LoraSpec, load_policy
     from rlvr.rollout import SamplingParams, encode_prompts, generate_groups
     from rlvr.rollout.decode_weights import decode_dtype, decoding
     from rlvr.rollout.groups import eos_token_ids

@@ -37,7 +37,7 @@ def _engines(model, tokenizer, prompts, g, tokens):
     """name -> function(seed) returning (generated tokens, completions for the log-prob check or None)."""
     import torch
 
-    from rlvr.models import backbone_and_head
+    from rlvr.models.policy import backbone_and_head
     from rlvr.rollout import SamplingParams, encode_prompts, generate_groups, sample_groups
     from rlvr.rollout.groups import eos_token_ids
 
@@ -98,8 +98,8 @@ def _gap(model, groups) -> dict:
     """|behaviour log-prob - the fp32 trainer's| per token, and the share of importance weights beyond TIS's cap 2."""
     import torch
 
-    from rlvr.train.batch import StepBatch
-    from rlvr.train.forward import completion_logprobs
+    from rlvr.learn.batch import StepBatch
+    from rlvr.learn.forward import completion_logprobs
 
     n = groups.completion_ids.shape[0]
     with torch.no_grad():
@@ -139,10 +139,10 @@ def _bigger_model(tokenizer) -> dict:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from rlvr.models import LoraSpec, add_lora, autocast
+    from rlvr.learn.batch import StepBatch
+    from rlvr.learn.forward import completion_logprobs
+    from rlvr.models.policy import LoraSpec, add_lora, autocast
     from rlvr.rollout import SamplingParams, sample_groups
-    from rlvr.train.batch import StepBatch
-    from rlvr.train.forward import completion_logprobs
 
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=1280, intermediate_size=3456, num_hidden_layers=20,
@@ -196,7 +196,7 @@ def main() -> None:
     from benchmarks.machine import describe
     from benchmarks.report import publish
     from benchmarks.vs_trl import child_matmul_peak
-    from rlvr.models import LoraSpec, load_policy
+    from rlvr.models.policy import LoraSpec, load_policy
     from rlvr.rollout.decode_weights import bf16_matmul_hardware
 
     torch.set_num_threads(os.cpu_count())

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.machine import describe
-from rlvr.metrics import ACCURACY, REWARD
+from rlvr.store.metrics import ACCURACY, REWARD
 
 OLD_NAMES = {"eval_accuracy": ACCURACY, "reward_mean": REWARD}
 

@@ -31,14 +31,14 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.machine import describe
 from benchmarks.report import publish
-from rlvr.bucket import AdapterBucket
-from rlvr.config import load_config
-from rlvr.models import LoraSpec, load_policy, resolve_model_dir
+from rlvr.config.schema import load_config
+from rlvr.models.policy import LoraSpec, load_policy, resolve_model_dir
 from rlvr.rollout import LocalSampler, SamplingParams
 from rlvr.rollout.pool import ServerPool
 from rlvr.rollout.remote_sampler import RemoteSampler
+from rlvr.run.scoring import build_environment_setup, sample_scored
+from rlvr.store.bucket import AdapterBucket
 from rlvr.tasks import load_task
-from rlvr.train.scoring import build_environment_setup, sample_scored
 from tests.serving import ServerProcess
 
 

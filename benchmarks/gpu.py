@@ -75,7 +75,7 @@ def _now(cuda: bool) -> float:
 
 
 def _bf16(device: str) -> bool:
-    from rlvr.devices import bf16_capable, resolve_device
+    from rlvr.platform.devices import bf16_capable, resolve_device
 
     return bf16_capable(resolve_device(device))
 
@@ -83,9 +83,9 @@ def _bf16(device: str) -> bool:
 def _rlvr(spec: dict, overrides: list[str], path: Path | None = None) -> tuple[dict, list[dict], object]:
     """rlvr's own training, as `rlvr train` runs it; its summary, per-step metrics (step 0, the evaluation
     before training, left out) and configuration."""
-    from rlvr.config import load_config
+    from rlvr.config.schema import load_config
     from rlvr.launch import train
-    from rlvr.metrics import read_metrics
+    from rlvr.store.metrics import read_metrics
 
     out = Path(tempfile.mkdtemp(prefix="gpu-bench-rlvr-"))
     fixed = [f"output_dir={out}", f"train.device={spec['device']}", "train.checkpoint_every=0", "log.progress=false",
@@ -100,7 +100,7 @@ def _step_times(records: list[dict]) -> list[float]:
 
 
 def child_rlvr(spec: dict) -> dict:
-    from rlvr.devices import resolve_device, weight_dtype
+    from rlvr.platform.devices import resolve_device, weight_dtype
 
     s = spec["settings"]
     workload = [f"model.name={spec['model']}", "model.lora=true", "model.lora_r=16", "model.lora_alpha=32",
@@ -235,7 +235,7 @@ def build_model(shape: str, out: Path) -> Path:
     import torch
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
-    from rlvr.models import resolve_model_dir
+    from rlvr.models.policy import resolve_model_dir
 
     hidden, intermediate, layers, heads, kv_heads = SHAPES[shape]
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_dir(ALIAS))
@@ -377,7 +377,7 @@ def main() -> int:
     import torch  # the parent never touches the device: children report its name
 
     from benchmarks.machine import describe
-    from rlvr.models import resolve_model_dir
+    from rlvr.models.policy import resolve_model_dir
 
     started, cuda = time.perf_counter(), args.device.startswith("cuda")
     settings = dict(PROFILES["cuda" if cuda else "cpu"])

@@ -80,7 +80,7 @@ def base_replies(messages: list[str], system: str) -> list[str]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rlvr.models import resolve_model_dir
+    from rlvr.models.policy import resolve_model_dir
 
     path = resolve_model_dir(_example()["model"]["name"])
     model, tok = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), AutoTokenizer.from_pretrained(path)
@@ -160,7 +160,7 @@ def held_out_replies(adapter: Path) -> dict:
     from tone import compound
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rlvr.models import resolve_model_dir
+    from rlvr.models.policy import resolve_model_dir
 
     cfg = _example()
     path = resolve_model_dir(cfg["model"]["name"])

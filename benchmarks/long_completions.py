@@ -44,13 +44,14 @@ def main() -> None:
     from benchmarks.machine import describe
     from benchmarks.report import publish
     from rlvr.core import LossSettings, group_advantages
-    from rlvr.models import LoraSpec, ReferencePolicy, load_policy, trainable_parameters
+    from rlvr.learn import step as step_module
+    from rlvr.learn.batch import StepBatch
+    from rlvr.learn.learner import Learner
+    from rlvr.learn.step import StepOptions, micro_batches, row_width, train_step
+    from rlvr.models.policy import LoraSpec, ReferencePolicy, load_policy, trainable_parameters
     from rlvr.rollout import SamplingParams, engine, sample_groups
     from rlvr.rollout import groups as group_sampler
     from rlvr.tasks.word_problems import REASONING_SYSTEM_PROMPT, word_problem_rows
-    from rlvr.train import step as step_module
-    from rlvr.train.batch import StepBatch
-    from rlvr.train.step import micro_batches, row_width, train_step
 
     torch.set_num_threads(os.cpu_count())
     model, tokenizer = load_policy("smollm2-135m-instruct", LoraSpec(r=16, alpha=32.0), gradient_checkpointing=False)
@@ -111,14 +112,14 @@ def main() -> None:
                 rows = plan(batch, 16, skip_zero_advantage=True)
                 computed[adv_name][plan_name] = sum(len(r) * plan_width(batch, r) for r in rows) / full
                 started = time.perf_counter()
-                train_step(model, optimizer, None, batch, LossSettings(beta=0.0), micro_batch_size=16,
-                           max_completion_tokens=NEW_TOKENS)
+                train_step(Learner(model, optimizer), batch, LossSettings(beta=0.0),
+                           StepOptions(micro_batch_size=16, max_completion_tokens=NEW_TOKENS))
                 train_times[adv_name][plan_name].append(time.perf_counter() - started)
     step_module.micro_batches, step_module.row_width = plan_of, width_of
     batch = StepBatch.from_groups(sampled, advantage_sets["random"])
     started = time.perf_counter()
-    train_step(model, optimizer, None, batch, LossSettings(beta=0.04), reference=ReferencePolicy(model),
-               micro_batch_size=16, max_completion_tokens=NEW_TOKENS)
+    train_step(Learner(model, optimizer, None, ReferencePolicy(model)), batch, LossSettings(beta=0.04),
+               StepOptions(micro_batch_size=16, max_completion_tokens=NEW_TOKENS))
     reference_s = time.perf_counter() - started
 
     result = {

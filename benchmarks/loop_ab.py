@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.machine import describe
 from benchmarks.report import publish
-from rlvr.metrics import ACCURACY
+from rlvr.store.metrics import ACCURACY
 
 # old name -> new name of the values compared
 SAME = {"reward_mean": "rollout/reward_mean", "loss": "update/loss", "kl": "update/kl",

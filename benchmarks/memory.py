@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 B, G, T, MICRO = 4, 8, 64, 16
-HEAP_THRESHOLD_KB = 256  # train.heap_threshold_kb for the leanest peak (rlvr/memory.py; the default 0 keeps it)
+HEAP_THRESHOLD_KB = 256  # train.heap_threshold_kb for the leanest peak (platform/memory.py; the default 0 keeps it)
 CONFIGS = {  # name: (algo, lora, beta or PPO's kl_coef, lean step)
     "PPO full": ("ppo", False, 0.05, False),
     "GRPO full β>0": ("grpo", False, 0.04, False),
@@ -115,7 +115,7 @@ def _plain_values(critic, batch, rows):
     ids = torch.cat([batch.prompt_ids[rows // g], batch.completion_ids[rows]], 1)
     mask = torch.cat([batch.prompt_mask[rows // g], batch.completion_mask[rows]], 1)
     t = batch.completion_ids.shape[1]
-    from rlvr.models import backbone_and_head
+    from rlvr.models.policy import backbone_and_head
 
     with critic._body() as body:
         hidden = backbone_and_head(body)[0](input_ids=ids, attention_mask=mask).last_hidden_state
@@ -181,16 +181,17 @@ class _null:
 def child(name: str, steps: int) -> dict:
     import torch
 
-    from rlvr.memory import return_freed_memory
+    from rlvr.platform.memory import return_freed_memory
 
     torch.set_num_threads(os.cpu_count())
     return_freed_memory(HEAP_THRESHOLD_KB << 10)
-    from rlvr.baselines.ppo import Critic, ppo_step
     from rlvr.core import LossSettings
     from rlvr.core.ppo import PPOSettings
-    from rlvr.models import LoraSpec, ReferencePolicy, load_policy
-    from rlvr.train.batch import StepBatch
-    from rlvr.train.step import train_step
+    from rlvr.learn.batch import StepBatch
+    from rlvr.learn.learner import Learner
+    from rlvr.learn.ppo import Critic, ppo_step
+    from rlvr.learn.step import StepOptions, train_step
+    from rlvr.models.policy import LoraSpec, ReferencePolicy, load_policy
 
     algo, lora, kl, lean = CONFIGS[name]
     base_kb = _rss_kb("VmRSS")
@@ -202,7 +203,7 @@ def child(name: str, steps: int) -> dict:
     settings = LossSettings(beta=0.0 if algo == "ppo" else kl, aggregation="token_mean")
     ppo = PPOSettings(kl_coef=kl)
 
-    from rlvr.prompts import encode_prompts
+    from rlvr.models.prompts import encode_prompts
     from rlvr.rollout import Groups
 
     prompt_ids, prompt_mask = encode_prompts(tokenizer, _prompts())
@@ -216,11 +217,11 @@ def child(name: str, steps: int) -> dict:
 
     def step(measure=None):
         if lean and critic is None:
-            return train_step(model, optimizer, None, batch, settings, reference=reference, micro_batch_size=MICRO,
-                              max_completion_tokens=T)
+            return train_step(Learner(model, optimizer, None, reference), batch, settings,
+                              StepOptions(micro_batch_size=MICRO, max_completion_tokens=T))
         if lean:
-            return ppo_step(model, critic, optimizer, None, batch, rewards, settings, ppo, reference=reference,
-                            micro_batch_size=MICRO, max_new_tokens=T)
+            return ppo_step(Learner(model, optimizer, None, reference), critic, batch, rewards, settings, ppo,
+                            StepOptions(max_completion_tokens=T, micro_batch_size=MICRO))
         _plain_step(model, critic, reference, optimizer, batch, rewards, settings, ppo, measure)
         optimizer.step()
 
@@ -257,7 +258,7 @@ def child(name: str, steps: int) -> dict:
     saved_critic = SavedTensors(all_params, 49152)
     if lean:  # one micro-batch through the same code the step runs
         from rlvr.core import loss_normaliser, policy_loss
-        from rlvr.train.step import FrozenLogprobs, micro_batch_inputs
+        from rlvr.learn.step import FrozenLogprobs, micro_batch_inputs
 
         rows_ = torch.arange(MICRO)
         no_kl = _no_kl(settings)  # the KL term changes no activation
@@ -287,7 +288,7 @@ def child(name: str, steps: int) -> dict:
 
 
 def _planned(name: str) -> dict:
-    from rlvr.plan import ARCHS, Run, plan
+    from rlvr.config.plan import ARCHS, Run, plan
 
     algo, lora, kl, lean = CONFIGS[name]
     run = Run(algo=algo, lora_rank=16 if lora else 0, beta=kl, prompts=B, group=G, prompt_len=_prompt_len(),
@@ -305,8 +306,8 @@ def _prompts() -> list:
 
 
 def _prompt_len() -> int:
-    from rlvr.models import load_tokenizer, resolve_model_dir
-    from rlvr.prompts import encode_prompts
+    from rlvr.models.policy import load_tokenizer, resolve_model_dir
+    from rlvr.models.prompts import encode_prompts
 
     tok = load_tokenizer(resolve_model_dir("smollm2-135m-instruct"))
     return int(encode_prompts(tok, _prompts())[0].shape[1])
@@ -367,7 +368,7 @@ Machine: {r['machine']}. SmolLM2-135M-Instruct fp32, {b['B']} prompts × G={b['G
 {b['T']} completion tokens, micro-batches of {b['micro']}, AdamW; one process per configuration. Peak = resident set \\
 during the step minus before the model loaded; breakdown by tensor accounting (module docstring). glibc mmap \\
 threshold {r.get('heap_threshold_kb', 256)} KiB (`train.heap_threshold_kb`; at 512 KiB the lean \\
-step keeps ~170 MB more freed heap, measured apart: rlvr/memory.py). Step times: one step each, shared VM.
+step keeps ~170 MB more freed heap, measured apart: rlvr/platform/memory.py). Step times: one step each, shared VM.
 
 {chr(10).join(lines)}
 

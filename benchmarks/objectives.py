@@ -19,7 +19,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.machine import describe
 from benchmarks.report import publish
-from rlvr.metrics import ACCURACY, REWARD
+from rlvr.store.metrics import ACCURACY, REWARD
 
 RUNS = {  # name -> overrides of examples/demo.yaml (the presets' knobs written out, so the table shows them)
     "grpo": ["algo.preset=grpo"],

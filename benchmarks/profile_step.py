@@ -45,12 +45,13 @@ def main() -> None:
     from benchmarks.report import publish
     from benchmarks.vs_trl import BETA, LR, NEW_TOKENS, B, G, _rows, child_matmul_peak
     from rlvr.core import LossSettings
-    from rlvr.models import LoraSpec, ReferencePolicy, load_policy, trainable_parameters
+    from rlvr.learn.batch import StepBatch
+    from rlvr.learn.forward import completion_logprobs
+    from rlvr.learn.learner import Learner
+    from rlvr.learn.step import StepOptions, train_step
+    from rlvr.models.policy import LoraSpec, ReferencePolicy, load_policy, trainable_parameters
     from rlvr.rollout import SamplingParams, sample_groups
     from rlvr.rollout.decode_weights import decode_dtype
-    from rlvr.train.batch import StepBatch
-    from rlvr.train.forward import completion_logprobs
-    from rlvr.train.step import train_step
 
     torch.set_num_threads(os.cpu_count())
     peaks = child_matmul_peak()
@@ -76,8 +77,9 @@ def main() -> None:
             completion_logprobs(ref_model, batch, torch.arange(B * G), 512)
 
     def train(batch: StepBatch) -> None:
-        train_step(model, optimizer, None, batch, settings, reference=reference, num_iterations=1,
-                   micro_batch_size=B * G, max_completion_tokens=NEW_TOKENS, max_grad_norm=1.0)
+        train_step(Learner(model, optimizer, None, reference), batch, settings,
+                   StepOptions(num_iterations=1, micro_batch_size=B * G, max_completion_tokens=NEW_TOKENS,
+                               max_grad_norm=1.0))
 
     def timed(fn, *args) -> tuple[float, object]:
         started = time.perf_counter()
@@ -138,7 +140,7 @@ def _markdown(r: dict) -> str:
                      f"AVX2 code): oneDNN's fp32 kernel reached {onednn:.0f} GFLOP/s in the same run. Against that "
                      f"peak the step's floor is {at_onednn:.2f} s and the step {total / at_onednn:.1f}× it. fp32 "
                      "sampling and the frozen base weights of a LoRA step (forward and input gradient) go to oneDNN "
-                     "where it measures faster (rlvr/matmul.py); the adapters, the output layer and attention stay "
+                     "where it measures faster (platform/matmul.py); the adapters, the output layer and attention stay "
                      "on torch's kernels.")
     return f"""## Where a step's time goes (`python benchmarks/profile_step.py`)
 

@@ -26,7 +26,7 @@ def right_per_problem(cfg, sampler, rows, check, n: int, temperature: float) -> 
     """[problem][sample] -> right? for ``n`` samples per problem (temperature 0: one greedy sample)."""
     from rlvr.rewards import WeightedReward
     from rlvr.rollout import SamplingParams
-    from rlvr.train.scoring import sample_scored
+    from rlvr.run.scoring import sample_scored
 
     params = SamplingParams(temperature=temperature, max_new_tokens=cfg.eval.max_new_tokens or
                             cfg.rollout.max_new_tokens, stop=tuple(cfg.rollout.stop))
@@ -53,9 +53,9 @@ def main() -> None:
     import torch
     from tqdm import tqdm
 
-    from rlvr.config import load_config
-    from rlvr.models import load_causal_lm
-    from rlvr.train.build import build_local_sampler, load_data
+    from rlvr.config.schema import load_config
+    from rlvr.models.policy import load_causal_lm
+    from rlvr.run.build import build_local_sampler, load_data
 
     cfg = load_config(args.config, args.overrides)
     torch.set_num_threads(cfg.train.threads or torch.get_num_threads())

@@ -24,8 +24,8 @@ from benchmarks.machine import describe
 def decode_all(cfg, model, data) -> tuple[list[str], list[bool]]:
     from rlvr.rewards import WeightedReward
     from rlvr.rollout import SamplingParams
-    from rlvr.train.build import build_local_sampler
-    from rlvr.train.scoring import sample_scored
+    from rlvr.run.build import build_local_sampler
+    from rlvr.run.scoring import sample_scored
 
     greedy = SamplingParams(temperature=0.0, max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
                             stop=tuple(cfg.rollout.stop))
@@ -48,10 +48,10 @@ def main() -> None:
     import torch
     from peft import PeftModel
 
-    from rlvr.config import load_config
-    from rlvr.models import load_causal_lm
+    from rlvr.config.schema import load_config
+    from rlvr.models.policy import load_causal_lm
+    from rlvr.run.build import load_data
     from rlvr.tasks.jsonl import read_jsonl
-    from rlvr.train.build import load_data
 
     cfg = load_config(args.run / "config.yaml", [])
     torch.set_num_threads(cfg.train.threads or torch.get_num_threads())

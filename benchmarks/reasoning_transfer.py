@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.machine import describe
-from rlvr.metrics import ACCURACY, EXTRA_ACCURACY, read_metrics
+from rlvr.store.metrics import ACCURACY, EXTRA_ACCURACY, read_metrics
 
 
 def summarise(label: str, run: Path) -> dict:

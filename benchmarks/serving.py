@@ -53,9 +53,9 @@ def _logp_gap(sample, model) -> float:
     """Mean |behaviour log-prob - trainer's recomputation| over the tokens of one 4 x 8 x 32 sample."""
     import torch
 
+    from rlvr.learn.batch import StepBatch
+    from rlvr.learn.forward import completion_logprobs
     from rlvr.rollout import SamplingParams
-    from rlvr.train.batch import StepBatch
-    from rlvr.train.forward import completion_logprobs
 
     groups = sample(_prompts(4), 8, SamplingParams(temperature=1.0, max_new_tokens=32), 99)
     n = groups.completion_ids.shape[0]
@@ -84,11 +84,11 @@ def main() -> None:
 
     from benchmarks.machine import describe
     from benchmarks.report import publish
-    from rlvr.bucket import AdapterBucket
-    from rlvr.models import LoraSpec, load_policy, resolve_model_dir
+    from rlvr.models.policy import LoraSpec, load_policy, resolve_model_dir
     from rlvr.rollout import LocalSampler
     from rlvr.rollout.pool import ServerPool
     from rlvr.rollout.remote_sampler import RemoteSampler
+    from rlvr.store.bucket import AdapterBucket
     from tests.serving import ServerProcess
 
     torch.set_num_threads(os.cpu_count())

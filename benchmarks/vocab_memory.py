@@ -9,11 +9,11 @@ behaviour log-probs the model's own), same body pass (rlvr's, prompt run once pe
 loss (token mean); one loss + backward:
   naive: logits [M, V] for the M completion tokens, log_softmax, gather, loss, backward (autograd keeps the
          log-softmax output for backward and builds a [M, V] gradient);
-  fused: rlvr.core.fused (rlvr.train.step.micro_batch_inputs) at train.logprob_chunk 512 (the default), 128, 32:
+  fused: rlvr.core.fused (rlvr.learn.step.micro_batch_inputs) at train.logprob_chunk 512 (the default), 128, 32:
          logits exist one [chunk, V] block at a time, gradients taken in the forward pass.
 Peak: the resident set's high-water mark (Linux VmHWM, reset just before the pass) minus the resident set just
 before it, in a fresh process per variant (model loaded, behaviour log-probs taken); glibc's mmap threshold pinned at
-256 KiB (rlvr/memory.py) so freed blocks leave the resident set. The loss and the LoRA gradient norm are printed
+256 KiB (platform/memory.py) so freed blocks leave the resident set. The loss and the LoRA gradient norm are printed
 for each variant: equal up to float rounding, as the paths compute the same thing.
 """
 
@@ -52,10 +52,10 @@ def _batch(model, tokenizer, vocab: int):
     """8 completions of random tokens, behaviour log-probs the model's own (so every ratio starts at 1)."""
     import torch
 
-    from rlvr.prompts import encode_prompts
+    from rlvr.learn.batch import StepBatch
+    from rlvr.learn.forward import completion_logprobs
+    from rlvr.models.prompts import encode_prompts
     from rlvr.rollout import Groups
-    from rlvr.train.batch import StepBatch
-    from rlvr.train.forward import completion_logprobs
 
     prompt_ids, prompt_mask = encode_prompts(tokenizer, PROMPTS)
     gen = torch.Generator().manual_seed(0)
@@ -75,8 +75,8 @@ def _naive_loss(model, batch, rows, settings, normaliser):
     import torch
 
     from rlvr.core import TokenBatch, policy_loss
-    from rlvr.models import backbone_and_head
-    from rlvr.train.forward import completion_hidden
+    from rlvr.learn.forward import completion_hidden
+    from rlvr.models.policy import backbone_and_head
 
     hidden = completion_hidden(model, batch, rows, share_prompt=True)  # [n, T, H]
     logits = backbone_and_head(model)[1](hidden)  # [n, T, V]
@@ -90,9 +90,9 @@ def child(name: str, threads: int) -> dict:
     import torch
 
     from rlvr.core import LossSettings, loss_normaliser, policy_loss
-    from rlvr.memory import return_freed_memory
-    from rlvr.models import LoraSpec, load_policy
-    from rlvr.train.step import FrozenLogprobs, micro_batch_inputs
+    from rlvr.learn.step import FrozenLogprobs, micro_batch_inputs
+    from rlvr.models.policy import LoraSpec, load_policy
+    from rlvr.platform.memory import return_freed_memory
 
     torch.set_num_threads(threads or os.cpu_count())
     return_freed_memory(256 << 10)

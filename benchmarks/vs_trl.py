@@ -68,10 +68,10 @@ VARIANT_LABELS = {"on": "checkpointing on", "off": "checkpointing off",
 
 
 def child_rlvr(mode: str, steps: int, variant: str = "on", seed: str = str(SEED)) -> dict:
-    from rlvr.allocator import in_use as allocator_in_use
-    from rlvr.config import load_config
+    from rlvr.config.schema import load_config
     from rlvr.launch import train
-    from rlvr.metrics import read_metrics
+    from rlvr.platform.allocator import in_use as allocator_in_use
+    from rlvr.store.metrics import read_metrics
 
     out = Path(tempfile.mkdtemp(prefix="bench-rlvr-"))
     checkpointing, extra = VARIANTS[variant]
@@ -151,7 +151,7 @@ def child_trl(mode: str, steps: int, seed: str = str(SEED)) -> dict:
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from rlvr.models import resolve_model_dir
+    from rlvr.models.policy import resolve_model_dir
     from rlvr.rewards import build_reward
 
     torch.set_num_threads(os.cpu_count())
@@ -203,7 +203,7 @@ def child_generation(repeats: int) -> dict:
     """Generation tokens/s: rlvr's group sampler vs HF generate(num_return_sequences=G), same prompts."""
     import torch
 
-    from rlvr.models import load_policy
+    from rlvr.models.policy import load_policy
     from rlvr.rollout import SamplingParams, encode_prompts, sample_groups
     from rlvr.rollout.decode_weights import decode_dtype
 
@@ -237,10 +237,10 @@ def child_bf16() -> dict:
     """bf16 autocast vs fp32: trainer log-probs of the same sampled completions, and forward time."""
     import torch
 
-    from rlvr.models import load_policy
+    from rlvr.learn.batch import StepBatch
+    from rlvr.learn.forward import completion_logprobs
+    from rlvr.models.policy import load_policy
     from rlvr.rollout import SamplingParams, sample_groups
-    from rlvr.train.batch import StepBatch
-    from rlvr.train.forward import completion_logprobs
 
     torch.set_num_threads(os.cpu_count())
     model, tokenizer = load_policy("smollm2-135m-instruct", None)
@@ -341,7 +341,7 @@ def main() -> None:
             result = child_bf16()
         else:
             if kind == "rlvr":  # as the rlvr command starts: mimalloc preloaded unless the variant says glibc
-                from rlvr.allocator import VARIABLE, preload_and_restart
+                from rlvr.platform.allocator import VARIABLE, preload_and_restart
 
                 if rest[2:3] and rest[2] in SYSTEM_ALLOCATOR:
                     os.environ[VARIABLE] = "system"
@@ -406,7 +406,8 @@ steady state = mean of the rest). Cells read rlvr / TRL; ratios are rlvr ÷ TRL 
 {chr(10).join(rows)}
 
 rlvr's defaults: `rollout.precision=auto` (on this machine: {results['generation']['rlvr_dtype']} decoding), the
-allocator the `rlvr` command preloads (here: {results[variants[0][1]]['allocator']}; rlvr/allocator.py), TRL's process
+allocator the `rlvr` command preloads (here: {results[variants[0][1]]['allocator']}; platform/allocator.py), TRL's
+process
 glibc's malloc. {_phase_lines(results, variants)}
 
 TRL is fed the same prompts in the same order (rlvr's sampler order, `shuffle_dataset=False`); sampling

@@ -1,7 +1,7 @@
 """rlvr: GRPO / DAPO / Dr. GRPO on verifiable rewards for Hugging Face causal LMs."""
 
 # Importing rlvr changes nothing process-wide (no HF_HUB_OFFLINE): rlvr's own loading is offline where it loads
-# (rlvr.models: local directories, built-in aliases, the Hugging Face cache with local_files_only=True).
+# (rlvr.models.policy: local directories, built-in aliases, the Hugging Face cache with local_files_only=True).
 
 __version__ = "0.1.0"
 __all__ = ["GRPOConfig", "GRPOTrainer", "__version__"]

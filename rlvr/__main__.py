@@ -1,9 +1,9 @@
-"""``python -m rlvr`` and the ``rlvr`` command: the allocator first (rlvr.allocator; before torch loads), then the
+"""``python -m rlvr`` and the ``rlvr`` command: the allocator first (platform/allocator.py; before torch), then the
 CLI."""
 
 import sys
 
-from rlvr.allocator import preload_and_restart
+from rlvr.platform.allocator import preload_and_restart
 
 RUNS = ("train", "eval", "serve")  # the commands that train or generate: they get the leaner allocator
 

@@ -7,7 +7,7 @@ the subset rlvr supports, built on rlvr's own config (docs/api.md)::
                           args=GRPOConfig(output_dir="runs/mine", learning_rate=1e-5, max_steps=50))
     trainer.train()
 
-Underneath, the trainer turns its arguments into a ``rlvr.config.RunConfig`` (``trainer.rlvr_config``) and runs
+Underneath, the trainer turns its arguments into a ``rlvr.config.schema.RunConfig`` (``trainer.rlvr_config``) and runs
 ``rlvr.launch.train``, so the run writes what ``rlvr train`` writes, ``config.yaml`` included: the datasets go to
 JSONL files beside the run directory and the reward functions are named by where they can be imported, so
 ``rlvr train OUTPUT_DIR/config.yaml`` runs the same training again. Every TRL field that rlvr cannot honour is an
@@ -30,13 +30,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from rlvr.api_checks import LOSS_TYPES, check_config, ignored_notes, is_number, plain, scale_name, tracker_names
-from rlvr.api_inputs import dataset_jsonl, dataset_rows, environment_objects, held_out_check, reward_entry
-from rlvr.config import RunConfig, build_config
-from rlvr.metrics import read_metrics
-from rlvr.models import ALL_LINEAR, resolve_model_dir
+from rlvr.config.schema import RunConfig, build_config
+from rlvr.models.policy import ALL_LINEAR, resolve_model_dir
 from rlvr.rewards import WeightedReward
 from rlvr.rewards.base import TrainerState
+from rlvr.store.metrics import read_metrics
+from rlvr.trl_api.checks import LOSS_TYPES, check_config, ignored_notes, is_number, plain, scale_name, tracker_names
+from rlvr.trl_api.inputs import dataset_jsonl, dataset_rows, environment_objects, held_out_check, reward_entry
 
 __all__ = ["GRPOConfig", "GRPOTrainer", "TrainOutput"]
 
@@ -350,7 +350,7 @@ class GRPOTrainer:
       as reward functions when they cannot be imported by that name.
     - ``reward_processing_classes``, ``callbacks``, ``optimizers`` and any other argument: refused unless left unset.
 
-    ``trainer.rlvr_config`` is the ``rlvr.config.RunConfig`` that ``train()`` runs and writes to config.yaml.
+    ``trainer.rlvr_config`` is the ``rlvr.config.schema.RunConfig`` that ``train()`` runs and writes to config.yaml.
     """
 
     def __init__(self, model: Any, reward_funcs: Any, args: GRPOConfig | None = None, train_dataset: Any = None,
@@ -444,7 +444,7 @@ class GRPOTrainer:
     def processing_class(self) -> Any:
         """The tokenizer rlvr uses, the one saved in the model's directory."""
         if self._processing_class is None:
-            from rlvr.models import load_tokenizer
+            from rlvr.models.policy import load_tokenizer
 
             self._processing_class = load_tokenizer(self._model_dir)
         return self._processing_class
@@ -454,7 +454,7 @@ class GRPOTrainer:
         """The policy as a transformers model (loaded on first use): the starting weights before train(), the
         trained ones after it (a peft model under LoRA)."""
         if self._model is None:
-            from rlvr.models import load_causal_lm
+            from rlvr.models.policy import load_causal_lm
 
             saved = Path(self._summary["saved"]) if self._summary and "saved" in self._summary else None
             if saved is not None and saved.name == "model":
@@ -473,7 +473,7 @@ class GRPOTrainer:
         if eval_dataset is not None or any(v is not None for v in kwargs.values()):
             raise TypeError("GRPOTrainer.evaluate: rlvr evaluates on the trainer's held-out rows (eval_dataset, or "
                             "the first rows of train_dataset); pass eval_dataset to GRPOTrainer instead")
-        from rlvr.train.run_eval import held_out_accuracy
+        from rlvr.run.eval_only import held_out_accuracy
 
         return held_out_accuracy(self.rlvr_config, self.model, self.environment)
 
@@ -511,7 +511,7 @@ class GRPOTrainer:
         self.state.epoch = cfg.train.steps * cfg.train.prompts_per_step / max(self._train_rows, 1)
         self.state.log_history = records
         if "saved" in summary:  # rank 0 reports, as rlvr train does
-            from rlvr.train.run_eval import accuracy_line
+            from rlvr.run.eval_only import accuracy_line
 
             print(accuracy_line(summary, cfg.output_dir))
         return TrainOutput(self.state.global_step, loss, summary)
@@ -555,7 +555,7 @@ def _check_processing_class(tokenizer: Any, model_dir: Path) -> None:
     if not (isinstance(name, str) and name and Path(name).is_dir() and Path(name).resolve() == model_dir.resolve()):
         raise ValueError(f"GRPOTrainer: processing_class was not loaded from {model_dir} (name_or_path {name!r}); "
                          f"{fix}")
-    from rlvr.models import load_tokenizer
+    from rlvr.models.policy import load_tokenizer
 
     saved = load_tokenizer(model_dir)
     for attr in ("chat_template", "eos_token"):
@@ -565,8 +565,8 @@ def _check_processing_class(tokenizer: Any, model_dir: Path) -> None:
 
 
 def _check_prompt_lengths(model_dir: Path, limit: int, train_rows: list[dict], eval_rows: list[dict] | None) -> None:
-    from rlvr.models import load_tokenizer
-    from rlvr.prompts import prompt_token_ids
+    from rlvr.models.policy import load_tokenizer
+    from rlvr.models.prompts import prompt_token_ids
 
     tokenizer = load_tokenizer(model_dir)
     for what, rows in (("train_dataset", train_rows), ("eval_dataset", eval_rows or [])):

@@ -9,11 +9,11 @@ import os
 import sys
 from pathlib import Path
 
-from rlvr.config import ConfigError, load_config
-from rlvr.devices import DeviceMemoryError
-from rlvr.distributed import LearnerLost
+from rlvr.config.schema import ConfigError, load_config
 from rlvr.envs.environment import EpisodeError
 from rlvr.launch import NonFiniteError, train
+from rlvr.platform.devices import DeviceMemoryError
+from rlvr.platform.distributed import LearnerLost
 from rlvr.rewards import RewardError, reward_search_path
 from rlvr.rollout.decode_weights import PRECISIONS
 from rlvr.rollout.server_errors import AdapterSyncError, NoServerError, ServerRequestError
@@ -26,7 +26,7 @@ def _train(args: argparse.Namespace) -> int:
     summary = train(cfg)
     if "saved" not in summary:  # a learner other than rank 0 of a torchrun job: rank 0 reports
         return 0
-    from rlvr.train.run_eval import accuracy_line
+    from rlvr.run.eval_only import accuracy_line
 
     print(accuracy_line(summary, cfg.output_dir))
     return 0
@@ -35,10 +35,10 @@ def _train(args: argparse.Namespace) -> int:
 def _eval(args: argparse.Namespace) -> int:
     import torch
 
-    from rlvr.devices import resolve_device, weight_dtype
-    from rlvr.models import load_causal_lm
-    from rlvr.train.build import build_local_sampler, load_data
-    from rlvr.train.evaluate import evaluate
+    from rlvr.models.policy import load_causal_lm
+    from rlvr.platform.devices import resolve_device, weight_dtype
+    from rlvr.run.build import build_local_sampler, load_data
+    from rlvr.run.evaluate import evaluate
 
     target = Path(args.config)
     run_dir = target if target.is_dir() else None
@@ -87,7 +87,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from rlvr.plan import Run, report, resolve_arch
+    from rlvr.config.plan import Run, report, resolve_arch
 
     run = Run(precision=args.precision, optimizer=args.optimizer, lora_rank=args.lora_rank, beta=args.beta,
               prompts=args.prompts, group=args.group, prompt_len=args.prompt_len, completion_len=args.completion_len,
@@ -98,7 +98,7 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def _config(args: argparse.Namespace) -> int:
-    from rlvr.config_doc import describe
+    from rlvr.config.doc import describe
 
     print(describe(args.key), end="")
     return 0

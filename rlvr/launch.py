@@ -1,23 +1,23 @@
 """``rlvr train`` as a function: pick the batch source and the update a configuration asks for, open the run
-(or resume it) and run the one loop (rlvr/train/loop.py).
+(or resume it) and run the one loop (rlvr/run/loop.py).
 
-    source = synchronous (rlvr/train/collect.py) | asynchronous (rlvr/runtime/source.py, async.enabled)
-    update = GRPO (rlvr/train/step.py)           | PPO with a critic (rlvr/baselines/ppo.py, algo.name=ppo)
-             wrapped by a DiLoCo round every H steps (rlvr/train/diloco_round.py, diloco.learner)
+    source = synchronous (rlvr/run/collect.py) | asynchronous (rlvr/runtime/source.py, async.enabled)
+    update = GRPO (rlvr/learn/step.py)           | PPO with a critic (rlvr/learn/ppo.py, algo.name=ppo)
+             wrapped by a DiLoCo round every H steps (rlvr/run/diloco.py, diloco.learner)
 """
 
 from __future__ import annotations
 
-from rlvr.baselines.ppo import PPOUpdate
-from rlvr.config import RunConfig
+from rlvr.config.schema import RunConfig
+from rlvr.learn.ppo import PPOUpdate
+from rlvr.learn.step import GRPOUpdate
 from rlvr.rewards import WeightedReward
+from rlvr.run.collect import SyncSource, group_advantage_fn
+from rlvr.run.diloco import DilocoUpdate
+from rlvr.run.lifecycle import NonFiniteError, fresh_run_dir, open_run
+from rlvr.run.loop import run_loop
+from rlvr.run.scoring import EnvironmentObjects
 from rlvr.runtime.source import AsyncSource
-from rlvr.train.collect import SyncSource, group_advantage_fn
-from rlvr.train.diloco_round import DilocoUpdate
-from rlvr.train.loop import run_loop
-from rlvr.train.run import NonFiniteError, fresh_run_dir, open_run
-from rlvr.train.scoring import EnvironmentObjects
-from rlvr.train.step import GRPOUpdate
 
 __all__ = ["NonFiniteError", "fresh_run_dir", "train"]
 
@@ -38,7 +38,10 @@ def train(cfg: RunConfig, rewards: list[WeightedReward] | None = None,
         update = GRPOUpdate(cfg)
         advantages = group_advantage_fn(cfg.rollout.group_size, algo.scale, algo.adv_eps, algo.negative_scale,
                                         algo.reward_aggregation)
-    if cfg.diloco.learner:  # a DiLoCo learner: a round with the others every diloco.inner_steps steps
-        update = DilocoUpdate(update, cfg)
+    diloco = DilocoUpdate(update, cfg) if cfg.diloco.learner else None  # a round every diloco.inner_steps steps
+    update = diloco or update
     source = AsyncSource(cfg, advantages) if cfg.asynchronous.enabled else SyncSource(cfg, advantages)
-    return run_loop(open_run(cfg, update, rewards, environment), source, update)
+    run = open_run(cfg, update, rewards, environment)
+    if diloco is not None:
+        diloco.bind(run)
+    return run_loop(run, source, update)

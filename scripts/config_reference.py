@@ -4,7 +4,7 @@
     python scripts/config_reference.py           # rewrite docs/reference/config.md
     python scripts/config_reference.py --check   # exit 1 if docs/reference/config.md is stale
 
-The docstrings are read by rlvr/config_doc.py (which ``rlvr config`` prints as text): a field's docstring is the
+The docstrings are read by rlvr/config/doc.py (which ``rlvr config`` prints as text): a field's docstring is the
 string literal right after the field in the body of the class that defines it, found by walking each section's
 MRO. tests/test_docs.py checks that the file is current and that every field has a docstring.
 """
@@ -19,8 +19,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # works from a checkout without an install
 
-from rlvr import config
-from rlvr.config_doc import Field, all_fields, list_default, section_fields, sections, value_text
+from rlvr.config import schema as config
+from rlvr.config.doc import Field, all_fields, list_default, section_fields, sections, value_text
 
 OUT = ROOT / "docs" / "reference" / "config.md"
 __all__ = ["Field", "all_fields", "render", "section_fields", "sections"]
@@ -40,7 +40,7 @@ def _presets() -> list[str]:
         return []
     knobs = list(dict.fromkeys(k for values in presets.values() for k in values))
     intro = ("`algo.preset` fills every `algo` key in this table that the config does not set itself (`PRESETS` in "
-             "rlvr/config.py). With `algo.name: ppo` the default preset is `ppo`. A dash: the preset leaves the "
+             "rlvr/config/schema.py). With `algo.name: ppo` the default preset is `ppo`. A dash: the preset leaves the "
              "key at its default.")
     lines = ["## Presets", "", intro, "",
              "| key | " + " | ".join(f"`{p}`" for p in presets) + " |",

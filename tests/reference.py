@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from rlvr.core import LossSettings, TokenBatch, loss_normaliser, policy_loss
-from rlvr.train.batch import StepBatch
+from rlvr.learn.batch import StepBatch
 
 
 def naive_logprobs(model, batch: StepBatch, with_entropy: bool = False):

@@ -1,5 +1,6 @@
-"""The allocator the rlvr command runs on (rlvr.allocator): what RLVR_ALLOCATOR picks, and a real `rlvr` process that
-re-executes itself with mimalloc preloaded, runs on it, and hands its children the environment it was given."""
+"""The allocator the rlvr command runs on (platform/allocator.py): what RLVR_ALLOCATOR picks, and a real `rlvr`
+process that re-executes itself with mimalloc preloaded, runs on it, and hands its children the environment it was
+given."""
 
 import json
 import os
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rlvr.allocator import chosen_library, mimalloc_library
+from rlvr.platform.allocator import chosen_library, mimalloc_library
 
 ROOT = Path(__file__).resolve().parent.parent
 WHEEL = sys.platform.startswith("linux") and platform.machine() == "x86_64"  # where pyproject installs cmeel-mimalloc

@@ -7,13 +7,14 @@ import copy
 import pytest
 import torch
 
-from rlvr.architecture import UnsupportedArchitecture, check_layers, output_layer
 from rlvr.core import LossSettings
-from rlvr.models import LoraSpec, add_lora, trainable_parameters
+from rlvr.learn.batch import StepBatch
+from rlvr.learn.forward import completion_logprobs
+from rlvr.learn.learner import Learner
+from rlvr.learn.step import StepOptions, train_step
+from rlvr.models.architecture import UnsupportedArchitecture, check_layers, output_layer
+from rlvr.models.policy import LoraSpec, add_lora, trainable_parameters
 from rlvr.rollout import SamplingParams, sample_groups
-from rlvr.train.batch import StepBatch
-from rlvr.train.forward import completion_logprobs
-from rlvr.train.step import train_step
 from tests.architectures import FAMILIES, make_family_model
 from tests.reference import naive_update
 
@@ -85,7 +86,8 @@ def test_full_finetuning_step_equals_the_naive_update(family, tokenizer):
     settings = LossSettings(beta=0.0)
     model, naive = copy.deepcopy(base).float(), copy.deepcopy(base).float()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    train_step(model, opt, None, batch, settings, micro_batch_size=3, max_completion_tokens=10, max_grad_norm=0.0)
+    train_step(Learner(model, opt), batch, settings,
+               StepOptions(micro_batch_size=3, max_completion_tokens=10, max_grad_norm=0.0))
     naive_update(naive, batch, settings, lr=0.1, max_new_tokens=10)
     ours = torch.cat([(p - q).flatten() for p, q in zip(model.parameters(), base.parameters())])
     theirs = torch.cat([(p - q).flatten() for p, q in zip(naive.parameters(), base.parameters())])
@@ -99,7 +101,8 @@ def test_lora_step_changes_the_adapters_of_every_linear_layer(family, tokenizer)
     batch = _batch(model, tokenizer)
     before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
     opt = torch.optim.Adam(trainable_parameters(model), lr=1e-2)
-    train_step(model, opt, None, batch, LossSettings(beta=0.0), micro_batch_size=4, max_completion_tokens=10)
+    train_step(Learner(model, opt), batch, LossSettings(beta=0.0),
+               StepOptions(micro_batch_size=4, max_completion_tokens=10))
     moved = {n.split(".lora_")[0] for n, p in model.named_parameters() if n in before and not torch.equal(p, before[n])}
     adapted = {n.split(".lora_")[0] for n in before}
     assert moved == adapted and adapted  # every adapter trained

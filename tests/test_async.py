@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rlvr.config import load_config
+from rlvr.config.schema import load_config
 from rlvr.launch import train
 from rlvr.rollout.server_errors import NoServerError
 from tests.helpers import assert_parts_add_up
@@ -168,10 +168,10 @@ def test_embedded_servers_need_the_runs_key_and_load_only_from_its_bucket(tiny_m
 
     import httpx
 
-    from rlvr.bucket import AdapterBucket
     from rlvr.rollout.pool import ServerPool
     from rlvr.rollout.server_errors import AdapterSyncError
     from rlvr.runtime.embedded import EmbeddedServers
+    from rlvr.store.bucket import AdapterBucket
     from tests.test_remote import _trainer
 
     key = secrets.token_urlsafe(16)

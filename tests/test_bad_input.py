@@ -5,10 +5,10 @@ import json
 import pytest
 
 from rlvr.cli import main
-from rlvr.config import load_config
+from rlvr.config.schema import load_config
 from rlvr.launch import train
-from rlvr.metrics import read_metrics
 from rlvr.rewards import RewardError
+from rlvr.store.metrics import read_metrics
 from tests.test_e2e import _overrides
 
 
@@ -108,9 +108,9 @@ def test_steps_below_one_stop_before_anything_runs(tmp_path, capsys):
 
 
 def test_plain_string_prompts_to_a_chat_model_warn_once(tiny_model_dir, tmp_path, capsys):
-    """rlvr.prompts sends a string as it is (no chat template): a chat model rambles on it, so load_data says so,
+    """rlvr.models.prompts sends a string as it is (no chat template): a chat model rambles on it, so load_data says so,
     in one line, unless the prompts are chat messages, already rendered, or task.chat_template=false."""
-    from rlvr.train.build import load_data
+    from rlvr.run.build import load_data
 
     rendered = "<|im_start|>user\n3 + 4 =<|im_end|>\n<|im_start|>assistant\n"
     rows = [{"prompt": "3 + 4 =", "answer": "7"}, {"prompt": rendered, "answer": "7"},
@@ -133,7 +133,7 @@ def test_plain_string_prompts_to_a_chat_model_warn_once(tiny_model_dir, tmp_path
 
 
 def test_reward_on_error_choice_is_validated():
-    from rlvr.config import ConfigError
+    from rlvr.config.schema import ConfigError
 
     with pytest.raises(ConfigError, match="rewards\\[0\\].on_error must be one of raise, none; got 'ignore'"):
         load_config(None, ["rewards=[{name: format, on_error: ignore}]"])

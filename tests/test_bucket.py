@@ -10,7 +10,7 @@ import uuid
 import pytest
 import torch
 
-from rlvr.bucket import AdapterBucket, TornVersionError, fetch_version
+from rlvr.store.bucket import AdapterBucket, TornVersionError, fetch_version
 from tests.conftest import make_model
 
 
@@ -245,7 +245,7 @@ def test_directory_names_that_are_not_plain_version_numbers_are_ignored(tmp_path
 
 
 def test_the_fetch_cache_keeps_the_last_versions_only(tmp_path):
-    from rlvr.bucket import evict_version
+    from rlvr.store.bucket import evict_version
 
     url = f"memory://rlvr-cache-{uuid.uuid4().hex}"
     bucket, cache = AdapterBucket(url), tmp_path / "cache"

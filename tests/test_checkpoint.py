@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from rlvr.checkpoint import (
+from rlvr.store.checkpoint import (
     TRAINING_FILES,
     checkpoint_step,
     is_valid,

@@ -7,8 +7,8 @@ import re
 import pytest
 
 from rlvr.cli import main
-from rlvr.config import AlgoConfig, RewardConfig
-from rlvr.config_doc import all_fields, field_doc
+from rlvr.config.doc import all_fields, field_doc
+from rlvr.config.schema import AlgoConfig, RewardConfig
 
 
 def _run(capsys, *argv):

@@ -4,11 +4,11 @@ tables."""
 import pytest
 import torch
 
+from rlvr.platform.seeds import round_seed
 from rlvr.rewards import WeightedReward
 from rlvr.rollout import Groups, SamplingParams
-from rlvr.seeds import round_seed
-from rlvr.train.collect import collect, collect_metrics, group_advantage_fn
-from rlvr.train.dynamic_sampling import DynamicSampling
+from rlvr.run.collect import collect, collect_metrics, group_advantage_fn
+from rlvr.run.dynamic_sampling import DynamicSampling
 
 G = 4
 INFORMATIVE, ALL_RIGHT, ALL_WRONG = [1.0, 0.0, 0.0, 0.0], [1.0] * G, [0.0] * G
@@ -108,7 +108,7 @@ def test_staleness_is_measured_against_the_learner_version():
 
 
 def test_a_batch_without_any_reward_is_said_once(capsys):
-    from rlvr.train.collect import warn_unscored
+    from rlvr.run.collect import warn_unscored
 
     rows = [{"prompt": f"p{i}"} for i in range(3)]
     sampler = ScriptedSampler()

@@ -2,7 +2,7 @@
 
 import pytest
 
-from rlvr.config import (
+from rlvr.config.schema import (
     PRESETS,
     AlgoConfig,
     ConfigError,
@@ -108,7 +108,7 @@ def test_dapo_and_dr_grpo_settings():
 
 
 def test_resolved_config_round_trips(tmp_path):
-    from rlvr.config import save_config
+    from rlvr.config.schema import save_config
 
     cfg = load_config(None, ["algo.preset=dapo", "train.steps=3"])
     save_config(cfg, tmp_path / "c.yaml")
@@ -274,7 +274,7 @@ def test_loss_and_ppo_knobs_are_defined_once():
     import dataclasses
     import inspect
 
-    from rlvr.config import AlgoConfig
+    from rlvr.config.schema import AlgoConfig
     from rlvr.core import LossSettings, PPOSettings
 
     own = set(inspect.get_annotations(AlgoConfig))

@@ -3,9 +3,9 @@ rows of other stages, deterministically and without losing its place."""
 
 import pytest
 
-from rlvr.config import ConfigError, load_config
+from rlvr.config.schema import ConfigError, load_config
+from rlvr.run.curriculum import Curriculum, stage_row_ids
 from rlvr.tasks import data_order
-from rlvr.train.curriculum import Curriculum, stage_row_ids
 
 
 def test_stage_ends_after_three_passing_steps_or_the_cap():

@@ -5,15 +5,15 @@ import pytest
 import torch
 from torch import nn
 
-from rlvr import matmul
-from rlvr.models import LoraSpec, add_lora, backbone_and_head
+from rlvr.models.policy import LoraSpec, add_lora, backbone_and_head
+from rlvr.platform import matmul
 from rlvr.rollout import LocalSampler, SamplingParams, encode_prompts, generate_groups
 from rlvr.rollout import decode_weights as dw
 from rlvr.rollout.decode_weights import DecodeCache, FrozenLinear, FusedLinear, decode_dtype, decoding
 
 DECODING = (FrozenLinear, FusedLinear)
-from rlvr.train.batch import StepBatch
-from rlvr.train.forward import completion_logprobs
+from rlvr.learn.batch import StepBatch
+from rlvr.learn.forward import completion_logprobs
 from tests.conftest import make_model
 
 PROMPTS = [[{"role": "user", "content": "3 + 4 ="}], "What is 7?", [{"role": "user", "content": "12 * 9 ="}]]
@@ -203,7 +203,7 @@ def test_fused_siblings_compute_each_input_once_and_any_input_correctly():
 
 @pytest.mark.parametrize("kernel", ["blas", "onednn"])
 def test_fp32_decoding_with_either_matmul_kernel_samples_what_peft_samples(tokenizer, monkeypatch, kernel):
-    """fp32 decode matmuls go to oneDNN where it was measured faster (rlvr.matmul.onednn_fp32_faster): both kernels
+    """fp32 decode matmuls go to oneDNN where it was measured faster (matmul.onednn_fp32_faster): both kernels
     sample the tokens peft's unmerged layers sample, with log-probs to fp32 rounding; with a gradient the kernel is
     always F.linear."""
     monkeypatch.setenv("RLVR_FP32_MATMUL", kernel)
@@ -223,7 +223,7 @@ def test_fp32_decoding_with_either_matmul_kernel_samples_what_peft_samples(token
 
 
 def test_a_frozen_linear_through_onednn_has_f_linears_value_and_input_gradient(monkeypatch):
-    """rlvr.matmul.frozen_linear: the LoRA base layers' forward and input gradient (by hand: grad @ W), against
+    """rlvr.platform.matmul.frozen_linear: the LoRA base layers' forward and input gradient (by hand: grad @ W), against
     F.linear's autograd; a trained weight, or bf16, stays on F.linear."""
     monkeypatch.setenv("RLVR_FP32_MATMUL", "onednn")
     matmul.onednn_fp32_faster.cache_clear()

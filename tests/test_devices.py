@@ -12,10 +12,11 @@ import pytest
 import torch
 
 from rlvr.core import LossSettings, PPOSettings
-from rlvr.models import LoraSpec, ReferencePolicy, add_lora
+from rlvr.learn.batch import StepBatch
+from rlvr.learn.learner import Learner
+from rlvr.learn.step import StepOptions, train_step
+from rlvr.models.policy import LoraSpec, ReferencePolicy, add_lora
 from rlvr.rollout import SamplingParams
-from rlvr.train.batch import StepBatch
-from rlvr.train.step import train_step
 from tests.conftest import make_model, sample_tiny
 
 PROMPTS = [[{"role": "user", "content": "3 + 4 ="}], [{"role": "user", "content": "12 * 9 ="}]]
@@ -33,8 +34,8 @@ def _setup(tokenizer, lora):
 
 def _grpo(model, reference, batch, knobs, iterations):
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
-    return train_step(model, opt, None, batch, LossSettings(**knobs), reference=reference,
-                      num_iterations=iterations, micro_batch_size=3, max_completion_tokens=8)
+    return train_step(Learner(model, opt, None, reference), batch, LossSettings(**knobs),
+                      StepOptions(num_iterations=iterations, micro_batch_size=3, max_completion_tokens=8))
 
 
 @pytest.mark.parametrize("lora", [True, False], ids=["lora", "full"])
@@ -55,7 +56,7 @@ def test_train_step_makes_every_tensor_on_the_models_device(tokenizer, lora, kno
 
 
 def test_ppo_step_makes_every_tensor_on_the_models_device(tokenizer):
-    from rlvr.baselines.ppo import Critic, ppo_step
+    from rlvr.learn.ppo import Critic, ppo_step
 
     def build(model):
         torch.manual_seed(0)
@@ -66,8 +67,8 @@ def test_ppo_step_makes_every_tensor_on_the_models_device(tokenizer):
     rewards = torch.tensor([1.0, 0.0, 0.5, 1.0, 0.0, 0.0, 1.0, 0.5])  # from the reward functions, on the CPU
 
     def run(model, critic, opt, reference, batch):
-        return ppo_step(model, critic, opt, None, batch, rewards, LossSettings(), PPOSettings(kl_coef=0.05),
-                        reference=reference, micro_batch_size=3, max_completion_tokens=8)
+        return ppo_step(Learner(model, opt, None, reference), critic, batch, rewards, LossSettings(),
+                        PPOSettings(kl_coef=0.05), StepOptions(micro_batch_size=3, max_completion_tokens=8))
 
     model, batch = _setup(tokenizer, lora=True)
     twin = copy.deepcopy(model)
@@ -104,7 +105,7 @@ def test_the_local_sampler_makes_every_tensor_on_the_models_device(tokenizer, pa
 
 def test_the_episode_driver_makes_every_tensor_on_the_models_device(tokenizer):
     """Episodes in process: model turns, observation tokens appended, per-episode generators."""
-    from rlvr.prompts import prompt_token_ids
+    from rlvr.models.prompts import prompt_token_ids
     from rlvr.rollout import LocalSampler
     from rlvr.rollout.episodes import EpisodeLimits
     from tests.test_episodes import Scripted
@@ -127,8 +128,8 @@ def test_the_episode_driver_makes_every_tensor_on_the_models_device(tokenizer):
 
 # ----------------------------------------------------------------------------------------------- a run's device
 def test_train_device_spellings_and_a_missing_gpu():
-    from rlvr.config import TrainConfig
-    from rlvr.devices import resolve_device
+    from rlvr.config.schema import TrainConfig
+    from rlvr.platform.devices import resolve_device
 
     for spec in ("auto", "cpu", "cuda", "cuda:1", "mps"):
         TrainConfig(device=spec)
@@ -153,8 +154,8 @@ def test_trl_use_cpu_maps_to_train_device(tmp_path):
 
 
 def test_weight_dtype_choices():
-    from rlvr.config import ModelConfig
-    from rlvr.devices import weight_dtype
+    from rlvr.config.schema import ModelConfig
+    from rlvr.platform.devices import weight_dtype
 
     cpu = torch.device("cpu")
     assert weight_dtype("auto", cpu, lora=True) == torch.float32 == weight_dtype("auto", cpu, lora=False)
@@ -176,10 +177,10 @@ def test_the_step_batch_crosses_once(tokenizer):
 def test_a_bf16_base_with_fp32_adapters_trains_and_samples(tokenizer, tiny_model_dir):
     """model.dtype=bf16 under LoRA (what auto picks on a bf16 GPU), here on the CPU: base weights bf16, adapters and
     optimizer state fp32, log-probs fp32; the sampler decodes in bf16 with fp32 logits and folds into bf16 copies."""
-    from rlvr.config import ModelConfig
+    from rlvr.config.schema import ModelConfig
     from rlvr.rollout import LocalSampler
     from rlvr.rollout.decode_weights import decode_dtype, decoding, folded_bytes
-    from rlvr.train.build import build_policy
+    from rlvr.run.build import build_policy
 
     model = build_policy(tiny_model_dir, ModelConfig(name=str(tiny_model_dir), lora_r=4, dtype="bf16"))
     dtypes = {n: p.dtype for n, p in model.named_parameters()}
@@ -198,8 +199,8 @@ def test_a_bf16_base_with_fp32_adapters_trains_and_samples(tokenizer, tiny_model
     batch = StepBatch.from_groups(groups, torch.tensor([1.0, -1.0] * 4))
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    stats = train_step(model, opt, None, batch, LossSettings(beta=0.04), reference=ReferencePolicy(model),
-                       micro_batch_size=3, max_completion_tokens=8)
+    stats = train_step(Learner(model, opt, None, ReferencePolicy(model)), batch, LossSettings(beta=0.04),
+                       StepOptions(micro_batch_size=3, max_completion_tokens=8))
     assert stats["skipped_updates"] == 0 and abs(stats["logp_gap"]) < 0.05  # sampler and trainer: the same bf16 base
     changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
     assert changed and all("lora_" in n for n in changed)
@@ -253,7 +254,7 @@ def test_out_of_memory_is_one_line_naming_the_knobs_and_the_checkpoint(tiny_mode
 
 
 def test_cuda_generator_states_in_a_checkpoint_are_checked_and_kept_for_a_gpu(tmp_path):
-    from rlvr.checkpoint import _cuda_rng_states
+    from rlvr.store.checkpoint import _cuda_rng_states
 
     assert _cuda_rng_states(None) == []
     if not torch.cuda.is_available():  # a checkpoint from a GPU machine resumes here with fresh device streams

@@ -10,7 +10,7 @@ import re
 import pytest
 import torch
 
-from rlvr.devices import model_device
+from rlvr.platform.devices import model_device
 from rlvr.rollout import SamplingParams
 from rlvr.serve.engine import AdapterJob, Engine, Job
 from tests.test_devices import _same_groups
@@ -98,8 +98,8 @@ def test_bf16_weights_decode_alike_under_the_meta_default(engine, tokenizer, tmp
 
 def test_the_cpu_default_changes_no_number(engine, tokenizer, tiny_model_dir):
     """device=cpu (auto here) and fp32: the engine's greedy completion is the in-process sampler's."""
-    from rlvr.models import load_causal_lm
-    from rlvr.prompts import prompt_token_ids
+    from rlvr.models.policy import load_causal_lm
+    from rlvr.models.prompts import prompt_token_ids
     from rlvr.rollout import sample_groups
 
     e = engine()

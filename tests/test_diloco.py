@@ -14,9 +14,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rlvr.config import load_config
+from rlvr.config.diloco import parse_learner
+from rlvr.config.schema import load_config
 from rlvr.core.outer import bound_norm, nesterov_step, outer_gradient
-from rlvr.diloco import Decision, RefusedDelta, RoundBucket, parse_learner
+from rlvr.store.rounds import Decision, RefusedDelta, RoundBucket
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -18,7 +18,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rlvr.distributed import World, world_from_env
+from rlvr.platform.distributed import World, world_from_env
 from tests.test_resume import VOLATILE
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -8,9 +8,9 @@ import torch
 from safetensors.torch import load_file
 
 from rlvr.cli import main
-from rlvr.config import load_config
+from rlvr.config.schema import load_config
 from rlvr.launch import train
-from rlvr.metrics import read_metrics
+from rlvr.store.metrics import read_metrics
 from tests.helpers import assert_parts_add_up
 
 STEP_KEYS = {"step", "time/step_s"} | {f"rollout/{k}" for k in (
@@ -35,7 +35,7 @@ def _overrides(model_dir, out, lora=True):
 def test_train_writes_everything(tiny_model_dir, tmp_path, lora):
     out = tmp_path / "run"
     cfg = load_config(None, _overrides(tiny_model_dir, out, lora))
-    from rlvr.models import load_policy
+    from rlvr.models.policy import load_policy
 
     initial, _ = load_policy(str(tiny_model_dir), None)
     summary = train(cfg)
@@ -62,7 +62,7 @@ def test_train_writes_everything(tiny_model_dir, tmp_path, lora):
 
         PeftModel.from_pretrained(initial, out / "adapter")
     else:
-        from rlvr.models import load_causal_lm
+        from rlvr.models.policy import load_causal_lm
 
         trained = load_causal_lm(out / "model")
         changed = [n for n, p in trained.named_parameters() if not torch.equal(p, dict(initial.named_parameters())[n])]

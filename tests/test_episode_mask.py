@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from rlvr.core import LossSettings
+from rlvr.learn.batch import StepBatch
+from rlvr.learn.learner import Learner
+from rlvr.learn.step import StepOptions, train_step
 from rlvr.rollout import Groups, SamplingParams
-from rlvr.train.batch import StepBatch
-from rlvr.train.step import train_step
 from tests.conftest import make_model, sample_tiny
 
 PROMPTS = [[{"role": "user", "content": "3 + 4 ="}], [{"role": "user", "content": "12 * 9 ="}]]
@@ -30,8 +31,8 @@ def _step(model, groups: Groups) -> list[torch.Tensor]:
     model = copy.deepcopy(model)
     batch = StepBatch.from_groups(groups, torch.linspace(-1.0, 1.0, 8, dtype=torch.float64))
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
-    train_step(model, opt, None, batch, LossSettings(aggregation="token_mean"), micro_batch_size=8,
-               max_completion_tokens=8, max_grad_norm=0.0, share_prompt=False)
+    train_step(Learner(model, opt), batch, LossSettings(aggregation="token_mean"),
+               StepOptions(micro_batch_size=8, max_completion_tokens=8, max_grad_norm=0.0, share_prompt=False))
     return [p.detach().clone() for p in model.parameters()]
 
 

@@ -1,16 +1,16 @@
-"""Episodes through the rollout seam every path uses (rlvr.train.scoring.sample_scored): a scripted model drives a
+"""Episodes through the rollout seam every path uses (rlvr.run.scoring.sample_scored): a scripted model drives a
 TRL-style environment with two tools; reset's text reaches the prompt; reward functions get the environments and
 the episode as messages, never a tool's output as the answer; get_reward is one more reward; instances go back."""
 
 import pytest
 
-from rlvr.config import EnvConfig, load_config
+from rlvr.config.schema import EnvConfig, load_config
 from rlvr.envs.environment import EpisodeError, load_environment
 from rlvr.rewards import WeightedReward, completion_text
 from rlvr.rollout import SamplingParams
 from rlvr.rollout.episodes import EpisodeLimits, Turn, observation_ids, run_episodes
 from rlvr.rollout.groups import Groups
-from rlvr.train.scoring import EnvironmentSetup, build_environment_setup, sample_scored
+from rlvr.run.scoring import EnvironmentSetup, build_environment_setup, sample_scored
 
 
 class Shop:

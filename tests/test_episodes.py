@@ -7,11 +7,12 @@ import pytest
 import torch
 
 from rlvr.core import LossSettings
-from rlvr.prompts import prompt_token_ids
+from rlvr.learn.batch import StepBatch
+from rlvr.learn.learner import Learner
+from rlvr.learn.step import StepOptions, train_step
+from rlvr.models.prompts import prompt_token_ids
 from rlvr.rollout import LocalSampler, SamplingParams
 from rlvr.rollout.episodes import EpisodeLimits, observation_ids
-from rlvr.train.batch import StepBatch
-from rlvr.train.step import train_step
 from tests.conftest import make_model
 
 PROMPTS = [[{"role": "user", "content": "3 + 4 ="}], [{"role": "user", "content": "12 * 9 ="}]]
@@ -112,8 +113,8 @@ def test_the_update_trains_on_episodes(tokenizer):
     batch = StepBatch.from_groups(groups, torch.tensor([1.0, -1.0, 0.5, -0.5]))
     assert torch.equal(batch.loss_mask, groups.sampled_mask)
     before = [p.clone() for p in model.parameters()]
-    stats = train_step(model, torch.optim.SGD(model.parameters(), lr=0.1), None, batch, LossSettings(),
-                       micro_batch_size=4, max_completion_tokens=6)
+    stats = train_step(Learner(model, torch.optim.SGD(model.parameters(), lr=0.1)), batch, LossSettings(),
+                       StepOptions(micro_batch_size=4, max_completion_tokens=6))
     assert stats["skipped_updates"] == 0 and any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
 

@@ -6,14 +6,14 @@ import threading
 
 import torch
 
-from rlvr.bucket import AdapterBucket
-from rlvr.prompts import prompt_token_ids
+from rlvr.learn.batch import StepBatch
+from rlvr.learn.forward import completion_logprobs
+from rlvr.models.prompts import prompt_token_ids
 from rlvr.rollout import SamplingParams
 from rlvr.rollout.episodes import EpisodeLimits, observation_ids
 from rlvr.rollout.pool import ServerPool
 from rlvr.rollout.remote_sampler import RemoteSampler
-from rlvr.train.batch import StepBatch
-from rlvr.train.forward import completion_logprobs
+from rlvr.store.bucket import AdapterBucket
 from tests.serving import ServerProcess
 from tests.test_remote import _trainer
 

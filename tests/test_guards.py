@@ -7,10 +7,11 @@ import pytest
 import torch
 
 from rlvr.cli import main
-from rlvr.config import load_config
+from rlvr.config.schema import load_config
 from rlvr.core import LossSettings, group_advantages
 from rlvr.launch import NonFiniteError, train
-from rlvr.train.step import train_step
+from rlvr.learn.learner import Learner
+from rlvr.learn.step import StepOptions, train_step
 from tests.conftest import make_model
 from tests.test_e2e import _overrides
 from tests.test_step import _batch
@@ -22,8 +23,8 @@ def test_non_finite_update_is_skipped_and_weights_unchanged(tokenizer):
     batch.adv[0] = float("nan")
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
     before = copy.deepcopy(model.state_dict())
-    metrics = train_step(model, optimizer, None, batch, LossSettings(), reference=None, num_iterations=2,
-                         micro_batch_size=4, max_completion_tokens=8, max_grad_norm=1.0)
+    metrics = train_step(Learner(model, optimizer, None), batch, LossSettings(),
+                         StepOptions(num_iterations=2, micro_batch_size=4, max_completion_tokens=8, max_grad_norm=1.0))
     assert metrics["skipped_updates"] == 2
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert not optimizer.state  # Adam moments untouched too

@@ -38,7 +38,7 @@ def test_the_logprob_judge_reads_what_the_model_says(tmp_path):
     """A few-shot base-model judge through /v1/completions (labels warm / cold), and a chat judge on a 1-5 scale."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rlvr.models import resolve_model_dir
+    from rlvr.models.policy import resolve_model_dir
 
     model_dir = resolve_model_dir("smollm2-135m-instruct")
     server = ServerProcess(model_dir, "--dtype", "fp32", "--precision", "fp32", "--served-model-name", "j")

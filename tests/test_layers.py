@@ -7,20 +7,18 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "rlvr"
 
-# Bottom up. A unit (a folder of rlvr/, or a top-level module) imports only units of lower tiers.
+# Bottom up: the package's folders (and the entry points at its root). A unit imports only units of lower tiers.
 TIERS = (
-    ("core", "seeds", "faults", "memory", "allocator", "matmul", "offline_models", "trackers", "prompts", "verifiers",
-     "bucket", "config_checks", "devices", "distributed"),
-    ("architecture", "checkpoint", "metrics", "envs", "diloco"),
-    ("models",),
-    ("rollout", "algo_config"),
+    ("core", "platform", "verifiers"),
+    ("store", "models", "envs"),
+    ("rollout",),
     ("rewards",),  # judges and served reward models use the rollout's HTTP client
-    ("config", "plan"),
-    ("tasks", "config_doc"),
-    ("train",),
-    ("serve", "baselines"),
+    ("config",),
+    ("tasks",),
+    ("learn",),
+    ("run", "serve"),
     ("runtime",),
-    ("launch", "api_inputs", "api_checks"),
+    ("trl_api", "launch"),
     ("api",),
     ("cli", "__init__"),
     ("__main__",),
@@ -152,21 +150,21 @@ def test_no_module_cycle():
 
 
 def test_the_checks_catch_a_cycle_and_an_upward_import():
-    graph = {"train": {"runtime", "core"}, "runtime": {"train"}, "core": set()}
-    assert _cycle(graph) == ["runtime", "train", "runtime"]
-    assert _cycle({"train": {"core"}, "core": set()}) is None
-    assert TIER["runtime"] > TIER["train"]  # so train -> runtime is reported as upward
+    graph = {"run": {"runtime", "core"}, "runtime": {"run"}, "core": set()}
+    assert _cycle(graph) == ["run", "runtime", "run"]
+    assert _cycle({"run": {"core"}, "core": set()}) is None
+    assert TIER["runtime"] > TIER["run"] > TIER["learn"]  # so run -> runtime and learn -> run are reported as upward
 
 
 def test_the_module_graph_counts_every_form_of_import():
-    modules = {"rlvr", "rlvr.rollout", "rlvr.rollout.engine", "rlvr.rollout.groups", "rlvr.train.loop"}
+    modules = {"rlvr", "rlvr.rollout", "rlvr.rollout.engine", "rlvr.rollout.groups", "rlvr.run.loop"}
     source = ("from typing import TYPE_CHECKING\n"
               "import rlvr.rollout.engine\n"
               "from rlvr.rollout import Groups, groups\n"
-              "def f():\n    from rlvr.train.loop import run_loop\n"
+              "def f():\n    from rlvr.run.loop import run_loop\n"
               "if TYPE_CHECKING:\n    import rlvr\n")
     assert _imported_modules(source, modules) == {"rlvr.rollout.engine", "rlvr.rollout", "rlvr.rollout.groups",
-                                                  "rlvr.train.loop", "rlvr"}
+                                                  "rlvr.run.loop", "rlvr"}
     assert _imported_modules("from rlvr.rollout.engine import SamplingParams\n", modules) == {"rlvr.rollout.engine"}
     assert _imported_modules("from rlvr.rollout import groups\n", modules) == {"rlvr.rollout.groups"}
 

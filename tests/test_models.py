@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from rlvr.models import LoraSpec, add_lora, load_causal_lm, load_policy, resolve_model_dir
+from rlvr.models.policy import LoraSpec, add_lora, load_causal_lm, load_policy, resolve_model_dir
 from rlvr.rollout import SamplingParams, sample_groups
 from tests.conftest import make_model
 
@@ -56,7 +56,7 @@ def test_directories_that_hold_no_causal_lm_get_one_line(tmp_path, capsys, confi
 
 
 def test_model_directory_without_a_tokenizer_gets_one_line(tiny_model_dir, tmp_path):
-    from rlvr.models import load_tokenizer
+    from rlvr.models.policy import load_tokenizer
 
     for name in ("config.json", "model.safetensors"):
         (tmp_path / name).write_bytes((tiny_model_dir / name).read_bytes())

@@ -8,10 +8,10 @@ from pathlib import Path
 import torch
 
 from rlvr.cli import main
-from rlvr.config import load_config
+from rlvr.config.schema import load_config
+from rlvr.run.files import config_yaml, sent_system_prompt
 from rlvr.tasks import load_task
 from rlvr.tasks.columns import STEP_BY_STEP_SYSTEM_PROMPT
-from rlvr.train.run_files import config_yaml, sent_system_prompt
 
 ROOT = Path(__file__).resolve().parent.parent
 

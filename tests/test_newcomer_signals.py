@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from rlvr.train.run import stop_on_interrupt
+from rlvr.run.lifecycle import stop_on_interrupt
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -7,11 +7,12 @@ import math
 import pytest
 import torch
 
-from rlvr.config import ConfigError, load_config
+from rlvr.config.schema import ConfigError, load_config
 from rlvr.core import LossSettings, TokenBatch, gap_mask, importance_weight, sequence_log_ratio, stat_sums, token_loss
+from rlvr.learn.batch import StepBatch
+from rlvr.learn.learner import Learner
+from rlvr.learn.step import StepOptions, train_step
 from rlvr.rollout import SamplingParams
-from rlvr.train.batch import StepBatch
-from rlvr.train.step import train_step
 from tests.conftest import make_model, sample_tiny
 from tests.reference import naive_logprobs
 
@@ -38,11 +39,11 @@ def test_token_truncated_is_by_hand():
     assert torch.allclose(loss, torch.tensor([-1.5, -0.5, 2.0], dtype=torch.float64))
     # d(-w A r)/d logp = -w A r with r = 1
     assert torch.allclose(grad, torch.tensor([-1.5, -0.5, 2.0], dtype=torch.float64))
-    assert stats["is_capped"].tolist() == [True, False, False]
-    assert torch.allclose(stats["is_weight"], torch.tensor([2.0, 0.5, 1.0], dtype=torch.float64))
+    assert stats["is_capped_frac"].tolist() == [True, False, False]
+    assert torch.allclose(stats["is_weight_mean"], torch.tensor([2.0, 0.5, 1.0], dtype=torch.float64))
     assert torch.allclose(stats["logp_gap"], torch.tensor([log(2), log(2), 0.0], dtype=torch.float64))
     sums = stat_sums(stats, torch.ones(3))
-    assert sums["is_weight_max"] == pytest.approx(2.0) and sums["is_capped"] == 1 and sums["tokens"] == 3
+    assert sums["is_weight_max"] == pytest.approx(2.0) and sums["is_capped_frac"] == 1 and sums["tokens"] == 3
 
 
 def test_masked_is_zeroes_weights_above_the_cap():
@@ -50,15 +51,15 @@ def test_masked_is_zeroes_weights_above_the_cap():
     # rho = 2 > 1.5 -> weight 0 (AReaL's cap); rho = 0.5 kept as it is
     assert torch.allclose(loss, torch.tensor([0.0, -0.5], dtype=torch.float64))
     assert torch.allclose(grad, torch.tensor([0.0, -0.5], dtype=torch.float64))
-    assert stats["is_capped"].tolist() == [True, False]
+    assert stats["is_capped_frac"].tolist() == [True, False]
 
 
 def test_no_weight_means_plain_policy_gradient():
     loss, grad, stats = _objective([0.5, 0.3], [0.25, 0.6], [1.0, -1.0], is_level="none")
     assert torch.allclose(loss, torch.tensor([-1.0, 1.0], dtype=torch.float64))
     assert torch.allclose(grad, torch.tensor([-1.0, 1.0], dtype=torch.float64))
-    assert not stats["is_capped"].any()
-    assert torch.allclose(stats["is_weight"], torch.tensor([2.0, 0.5], dtype=torch.float64))  # still reported
+    assert not stats["is_capped_frac"].any()
+    assert torch.allclose(stats["is_weight_mean"], torch.tensor([2.0, 0.5], dtype=torch.float64))  # still reported
 
 
 def test_sequence_level_weight_by_hand():
@@ -94,7 +95,7 @@ def test_decoupled_objective_by_hand():
     assert torch.allclose(loss, torch.tensor([-2.4, 2.5], dtype=torch.float64))
     assert torch.allclose(grad, torch.tensor([0.0, 2.5], dtype=torch.float64))
     assert stats["clip_high"].tolist() == [True, False]
-    assert torch.allclose(stats["is_weight"], torch.tensor([2.0, 2.0], dtype=torch.float64))
+    assert torch.allclose(stats["is_weight_mean"], torch.tensor([2.0, 2.0], dtype=torch.float64))
 
 
 def test_gap_mask_drops_tokens_pushed_further_away():
@@ -109,7 +110,7 @@ def test_gap_mask_drops_tokens_pushed_further_away():
     loss, grad, stats = _objective([0.6, 0.6], [0.3, 0.3], [1.0, -1.0], is_level="none", gap_mask=0.2)
     assert torch.allclose(loss, torch.tensor([0.0, 1.0], dtype=torch.float64))
     assert torch.allclose(grad, torch.tensor([0.0, 1.0], dtype=torch.float64))
-    assert stats["gap_masked"].tolist() == [True, False]
+    assert stats["gap_masked_frac"].tolist() == [True, False]
 
 
 def test_invalid_knob_combinations_are_errors():
@@ -162,8 +163,8 @@ def _expected_update(trainer, batch, per_token_loss, lr):
 def _train(trainer, batch, settings, lr):
     model = copy.deepcopy(trainer)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
-    metrics = train_step(model, opt, None, batch, settings, micro_batch_size=5, max_completion_tokens=8,
-                         max_grad_norm=0.0)
+    metrics = train_step(Learner(model, opt), batch, settings,
+                         StepOptions(micro_batch_size=5, max_completion_tokens=8, max_grad_norm=0.0))
     return model, metrics
 
 

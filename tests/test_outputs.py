@@ -12,14 +12,12 @@ import pytest
 import torch
 import yaml
 
-from rlvr.config import TASKS, TaskConfig, load_config, to_yaml
+from rlvr.config.schema import TASKS, TaskConfig, load_config, to_yaml
 from rlvr.launch import train
-from rlvr.metrics import read_metrics
-from rlvr.offline_models import original_name
+from rlvr.models.offline import original_name
 from rlvr.rewards import Scores
-from rlvr.tasks import load_task
-from rlvr.train.collect import Collected, Round
-from rlvr.train.run_files import (
+from rlvr.run.collect import Collected, Round
+from rlvr.run.files import (
     COLUMN_CHARS,
     TASK_COMMON_FIELDS,
     TASK_FIELDS,
@@ -28,6 +26,8 @@ from rlvr.train.run_files import (
     sample_records,
     unused_task_fields,
 )
+from rlvr.store.metrics import read_metrics
+from rlvr.tasks import load_task
 from tests.test_e2e import _overrides
 
 G = 4
@@ -112,7 +112,7 @@ def test_adapter_names_the_local_base_and_carries_a_model_card(run):
 
 
 def test_an_alias_is_saved_under_its_hub_id(tiny_model_dir, tmp_path):
-    from rlvr.models import LoraSpec, load_policy, save_policy
+    from rlvr.models.policy import LoraSpec, load_policy, save_policy
 
     assert original_name("smollm2-135m-instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"
     assert original_name("gemma3-270m") == "google/gemma-3-270m"
@@ -169,11 +169,11 @@ def test_config_yaml_says_when_a_task_does_not_send_the_system_prompt(tmp_path):
 
 
 def test_every_task_field_is_classified():
-    """A new TaskConfig field must be entered in TASK_COMMON_FIELDS or TASK_FIELDS (rlvr/train/run_files.py), so that
+    """A new TaskConfig field must be entered in TASK_COMMON_FIELDS or TASK_FIELDS (rlvr/run/files.py), so that
     config.yaml marks it correctly."""
     fields = {f.name for f in dataclasses.fields(TaskConfig)}
     listed = set(TASK_COMMON_FIELDS) | {f for names in TASK_FIELDS.values() for f in names}
-    assert fields - listed == set(), f"not in rlvr/train/run_files.py TASK_FIELDS: {fields - listed}"
+    assert fields - listed == set(), f"not in rlvr/run/files.py TASK_FIELDS: {fields - listed}"
     assert listed - fields == set(), f"not TaskConfig fields: {listed - fields}"
     assert set(TASK_FIELDS) == set(TASKS)
 
@@ -182,7 +182,7 @@ def test_plot_legend_covers_no_data(tmp_path, run):
     """A short run whose last points sit at the bottom right, where the legend used to be."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-    from rlvr.metrics import plot_run
+    from rlvr.store.metrics import plot_run
 
     metrics = tmp_path / "metrics.jsonl"
     rows = [{"step": 0, "eval/accuracy": 0.5}, {"step": 1, "rollout/reward_mean": 0.4},

@@ -6,8 +6,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from rlvr.models import LoraSpec, add_lora
-from rlvr.plan import (
+from rlvr.config.plan import (
     ARCHS,
     Arch,
     Run,
@@ -22,6 +21,7 @@ from rlvr.plan import (
     resolve_arch,
     sampling,
 )
+from rlvr.models.policy import LoraSpec, add_lora
 from rlvr.rollout.decode_weights import folded_bytes
 from rlvr.rollout.kv_cache import preallocated_cache
 from tests.conftest import make_model

@@ -16,12 +16,12 @@ import httpx
 import pytest
 import torch
 
-from rlvr.bucket import AdapterBucket
 from rlvr.rollout import SamplingParams
 from rlvr.rollout.pool import ServerPool
 from rlvr.rollout.remote_sampler import RemoteSampler
 from rlvr.rollout.server_answers import LOGP_FLOOR, parse_completions
 from rlvr.rollout.server_errors import BadAnswerError, MalformedAnswer, ServerAuthError
+from rlvr.store.bucket import AdapterBucket
 from tests.serving import ServerProcess
 from tests.test_remote import PROMPTS, _trainer
 

@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file
 
 from rlvr.cli import main
-from rlvr.config import ConfigError, load_config
+from rlvr.config.schema import ConfigError, load_config
 from rlvr.launch import train
 from tests.test_e2e import _overrides
 from tests.test_resume import _records
@@ -48,8 +48,8 @@ def test_ppo_resume_is_exact(tiny_model_dir, tmp_path):
 
 
 def test_ppo_policy_samples_with_its_own_adapter(tiny_model_dir, tmp_path):
-    from rlvr.baselines.ppo import Critic
-    from rlvr.models import LoraSpec, load_policy
+    from rlvr.learn.ppo import Critic
+    from rlvr.models.policy import LoraSpec, load_policy
 
     model, _ = load_policy(str(tiny_model_dir), LoraSpec(r=4, target_modules=("q_proj", "v_proj")))
     critic = Critic(model)
@@ -75,11 +75,13 @@ def test_the_reference_pass_leaves_the_critics_adapter_clipped_with_the_rest(tok
     """With the reward's KL term the reference pass runs first (peft's disable_adapter), which turns requires_grad
     off for the critic's adapter; what is clipped (and, under torchrun, summed) is still everything the optimizer
     steps: the global gradient norm after clipping is the clip."""
-    from rlvr.baselines.ppo import Critic, ppo_step
     from rlvr.core import LossSettings, PPOSettings
-    from rlvr.models import LoraSpec, ReferencePolicy, add_lora
+    from rlvr.learn.batch import StepBatch
+    from rlvr.learn.learner import Learner
+    from rlvr.learn.ppo import Critic, ppo_step
+    from rlvr.learn.step import StepOptions
+    from rlvr.models.policy import LoraSpec, ReferencePolicy, add_lora
     from rlvr.rollout import SamplingParams
-    from rlvr.train.batch import StepBatch
     from tests.conftest import make_model, sample_tiny
 
     prompts = [[{"role": "user", "content": f"{i} + 4 ="}] for i in range(2)]
@@ -89,9 +91,10 @@ def test_the_reference_pass_leaves_the_critics_adapter_clipped_with_the_rest(tok
     model = add_lora(make_model(len(tokenizer), seed=1), LoraSpec(r=4, alpha=8))
     critic = Critic(model)
     optimizer = torch.optim.SGD(critic.trainable_parameters(model), lr=0.0)
-    ppo_step(model, critic, optimizer, None, StepBatch.from_groups(groups, torch.zeros(8)),
-             torch.tensor([0.0, 1.0, 2.0, 0.0, 1.0, 2.0, 0.0, 1.0]), LossSettings(), PPOSettings(kl_coef=0.05),
-             reference=ReferencePolicy(model), micro_batch_size=3, max_completion_tokens=8, max_grad_norm=1e-3)
+    ppo_step(Learner(model, optimizer, None, ReferencePolicy(model)), critic,
+             StepBatch.from_groups(groups, torch.zeros(8)), torch.tensor([0.0, 1.0, 2.0, 0.0, 1.0, 2.0, 0.0, 1.0]),
+             LossSettings(), PPOSettings(kl_coef=0.05),
+             StepOptions(micro_batch_size=3, max_completion_tokens=8, max_grad_norm=1e-3))
     grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
     assert any("critic" in n and p.grad is not None and p.grad.abs().sum() > 0 for n, p in model.named_parameters())
     assert float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))) \

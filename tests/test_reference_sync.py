@@ -4,7 +4,7 @@ fine-tuning and under LoRA (an earlier adapter swapped in for the reference pass
 import pytest
 import torch
 
-from rlvr.models import LoraSpec, ReferencePolicy, add_lora
+from rlvr.models.policy import LoraSpec, ReferencePolicy, add_lora
 from tests.conftest import make_model
 
 IDS = torch.tensor([[5, 9, 3, 7, 2]])

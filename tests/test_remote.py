@@ -11,15 +11,15 @@ import httpx
 import pytest
 import torch
 
-from rlvr.bucket import AdapterBucket
-from rlvr.config import load_config, to_yaml
-from rlvr.models import LoraSpec, add_lora, load_causal_lm
+from rlvr.config.schema import load_config, to_yaml
+from rlvr.learn.batch import StepBatch
+from rlvr.learn.forward import completion_logprobs
+from rlvr.models.policy import LoraSpec, add_lora, load_causal_lm
 from rlvr.rollout import SamplingParams, StaleVersion
 from rlvr.rollout.pool import ServerPool
 from rlvr.rollout.remote_sampler import RemoteSampler
 from rlvr.rollout.server_errors import AdapterSyncError, NoServerError
-from rlvr.train.batch import StepBatch
-from rlvr.train.forward import completion_logprobs
+from rlvr.store.bucket import AdapterBucket
 from tests.serving import ServerProcess, post
 
 PROMPTS = [[{"role": "user", "content": "3 + 4 ="}], "What is 7?", [{"role": "user", "content": "12 * 9 ="}],
@@ -244,7 +244,7 @@ def test_the_pool_against_a_server_with_an_api_key(tiny_model_dir, tokenizer, tm
     without it, or with another, it stops before any work with an error that says where the key comes from - and
     build_sampler reads the key from the variable rollout.api_key_env names, never from the config."""
     from rlvr.rollout.server_errors import ServerAuthError
-    from rlvr.train.build import build_sampler
+    from rlvr.run.build import build_sampler
 
     server = ServerProcess(tiny_model_dir, api_key="k-3f9a").wait_ready()
     try:

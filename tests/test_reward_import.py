@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from rlvr.cli import main
-from rlvr.metrics import read_metrics
 from rlvr.rewards import RewardError, RewardImportError, build_reward, reward_search_path
+from rlvr.store.metrics import read_metrics
 from tests.test_e2e import _overrides
 
 

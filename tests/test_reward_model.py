@@ -12,11 +12,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import torch
 
-from rlvr.api_inputs import reward_entry
-from rlvr.config import RewardConfig
+from rlvr.config.schema import RewardConfig
 from rlvr.rewards import RewardError, build_reward
 from rlvr.rewards.reward_model import reward_model
-from rlvr.train.build import build_rewards
+from rlvr.run.build import build_rewards
+from rlvr.trl_api.inputs import reward_entry
 from tests.conftest import make_tokenizer
 from tests.serving import ServerProcess
 
@@ -149,7 +149,7 @@ def test_config_and_trl_forms(rm_dir, tiny_model_dir, tmp_path):
 
 
 def test_a_run_trains_on_the_reward_model(rm_dir, tiny_model_dir, tmp_path):
-    from rlvr.config import load_config
+    from rlvr.config.schema import load_config
     from rlvr.launch import train
 
     out = tmp_path / "run"

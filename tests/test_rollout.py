@@ -3,8 +3,8 @@
 import pytest
 import torch
 
+from rlvr.learn.forward import completion_logprobs
 from rlvr.rollout import SamplingParams, encode_prompts, generate_groups
-from rlvr.train.forward import completion_logprobs
 from tests.conftest import make_model, sample_tiny
 
 PROMPTS = [
@@ -47,7 +47,7 @@ def test_greedy_single_sample_equals_hf_generate(model, tokenizer):
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_recorded_logprobs_match_trainer(model, tokenizer, temperature):
-    from rlvr.train.batch import StepBatch
+    from rlvr.learn.batch import StepBatch
 
     groups = sample_tiny(model, tokenizer, PROMPTS, 4, SamplingParams(temperature=temperature, max_new_tokens=12),
                          eos_every=5)

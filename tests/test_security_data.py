@@ -11,7 +11,7 @@ from pathlib import Path
 import datasets
 import pytest
 
-from rlvr.config import TaskConfig
+from rlvr.config.schema import TaskConfig
 from rlvr.tasks import load_task
 from rlvr.tasks.local_data import check_data_files, check_saved_dataset
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from rlvr.config import ConfigError, build_config, config_changes, load_config, load_yaml
+from rlvr.config.schema import ConfigError, build_config, config_changes, load_config, load_yaml
 from rlvr.launch import train
-from rlvr.train.resume_checks import ResumeError, check_loop_state
+from rlvr.run.resume_checks import ResumeError, check_loop_state
 from tests.test_resume import ROOT, _overrides
 
 STEP = "step-00000002"

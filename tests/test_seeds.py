@@ -1,6 +1,6 @@
 """Every named seed equals the formula it replaced, on values worked out by hand (resumed runs compare bits)."""
 
-from rlvr.seeds import completion_seed, epoch_seed, group_seed, request_seed, round_seed, step_seed
+from rlvr.platform.seeds import completion_seed, epoch_seed, group_seed, request_seed, round_seed, step_seed
 
 
 def test_step_and_group_seeds():

@@ -7,8 +7,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from rlvr.models import load_causal_lm
-from rlvr.prompts import prompt_token_ids
+from rlvr.models.policy import load_causal_lm
+from rlvr.models.prompts import prompt_token_ids
 from rlvr.rollout import SamplingParams, sample_groups
 from rlvr.serve.security import NOT_ALLOWED
 from tests.conftest import make_model
@@ -92,10 +92,10 @@ def test_completion_fields(server, tokenizer):
 
 def test_logprobs_are_the_trainers_at_the_request_temperature(server, tiny_model_dir, tokenizer):
     """processed_logprobs: log softmax(logits / T) of each sampled token, as the trainer recomputes it."""
+    from rlvr.learn.batch import StepBatch
+    from rlvr.learn.forward import completion_logprobs
     from rlvr.rollout import Groups
     from rlvr.rollout.server_answers import groups_from_completions
-    from rlvr.train.batch import StepBatch
-    from rlvr.train.forward import completion_logprobs
 
     ids = prompt_token_ids(tokenizer, CHAT)
     out = complete(server, prompt=ids, n=4, max_tokens=10, temperature=0.7, logprobs=0, return_token_ids=True, seed=3)

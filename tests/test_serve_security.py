@@ -308,7 +308,7 @@ def test_the_adapter_table_others_read_is_never_changed_under_them(engine, layou
 
 
 def test_a_running_batch_whose_requests_are_all_cancelled_stops(engine, tokenizer):
-    from rlvr.models import backbone_and_head
+    from rlvr.models.policy import backbone_and_head
 
     e = engine().start()
     assert e.ready.wait(60) and e.load_error is None

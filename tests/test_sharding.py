@@ -9,10 +9,10 @@ import sys
 import pytest
 import torch
 
-from rlvr.config import load_config
-from rlvr.distributed import World
-from rlvr.train.learners import check_learners, sharded_weights
-from rlvr.train.sharding import clip_sharded_gradients
+from rlvr.config.schema import load_config
+from rlvr.learn.sharding import clip_sharded_gradients
+from rlvr.platform.distributed import World
+from rlvr.run.learners import check_learners, sharded_weights
 from tests.test_distributed import TORCHRUN, _overrides, _records, _run, _same_rows, _weights
 
 # mu = 2 (a frozen proximal pass, then two steps on the batch) and a gradient norm (~0.75) above the clip

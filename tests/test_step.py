@@ -6,10 +6,11 @@ import pytest
 import torch
 
 from rlvr.core import LossSettings
-from rlvr.models import LoraSpec, ReferencePolicy, add_lora
+from rlvr.learn.batch import StepBatch
+from rlvr.learn.learner import Learner
+from rlvr.learn.step import StepOptions, train_step
+from rlvr.models.policy import LoraSpec, ReferencePolicy, add_lora
 from rlvr.rollout import Groups, SamplingParams
-from rlvr.train.batch import StepBatch
-from rlvr.train.step import train_step
 from tests.conftest import make_model, sample_tiny
 from tests.reference import naive_update
 
@@ -28,8 +29,9 @@ def _batch(model, tokenizer, G=4, seed=0, temperature=1.0, prompts=PROMPTS) -> S
 def _run(model, batch, settings, micro, iterations=1, reference=None, lr=1.0):
     """One train_step with SGD; prompts not shared, so every micro-batch split runs identical arithmetic."""
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=lr)
-    return train_step(model, opt, None, batch, settings, reference=reference, num_iterations=iterations,
-                      micro_batch_size=micro, max_completion_tokens=8, max_grad_norm=0.0, share_prompt=False)
+    return train_step(Learner(model, opt, None, reference), batch, settings,
+                      StepOptions(num_iterations=iterations, micro_batch_size=micro, max_completion_tokens=8,
+                                  max_grad_norm=0.0, share_prompt=False))
 
 
 @pytest.mark.parametrize("aggregation", ["sequence_mean", "token_mean", "token_sum_constant"])
@@ -111,9 +113,9 @@ def test_excluded_rows_do_not_move_the_model(tokenizer):
 def test_shared_prompt_forward_equals_unshared(tokenizer, rows, prompts):
     """Prompt once per group (and a prefix common to all prompts once) vs the prompt once per completion: same
     log-probs and same gradients (fp64)."""
+    from rlvr.learn.forward import completion_logprobs
     from rlvr.rollout import encode_prompts
     from rlvr.rollout.engine import common_prefix_length
-    from rlvr.train.forward import completion_logprobs
 
     assert (common_prefix_length(*encode_prompts(tokenizer, prompts)) >= 16) == (prompts is SHARED_PREFIX)
     model = make_model(len(tokenizer))
@@ -161,8 +163,9 @@ def test_step_equals_naive_reference(tokenizer, aggregation, share_prompt, tempe
     settings = LossSettings(beta=0.1, aggregation=aggregation, eps_low=0.05, eps_high=0.05)
     model = copy.deepcopy(base)
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
-    metrics = train_step(model, opt, None, batch, settings, reference=ReferencePolicy(model), micro_batch_size=3,
-                         max_completion_tokens=8, max_grad_norm=0.0, share_prompt=share_prompt, chunk_tokens=5)
+    metrics = train_step(Learner(model, opt, None, ReferencePolicy(model)), batch, settings,
+                         StepOptions(micro_batch_size=3, max_completion_tokens=8, max_grad_norm=0.0,
+                                     share_prompt=share_prompt, chunk_tokens=5))
     naive = copy.deepcopy(base)
     with torch.no_grad():
         from tests.reference import naive_logprobs
@@ -172,14 +175,14 @@ def test_step_equals_naive_reference(tokenizer, aggregation, share_prompt, tempe
     tokens = sums["tokens"]
     assert metrics["loss"] == pytest.approx(loss, rel=1e-6, abs=1e-9)
     assert metrics["kl"] == pytest.approx(sums["kl"] / tokens, rel=1e-6, abs=1e-9)
-    assert metrics["is_weight_mean"] == pytest.approx(sums["is_weight"] / tokens, rel=1e-6)
+    assert metrics["is_weight_mean"] == pytest.approx(sums["is_weight_mean"] / tokens, rel=1e-6)
     for name, p in dict(naive.named_parameters()).items():
         q = dict(model.named_parameters())[name]
         assert torch.allclose(p, q, rtol=0, atol=1e-6 * float(p.detach().abs().max())), name  # see shared-prompt test
 
 
 def test_checkpointing_with_shared_prompt_equals_plain(tokenizer):
-    from rlvr.train.forward import completion_logprobs
+    from rlvr.learn.forward import completion_logprobs
 
     model = make_model(len(tokenizer)).double()
     batch = _batch(make_model(len(tokenizer)), tokenizer)
@@ -240,7 +243,7 @@ def _hand_batch(lengths: list[int], adv: list[float], group_size: int, trained: 
 
 
 def test_micro_batches_by_hand():
-    from rlvr.train.step import micro_batches, row_width
+    from rlvr.learn.step import micro_batches, row_width
 
     # groups (rows 0-1), (2-3), (4-5) with longest completions 3, 6, 5; row 5 is not trained on
     batch = _hand_batch([2, 3, 6, 1, 5, 4], [0.5, -0.5, 0.0, 1.0, 0.0, 0.0], 2, trained=[1, 1, 1, 1, 1, 0])
@@ -266,8 +269,9 @@ def test_rows_without_gradient_are_skipped_with_the_same_update(tokenizer, share
     settings = LossSettings(beta=0.0, aggregation=aggregation, eps_low=0.05, eps_high=0.05)
     model, naive = copy.deepcopy(base), copy.deepcopy(base)
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
-    metrics = train_step(model, opt, None, batch, settings, micro_batch_size=3, max_completion_tokens=8,
-                         max_grad_norm=0.0, share_prompt=share_prompt, chunk_tokens=5)
+    metrics = train_step(Learner(model, opt), batch, settings,
+                         StepOptions(micro_batch_size=3, max_completion_tokens=8, max_grad_norm=0.0,
+                                     share_prompt=share_prompt, chunk_tokens=5))
     loss, _ = naive_update(naive, batch, settings, lr=0.5)
     assert metrics["loss"] == pytest.approx(loss, rel=1e-6, abs=1e-9)
     _assert_same_update(naive, model, base)
@@ -289,7 +293,7 @@ def test_mask_truncated_leaves_cut_completions_untrained(tokenizer):
 
 
 def test_chunks_shrink_for_large_vocabularies():
-    from rlvr.train.step import chunk_for_vocab
+    from rlvr.learn.step import chunk_for_vocab
 
     assert chunk_for_vocab(512, 49_152) == 512  # SmolLM2: 2**25 // 49152 = 682 > 512
     assert chunk_for_vocab(512, 262_144) == 128  # Gemma 3: 2**25 // 262144
@@ -313,7 +317,7 @@ OBJECTIVE_KNOBS = {  # each objective and loss term through the whole step
 def test_each_objective_step_equals_naive_reference(tokenizer, knobs):
     """The fused, micro-batched, prompt-shared step vs the naive whole-batch specification for every objective:
     same loss and update (and the same top-entropy tokens chosen over the whole step)."""
-    from rlvr.train.step import high_entropy_tokens
+    from rlvr.learn.step import high_entropy_tokens
     from tests.reference import naive_logprobs
 
     base = make_model(len(tokenizer))
@@ -325,8 +329,8 @@ def test_each_objective_step_equals_naive_reference(tokenizer, knobs):
     model, naive = copy.deepcopy(base), copy.deepcopy(base)
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     reference = ReferencePolicy(model) if settings.beta else None
-    metrics = train_step(model, opt, None, batch, settings, reference=reference, micro_batch_size=3,
-                         max_completion_tokens=8, max_grad_norm=0.0, chunk_tokens=5)
+    metrics = train_step(Learner(model, opt, None, reference), batch, settings,
+                         StepOptions(micro_batch_size=3, max_completion_tokens=8, max_grad_norm=0.0, chunk_tokens=5))
     with torch.no_grad():
         ref_logp = naive_logprobs(base, batch) if settings.beta else None
         entropy = naive_logprobs(base, batch, with_entropy=True)[1]

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from rlvr.config import TaskConfig
+from rlvr.config.schema import TaskConfig
 from rlvr.tasks import arithmetic_rows, data_order, load_jsonl, load_task, reward_columns
 from rlvr.tasks.columns import STEP_BY_STEP_SYSTEM_PROMPT
 

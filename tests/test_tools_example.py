@@ -4,9 +4,9 @@ held-out evaluation with tools, and the outputs."""
 import json
 from pathlib import Path
 
-from rlvr.config import load_config
+from rlvr.config.schema import load_config
 from rlvr.launch import train
-from rlvr.metrics import read_metrics
+from rlvr.store.metrics import read_metrics
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "tools.yaml"
 

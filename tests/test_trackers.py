@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from rlvr.cli import main
-from rlvr.config import ConfigError, load_config, to_dict
+from rlvr.config.schema import ConfigError, load_config, to_dict
 from rlvr.launch import train
-from rlvr.metrics import MetricsWriter, read_metrics
+from rlvr.store.metrics import MetricsWriter, read_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 _connections: list | None = None  # network use seen by the audit hook while watched
@@ -198,7 +198,7 @@ def test_an_exception_still_finishes_both_runs_and_trackio_defaults_to_the_run_d
     """A fresh process (trackio not yet imported, TRACKIO_DIR unset) whose loop raises after two steps."""
     run_dir = tmp_path / "crashed"
     run_dir.mkdir()
-    script = ("import sys; from pathlib import Path; from rlvr.metrics import MetricsWriter\n"
+    script = ("import sys; from pathlib import Path; from rlvr.store.metrics import MetricsWriter\n"
               "w = MetricsWriter(Path(sys.argv[1]), ('wandb', 'trackio'), config={'lr': 0.5})\n"
               "w.log(0, {'eval_accuracy': 0.25}); w.log(1, {'loss': 1.5, 'kl': float('nan')})\n"
               "raise RuntimeError('the loop failed')\n")
@@ -245,7 +245,7 @@ def test_trackers_config_and_the_removed_tensorboard_switch():
 
 
 def test_a_saved_config_with_trackers_reads_back_equal(tmp_path):
-    from rlvr.config import save_config
+    from rlvr.config.schema import save_config
 
     cfg = load_config(None, ["log.trackers=[trackio]", "log.run_name=x"])
     save_config(cfg, tmp_path / "config.yaml")

@@ -5,7 +5,7 @@ family's attention (sliding windows fall back to the prefill), and a turn then f
 import pytest
 import torch
 
-from rlvr.prompts import prompt_token_ids
+from rlvr.models.prompts import prompt_token_ids
 from rlvr.rollout import SamplingParams
 from rlvr.rollout.decode_weights import decoding
 from rlvr.rollout.episodes import EpisodeLimits, local_turns, run_episodes

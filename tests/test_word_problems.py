@@ -111,7 +111,7 @@ def test_max_number_bounds_the_amounts():
 
 def test_reasoning_example_runs_two_steps(tiny_model_dir, tmp_path):
     from rlvr.cli import main
-    from rlvr.metrics import read_metrics
+    from rlvr.store.metrics import read_metrics
 
     out = tmp_path / "run"
     args = [f"model.name={tiny_model_dir}", "model.lora_r=4", f"output_dir={out}", "train.steps=2",
@@ -130,7 +130,7 @@ def test_curriculum_and_a_second_eval_set_in_a_run(tiny_model_dir, tmp_path, cap
     import json
 
     from rlvr.cli import main
-    from rlvr.metrics import EXTRA_ACCURACY, read_metrics
+    from rlvr.store.metrics import EXTRA_ACCURACY, read_metrics
 
     extra = tmp_path / "extra.jsonl"
     extra.write_text('{"question": "Ann has 2 cats and gets 3 more. How many cats?", "answer": "5"}\n'

@@ -6,7 +6,7 @@ different function than the one users deploy: Granite divides by ``logits_scalin
 
     logits = softcap(scale * (hidden @ W.T + bias)),   softcap(x) = c * tanh(x / c)   (none: identity)
 
-The scale and cap are read off the model itself (rlvr.models.output_layer probes it); this module only computes.
+The scale and cap are read off the model itself (rlvr.models.policy.output_layer probes it); this module only computes.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ class OutputLayer:
 
     def linear(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [..., H] -> hidden @ W.T + bias [..., V], in the weight's dtype (bf16 hidden states of a model whose
-        frozen head is kept in fp32 are upcast first; rlvr.architecture.output_layer)."""
+        frozen head is kept in fp32 are upcast first; rlvr.models.architecture.output_layer)."""
         return F.linear(hidden.to(self.weight.dtype), self.weight, self.bias)
 
     def transform(self, z: torch.Tensor, inplace: bool = False) -> torch.Tensor:

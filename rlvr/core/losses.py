@@ -21,7 +21,9 @@ Notes on departures and choices:
     sequence_sum        sum_i sum_t l_it / #sequences                    (LUSPO)
 - The entropy bonus is a mean over the step's trained tokens whatever the aggregation (TRL's entropy_coef).
 - Statistics are returned as per-token tensors and reduced to sums and maxima (``stat_sums``), so they add up
-  exactly across micro-batches.
+  exactly across micro-batches. Each is named as it is reported: the step reports ``NAME`` as its sum over the
+  trained tokens divided by ``tokens`` (a mean, or a fraction of booleans), and a ``NAME_max`` as it stands, so an
+  objective's own statistic reaches the metrics without the step knowing it.
 """
 
 from __future__ import annotations
@@ -53,7 +55,8 @@ def token_loss(x: TokenBatch, s: LossSettings) -> tuple[torch.Tensor, dict[str, 
     """Per-token loss  keep * w * objective(x) + beta * KL,  [N, T] (see the module docstring).
 
     Returns the loss and per-token statistics: the objective's flags (``clip_low``, ``clip_high``, ...), boolean
-    ``is_capped``, ``gap_masked`` (and ``entropy_masked``), float ``is_weight`` (rho = pi_prox/pi_behav per token),
+    ``is_capped_frac``, ``gap_masked_frac`` (and ``entropy_masked_frac``), float ``is_weight_mean`` (rho =
+    pi_prox/pi_behav per token),
     ``logp_gap`` (|logp_prox - logp_behav|) and ``kl`` (when beta != 0).
     """
     loss, stats = OBJECTIVES[s.objective](x, s)
@@ -63,17 +66,17 @@ def token_loss(x: TokenBatch, s: LossSettings) -> tuple[torch.Tensor, dict[str, 
         log_weight = token_log_weight
         if s.is_level == "sequence":
             log_weight = sequence_log_ratio(prox.detach(), x.behaviour_logp, x.mask)[:, None].expand_as(loss)
-        weight, stats["is_capped"] = importance_weight(log_weight, s.is_mode, s.is_cap)
+        weight, stats["is_capped_frac"] = importance_weight(log_weight, s.is_mode, s.is_cap)
         loss = loss * weight
     else:
-        stats["is_capped"] = torch.zeros_like(loss, dtype=torch.bool)
+        stats["is_capped_frac"] = torch.zeros_like(loss, dtype=torch.bool)
     keep = gap_mask(x.logp, x.behaviour_logp, x.adv, s.gap_mask).expand_as(loss)
-    stats["gap_masked"] = ~keep
+    stats["gap_masked_frac"] = ~keep
     loss = torch.where(keep, loss, torch.zeros_like(loss))
     if x.high_entropy is not None:
-        stats["entropy_masked"] = ~x.high_entropy
+        stats["entropy_masked_frac"] = ~x.high_entropy
         loss = torch.where(x.high_entropy, loss, torch.zeros_like(loss))
-    stats["is_weight"] = torch.exp(token_log_weight.clamp(max=20.0)).expand_as(loss)
+    stats["is_weight_mean"] = torch.exp(token_log_weight.clamp(max=20.0)).expand_as(loss)
     stats["logp_gap"] = token_log_weight.abs().expand_as(loss)
     if s.beta != 0.0:
         if x.ref_logp is None:
@@ -135,11 +138,12 @@ def policy_loss(x: TokenBatch, s: LossSettings, normaliser: float, step_tokens: 
 
 def stat_sums(stats: dict[str, torch.Tensor], mask: torch.Tensor) -> dict[str, float]:
     """Reduce per-token statistics over the tokens in ``mask``: counts and sums, plus ``is_weight_max``; ``tokens``
-    is the number of tokens. Merge several with ``merge_stat_sums``."""
+    is the number of tokens (a statistic's sum / ``tokens`` is what the step reports under its name). Merge several
+    with ``merge_stat_sums``."""
     m = mask.bool()
     out = {name: float(v[m].sum()) for name, v in stats.items()}
     out["tokens"] = float(m.sum())
-    out["is_weight_max"] = float(stats["is_weight"][m].max()) if m.any() else 0.0
+    out["is_weight_max"] = float(stats["is_weight_mean"][m].max()) if m.any() else 0.0
     return out
 
 

@@ -18,7 +18,7 @@
   per episode.
 
 The turns are driven by ``rlvr.rollout.episodes.run_episodes`` (token in / token out) on every rollout path, and a
-run's environment is set up by ``rlvr.train.scoring``. Not here: TRL's dict of factories (several environments in
+run's environment is set up by ``rlvr.run.scoring``. Not here: TRL's dict of factories (several environments in
 one run).
 
 This package imports neither torch nor the rest of rlvr, except ``rlvr.verifiers.sandbox`` (``python_tool``);

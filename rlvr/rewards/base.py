@@ -109,7 +109,7 @@ class RewardContext:
     log: RewardLog = field(default_factory=RewardLog)
 
 
-CONTEXT = RewardContext()  # the training loop's (rlvr/train/loop.py); one run per process
+CONTEXT = RewardContext()  # the training loop's (rlvr/run/loop.py); one run per process
 TRL_ARGUMENTS = ("trainer_state", "log_metric", "log_extra")
 
 

@@ -61,7 +61,7 @@ def seq_cls_config(path: Path) -> dict | None:
 def find_reward_model(name: str) -> Path | None:
     """The directory ``name`` names (a local directory, or a Hub id in the Hugging Face cache; nothing is
     downloaded) when it holds a sequence-classification model; None otherwise."""
-    from rlvr.models import hub_cache_dir
+    from rlvr.models.policy import hub_cache_dir
 
     if not isinstance(name, str) or not name or "\x00" in name:
         return None
@@ -169,8 +169,8 @@ class LocalScorer:
     asynchronous runtime may score from several threads)."""
 
     def __init__(self, model: str | nn.Module, device: str, batch_size: int, max_length: int, chat: Any):
-        from rlvr.devices import resolve_device
-        from rlvr.models import load_tokenizer
+        from rlvr.models.policy import load_tokenizer
+        from rlvr.platform.devices import resolve_device
 
         self.model: nn.Module | None = None
         self.batch_size, self.max_length = batch_size, max_length

@@ -1,6 +1,6 @@
 """Rollouts: sample G completions per prompt and record what the trainer needs."""
 
-from rlvr.prompts import Prompt, encode_prompts
+from rlvr.models.prompts import Prompt, encode_prompts
 from rlvr.rollout.engine import SampledTokens, SamplingParams, generate_groups
 from rlvr.rollout.groups import Groups, sample_groups
 from rlvr.rollout.sampler import LocalSampler, Sampler, StaleVersion

@@ -29,17 +29,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rlvr.architecture import unwrap
 from rlvr.core.head import OutputLayer
-from rlvr.matmul import onednn_linear, uses_onednn
-from rlvr.models import backbone_and_head
+from rlvr.models.architecture import unwrap
+from rlvr.models.policy import backbone_and_head
+from rlvr.platform.matmul import onednn_linear, uses_onednn
 
 PRECISIONS = ("auto", "fp32", "bf16")
 
 
 def decode_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """``x @ W.T + b`` in W's dtype, for sampling (no gradient): fp32 on a CPU goes to oneDNN's kernel where it was
-    measured faster (rlvr.matmul); both are fp32 throughout (log-probs agree to ~1e-6)."""
+    measured faster (rlvr.platform.matmul); both are fp32 throughout (log-probs agree to ~1e-6)."""
     x = x.to(weight.dtype)
     if not torch.is_grad_enabled() and uses_onednn(weight):
         return onednn_linear(x, weight, bias)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from rlvr.architecture import share_prefix_within
+from rlvr.models.architecture import share_prefix_within
 from rlvr.rollout.kv_cache import preallocated_cache
 
 
@@ -170,7 +170,7 @@ def generate_groups(
 
     Args:
         backbone, head: the model body (returns last_hidden_state) and output layer (hidden [A, H] -> logits [A, V]:
-            rlvr.models.backbone_and_head gives the model's whole head, scale and soft-cap included).
+            rlvr.models.policy.backbone_and_head gives the model's whole head, scale and soft-cap included).
         prompt_ids, prompt_mask: [B, P] left-padded prompts.
         eos_ids: token ids that end a completion (kept in it, with mask 1).
         stop: called with a row's completion tokens so far; True ends that completion after the current

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from rlvr.envs.tools import ToolStats
-from rlvr.prompts import left_pad
+from rlvr.models.prompts import left_pad
 from rlvr.rollout.engine import SampledTokens, SamplingParams, generate_groups
 from rlvr.rollout.groups import Groups, stop_string_checker
 from rlvr.rollout.turn_cache import TurnCache

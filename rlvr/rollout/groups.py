@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from rlvr.prompts import Prompt, encode_prompts
+from rlvr.models.prompts import Prompt, encode_prompts
 from rlvr.rollout.decode_weights import decoding, fold_choice
 from rlvr.rollout.engine import Generators, SamplingParams, generate_groups
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import math
 
-from rlvr.bucket import AdapterBucket
-from rlvr.prompts import Prompt, prompt_token_ids
+from rlvr.models.prompts import Prompt, prompt_token_ids
+from rlvr.platform.seeds import request_seed, turn_seed
 from rlvr.rollout.engine import SamplingParams
 from rlvr.rollout.episodes import Environment, EpisodeBatch, EpisodeLimits, Turn, run_episodes
 from rlvr.rollout.groups import Groups, eos_token_ids
@@ -14,7 +14,7 @@ from rlvr.rollout.http_client import read_json
 from rlvr.rollout.pool import ServerPool
 from rlvr.rollout.server_answers import ServerChoice, groups_of, is_number, parse_completions
 from rlvr.rollout.server_errors import MalformedAnswer
-from rlvr.seeds import request_seed, turn_seed
+from rlvr.store.bucket import AdapterBucket
 
 
 def vocab_size(model, tokenizer) -> int:

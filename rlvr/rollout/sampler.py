@@ -10,14 +10,14 @@ from typing import Protocol
 
 from torch import nn
 
-from rlvr.devices import model_device, sampling_generator
-from rlvr.models import autocast
-from rlvr.prompts import Prompt
+from rlvr.models.policy import autocast
+from rlvr.models.prompts import Prompt
+from rlvr.platform.devices import model_device, sampling_generator
+from rlvr.platform.seeds import episode_seed, request_seed
 from rlvr.rollout.decode_weights import decode_dtype, decoding, fold_choice
 from rlvr.rollout.engine import SamplingParams
 from rlvr.rollout.episodes import Environment, EpisodeBatch, EpisodeLimits, local_turns, run_episodes
 from rlvr.rollout.groups import Groups, eos_token_ids, sample_groups
-from rlvr.seeds import episode_seed, request_seed
 
 
 class StaleVersion(RuntimeError):

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rlvr.prompts import left_pad
+from rlvr.models.prompts import left_pad
 from rlvr.rollout.groups import Groups
 from rlvr.rollout.http_client import show
 from rlvr.rollout.server_errors import MalformedAnswer

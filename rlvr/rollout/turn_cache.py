@@ -27,8 +27,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from rlvr.architecture import attention_window, share_prefix_within
-from rlvr.prompts import left_pad
+from rlvr.models.architecture import attention_window, share_prefix_within
+from rlvr.models.prompts import left_pad
 from rlvr.rollout.engine import Generators, SampledTokens, SamplingParams, decode, prefill
 from rlvr.rollout.kv_cache import preallocated_cache
 

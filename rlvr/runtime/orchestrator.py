@@ -3,7 +3,7 @@ request, while the learner trains on the groups already scored.
 
 - Prompts are identified by their position in the data stream (``uid``); the dataset row of position u is
   ``data_order(...)[u]``, as in the synchronous loop. A uid is trained at most once; a uid that is dispatched
-  is trained, dropped by dynamic sampling (counted; rlvr.train.dynamic_sampling decides, as for the synchronous
+  is trained, dropped by dynamic sampling (counted; rlvr.run.dynamic_sampling decides, as for the synchronous
   loop), or still pending - never lost.
 - Each group is sampled whole by one request and tagged with the policy version the sampler had when the
   request was built; the learner publishes and loads version v+1 on every server before the sampler's version
@@ -32,9 +32,9 @@ from rlvr.core import informative_groups
 from rlvr.rewards import Scores, WeightedReward
 from rlvr.rollout import Groups, Sampler, SamplingParams, StaleVersion
 from rlvr.rollout.episodes import EpisodeStats
+from rlvr.run.dynamic_sampling import DynamicSampling
+from rlvr.run.scoring import EnvironmentSetup, sample_scored
 from rlvr.tasks import data_order
-from rlvr.train.dynamic_sampling import DynamicSampling
-from rlvr.train.scoring import EnvironmentSetup, sample_scored
 
 
 @dataclass
@@ -165,7 +165,7 @@ class Orchestrator:
     def take(self, n: int, version: int, dynamic_sampling: bool = False, max_resample_rounds: int = 0,
              timeout_s: float | None = None) -> Taken:
         """The scored groups to train at ``version``: ``n`` of them (blocks until they are there), or with dynamic
-        sampling what ``DynamicSampling`` picks (rlvr.train.dynamic_sampling: each group taken is offered in turn;
+        sampling what ``DynamicSampling`` picks (rlvr.run.dynamic_sampling: each group taken is offered in turn;
         those dropped are dropped for good). Groups staler than max_staleness are not offered: they are dropped
         and their prompts dispatched again. ``timeout_s``: raise ``TimeoutError`` when no group (nor a
         dispatcher's error) arrives for that long - a deadline on progress, so the learner never hangs."""

@@ -12,12 +12,12 @@ import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
-from rlvr.config import RunConfig
+from rlvr.config.schema import RunConfig
 
 
 def _learner_config(cfg: RunConfig, k: int) -> RunConfig:
     """Learner k's configuration, its paths absolute (a Ray worker runs in a directory of Ray's)."""
-    from rlvr.train.run_files import absolute_paths
+    from rlvr.run.files import absolute_paths
 
     cfg = absolute_paths(cfg)
     d = cfg.diloco

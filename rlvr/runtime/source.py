@@ -3,7 +3,7 @@
     open: start servers (embedded / Ray / given) -> the sampler over them -> dispatchers sample and score groups
     next: take B groups (dropping stale ones) -> the batch, advantages computed as the synchronous source does
 
-The loop (rlvr/train/loop.py) is the same as a synchronous run's; it publishes and loads version v+1 on every
+The loop (rlvr/run/loop.py) is the same as a synchronous run's; it publishes and loads version v+1 on every
 server after each update (``sampler.sync``), and the off-policy correction of the train step handles the
 staleness. What differs is where groups come from (``Orchestrator``). On resume the
 checkpoint's adapter is published and loaded before a single rollout is accepted, and the prompts that were
@@ -20,18 +20,18 @@ import time
 
 import torch
 
-from rlvr.config import RunConfig
+from rlvr.config.schema import RunConfig
+from rlvr.learn.collected import Collected, Round
+from rlvr.platform.seeds import group_seed
 from rlvr.rewards import Scores
 from rlvr.rollout import Groups, Sampler
 from rlvr.rollout.episodes import EpisodeStats
 from rlvr.rollout.http_client import api_key_from_env
 from rlvr.rollout.server_errors import NoServerError
+from rlvr.run.build import build_remote_sampler, sampling_params
+from rlvr.run.collect import Advantages, scored_batch
+from rlvr.run.lifecycle import Run
 from rlvr.runtime.orchestrator import Orchestrator, Taken
-from rlvr.seeds import group_seed
-from rlvr.train.build import build_remote_sampler, sampling_params
-from rlvr.train.collect import Advantages, scored_batch
-from rlvr.train.collected import Collected, Round
-from rlvr.train.run import Run
 
 
 def _start_servers(cfg: RunConfig, model_dir, run_dir, stack_: contextlib.ExitStack):

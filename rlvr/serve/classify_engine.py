@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from rlvr.devices import resolve_device, weight_dtype
-from rlvr.models import load_tokenizer, model_context
+from rlvr.models.policy import load_tokenizer, model_context
+from rlvr.platform.devices import resolve_device, weight_dtype
 from rlvr.rewards.reward_model import classify_ids, load_classifier, reward_model_dir
 from rlvr.serve.engine import DEFAULT_BATCH_TOKENS, DEFAULT_QUEUED_ROWS, EngineError, ServerBusy, _log, _settle
 

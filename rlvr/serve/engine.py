@@ -55,17 +55,17 @@ from pathlib import Path
 
 import torch
 
-from rlvr.bucket import fetch_version
-from rlvr.devices import resolve_device, sampling_generator, weight_dtype
-from rlvr.faults import fault_point
-from rlvr.models import load_causal_lm, load_tokenizer, model_context, resolve_model_dir
-from rlvr.prompts import left_pad
+from rlvr.models.policy import load_causal_lm, load_tokenizer, model_context, resolve_model_dir
+from rlvr.models.prompts import left_pad
+from rlvr.platform.devices import resolve_device, sampling_generator, weight_dtype
+from rlvr.platform.faults import fault_point
+from rlvr.platform.seeds import completion_seed
 from rlvr.rollout.decode_weights import DecodeCache, decode_dtype, decoding
 from rlvr.rollout.engine import SampledTokens, SamplingParams, generate_groups
 from rlvr.rollout.groups import eos_token_ids, stop_string_checker
 from rlvr.rollout.turn_cache import PrefixStore, sample_continuing
-from rlvr.seeds import completion_seed
 from rlvr.serve.security import NOT_ALLOWED, AdapterPathError, AdapterPolicy
+from rlvr.store.bucket import fetch_version
 
 DEFAULT_BATCH_TOKENS = 1 << 17  # 131,072 KV positions: ~6 GB of fp32 cache for SmolLM2-135M
 DEFAULT_QUEUED_ROWS = 4096

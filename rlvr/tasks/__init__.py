@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from rlvr.config import ARITHMETIC_SYSTEM_PROMPT, TASKS
-from rlvr.prompts import prompt_token_ids
-from rlvr.seeds import epoch_seed
+from rlvr.config.schema import ARITHMETIC_SYSTEM_PROMPT, TASKS
+from rlvr.models.prompts import prompt_token_ids
+from rlvr.platform.seeds import epoch_seed
 from rlvr.tasks.arithmetic import arithmetic_rows
 from rlvr.tasks.columns import STEP_BY_STEP_SYSTEM_PROMPT, ColumnMap, eval_fraction_count, held_out_indices
 from rlvr.tasks.hf import hf_rows

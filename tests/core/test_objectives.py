@@ -99,7 +99,7 @@ def test_high_entropy_mask_drops_the_policy_term_but_not_the_kl():
     loss, stats = token_loss(x, LossSettings(beta=0.1))
     k3 = 0.5 - 1 - math.log(0.5)
     _close(loss, [[-2.0 + 0.1 * k3, 0.1 * k3]])
-    assert stats["entropy_masked"].tolist() == [[False, True]]
+    assert stats["entropy_masked_frac"].tolist() == [[False, True]]
 
 
 def test_entropy_bonus_is_a_mean_over_the_steps_tokens():

@@ -391,11 +391,11 @@ def test_a_failing_observation_to_text_is_a_clear_error(hostile_url):
 def test_an_openenv_server_drives_training_episodes(openenv_url, tiny_model_dir, tokenizer):
     """env.url end to end: the tiny model's turns are the actions, the observations come back as turns, the server's
     reward is a reward named openenv, reset's text is in the prompt."""
-    from rlvr.config import EnvConfig
-    from rlvr.models import load_causal_lm
+    from rlvr.config.schema import EnvConfig
+    from rlvr.models.policy import load_causal_lm
     from rlvr.rewards import WeightedReward
     from rlvr.rollout import LocalSampler, SamplingParams
-    from rlvr.train.scoring import build_environment_setup, sample_scored
+    from rlvr.run.scoring import build_environment_setup, sample_scored
 
     setup = build_environment_setup(EnvConfig(url=openenv_url, max_turns=5, max_episode_tokens=400), tokenizer)
     sampler = LocalSampler(load_causal_lm(tiny_model_dir), tokenizer)

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from rlvr.config import load_config
+from rlvr.config.schema import load_config
 from tests.test_async import _records, _trained_uids
 from tests.test_e2e import _overrides
 
@@ -59,8 +59,8 @@ def test_ray_actors_serve_restart_and_rejoin(local_ray, tiny_model_dir, tmp_path
 
 def test_diloco_learners_placed_by_ray_share_the_bucket(local_ray, tiny_model_dir, tmp_path):
     """diloco.placement=ray: two learners as Ray tasks, talking only through the bucket; both take every round."""
-    from rlvr.diloco import RoundBucket
     from rlvr.launch import train
+    from rlvr.store.rounds import RoundBucket
 
     root = str(Path(__file__).resolve().parents[2])
     cfg = load_config(None, _overrides(tiny_model_dir, tmp_path / "run") + [

@@ -13,17 +13,17 @@ import httpx
 import pytest
 import torch
 
-from rlvr.bucket import AdapterBucket
-from rlvr.config import load_config
-from rlvr.models import load_policy, resolve_model_dir
-from rlvr.prompts import prompt_token_ids
+from rlvr.config.schema import load_config
+from rlvr.learn.batch import StepBatch
+from rlvr.learn.forward import completion_logprobs
+from rlvr.models.policy import load_policy, resolve_model_dir
+from rlvr.models.prompts import prompt_token_ids
 from rlvr.rollout import SamplingParams
 from rlvr.rollout.pool import ServerPool
 from rlvr.rollout.remote_sampler import RemoteSampler
 from rlvr.rollout.server_errors import ServerAuthError
+from rlvr.store.bucket import AdapterBucket
 from rlvr.tasks import arithmetic_rows
-from rlvr.train.batch import StepBatch
-from rlvr.train.forward import completion_logprobs
 from tests.integration.vllm_server import VLLM_PYTHON, vllm_server
 from tests.serving import ServerProcess
 from tests.serving import post as post_without_key
@@ -153,9 +153,9 @@ def test_multi_turn_episodes_with_the_calculator_on_vllm(vllm, rlvr_server, trai
     """The learner drives the turns over vLLM exactly as over rlvr serve: token-id prompts, observation tokens
     appended by the learner; vLLM's log-probs are the trainer's on the sampled tokens, observations carry none; both
     servers open each greedy episode with the same turn."""
-    from rlvr.config import EnvConfig
+    from rlvr.config.schema import EnvConfig
+    from rlvr.run.scoring import build_environment_setup, sample_scored
     from rlvr.tasks.tool_problems import tool_problem_rows
-    from rlvr.train.scoring import build_environment_setup, sample_scored
 
     model, tokenizer = trained
     setup = build_environment_setup(EnvConfig(tools=("calculator",), max_turns=3, max_episode_tokens=160), tokenizer)

@@ -1,1 +1,0 @@
-"""Baselines rlvr is measured against: PPO with a critic."""

@@ -1,0 +1,69 @@
+"""DiLoCo's settings (the ``diloco`` section): learners that share only a bucket. The exchange is
+rlvr/store/rounds.py, the round rlvr/run/diloco.py, the outer step rlvr/core/outer.py; docs/concepts/diloco.md."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+from rlvr.config.checks import at_least, check_choices
+
+DELTA_DTYPES = ("fp32", "bf16")
+DILOCO_PLACEMENTS = ("hand", "ray")
+
+
+@dataclass(frozen=True)
+class DilocoConfig:
+    learner: str = ""
+    """k/K: this run is learner k (0-based) of K DiLoCo learners that share only diloco.bucket ('' : off). Each
+    trains its own shard of the training rows (those whose index is k modulo K). docs/concepts/diloco.md."""
+    bucket: str = ""
+    """Where the learners exchange deltas: a directory every learner can reach (local or shared disk) or an fsspec
+    URL (s3://, gs://, ...)."""
+    inner_steps: int = 16
+    """H: the steps each learner takes on its own between two exchanges (a round)."""
+    outer_lr: float = 0.7
+    """The outer optimizer's learning rate (Nesterov SGD on the mean delta; 1.0 with outer_momentum 0 averages).
+    The paper's 0.7 / 0.9 suit H >= 16 here; at H = 4 and 1 they diverged (docs/concepts/diloco.md): average there."""
+    outer_momentum: float = 0.9
+    """The outer optimizer's Nesterov momentum."""
+    round_timeout_s: float = 600.0
+    """Seconds a learner waits after publishing its delta for the others'; then the round closes with the deltas
+    that arrived (at least min_learners, else with none: every learner starts the next round from the same weights
+    again). A delta that arrives after its round closed is dropped (counted)."""
+    min_learners: int = 1
+    """Deltas a round needs to take an outer step when it closes at the timeout."""
+    max_delta_norm: float = 0.0
+    """A learner's delta is scaled down to this L2 norm before averaging (0: no bound): one poisoned learner moves
+    the average by at most max_delta_norm / K."""
+    delta_dtype: Literal[DELTA_DTYPES] = "fp32"
+    """The dtype deltas travel in: fp32, or bf16 (half the bytes; the delta's rounding, not the weights')."""
+    reset_optimizer: bool = False
+    """Reset the inner AdamW state at each round boundary (false: kept, as DiLoCo's paper keeps it)."""
+    placement: Literal[DILOCO_PLACEMENTS] = "hand"
+    """hand: one rlvr train per learner (diloco.learner=k/K), started by you on each machine; ray: this rlvr train
+    places diloco.learners learners as Ray tasks on the cluster at async.ray_address (each writes
+    OUTPUT_DIR/learner-k; diloco.bucket must be reachable from every node)."""
+    learners: int = 0
+    """placement ray: how many learners to place."""
+
+    def __post_init__(self) -> None:
+        check_choices(self)
+        at_least(self, 1, "inner_steps", "min_learners")
+        at_least(self, 0, "max_delta_norm")
+        if not self.round_timeout_s > 0 or not self.outer_lr > 0 or not 0 <= self.outer_momentum < 1:
+            raise ValueError("diloco needs round_timeout_s > 0, outer_lr > 0 and 0 <= outer_momentum < 1")
+        if self.learner:
+            parse_learner(self.learner)
+        if self.placement == "ray" and (self.learner or self.learners < 1):
+            raise ValueError("diloco.placement=ray places diloco.learners (>= 1) learners itself: set it, and leave "
+                             "diloco.learner unset")
+
+
+def parse_learner(spec: str) -> tuple[int, int]:
+    """``"k/K"`` -> (k, K): learner k (0-based) of K."""
+    match = re.fullmatch(r"([0-9]{1,6})/([0-9]{1,6})", spec.strip())
+    if not match or not int(match[1]) < int(match[2]):
+        raise ValueError(f"diloco.learner must be k/K with 0 <= k < K (learner 0 of 2 is 0/2); got {spec!r}")
+    return int(match[1]), int(match[2])

@@ -1,0 +1,799 @@
+"""Run configuration: frozen dataclasses, loaded from YAML plus dotted ``key.sub=value`` overrides.
+
+Unknown keys and ill-typed values are errors that name the key and what is allowed. Each section checks its own
+fields in ``__post_init__`` (a field typed ``Literal[...]`` holds one of those values); checks across sections are
+in ``_validate``. ``algo.preset`` fills every algorithm knob the user did not set explicitly (``PRESETS``
+below).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import yaml
+
+from rlvr.config.algo import PRESETS, AlgoConfig
+from rlvr.config.checks import at_least, check_choices, switch
+from rlvr.config.diloco import DilocoConfig
+from rlvr.core.ppo import PPOSettings
+from rlvr.models.policy import ALL_LINEAR
+from rlvr.platform.devices import DTYPES, check_device_spec, weight_dtype
+from rlvr.rewards.base import ON_ERROR
+from rlvr.rollout.decode_weights import PRECISIONS
+
+ARITHMETIC_SYSTEM_PROMPT = "Reply with only the number."
+TASKS = ("arithmetic", "word_problems", "tool_problems", "jsonl", "math_jsonl", "code_jsonl", "hf")
+
+# The values of the fields typed Literal[...] below: check_choices checks them, the docs list them.
+AUTOCAST, BACKENDS, RUNTIMES, TRANSPORTS = ("none", "bf16"), ("local", "server"), ("embedded", "ray"), ("ws", "http")
+ANSWER_FORMATS, PROBLEM_KINDS = ("raw", "gsm8k", "math"), ("products", "word", "two_step")
+GRAMMARS = ("varied", "simple", "mixed")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str = "smollm2-135m-instruct"
+    """Built-in alias (smollm2-135m-instruct) or a local directory saved with save_pretrained()."""
+    lora: bool = True
+    """Train LoRA adapters (reference = adapter disabled) instead of all weights."""
+    lora_r: int = 16
+    """LoRA rank."""
+    lora_alpha: float = 32.0
+    """LoRA scaling numerator (scale = alpha / r)."""
+    lora_dropout: float = 0.0
+    """Dropout on the LoRA input."""
+    lora_targets: tuple[str, ...] = (ALL_LINEAR,)
+    """Names of the linear modules that get adapters (e.g. [q_proj, v_proj]), or all-linear: every linear layer of the
+    decoder whatever its naming scheme (fused qkv_proj, query_key_value, ...) and the stacked expert weights of MoE
+    layers; never the output layer; MoE routers stay frozen."""
+    autocast: Literal[AUTOCAST] = "none"
+    """none (fp32) or bf16: run generation and training matmuls under bf16 autocast (fp32 master weights;
+    log-probs and the loss stay fp32). Only worth it where the hardware has bf16 units (AMX, GPUs)."""
+    gradient_checkpointing: bool | str = "auto"
+    """Recompute each layer's activations in backward: far less memory for about one extra forward pass. auto: on
+    for a CUDA device (where memory is what runs out; TRL's default), off on the CPU (where time is)."""
+    dtype: Literal[DTYPES] = "auto"
+    """The weights' dtype: auto is bf16 for the frozen base under LoRA on a GPU with bf16 units (compute capability
+    8.0+) and fp32 everywhere else, the CPU included; fp32; or bf16 (LoRA only: full fine-tuning would step bf16
+    weights - use model.autocast=bf16 there). LoRA parameters, optimizer state, log-probs and the loss stay fp32
+    either way (docs/concepts/devices.md)."""
+
+    def __post_init__(self) -> None:
+        check_choices(self)
+        switch(self, "gradient_checkpointing")
+        if self.dtype == "bf16" and not self.lora:
+            weight_dtype("bf16", torch.device("cpu"), lora=False)  # raises, saying why and what to use instead
+        at_least(self, 1, "lora_r")
+        if not self.lora_alpha > 0:
+            raise ValueError(f"lora_alpha must be > 0; got {self.lora_alpha}")
+        if not 0 <= self.lora_dropout < 1:
+            raise ValueError(f"lora_dropout must be in [0, 1); got {self.lora_dropout}")
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    name: Literal[TASKS] = "arithmetic"
+    """arithmetic or word_problems (generated from the seed); jsonl, math_jsonl (needs an answer column) or
+    code_jsonl (needs test columns), read from train_path / eval_path (or train_path split by eval_fraction); hf: any
+    Hugging Face datasets source (task.source). Both kinds read rows through the column map (docs/data.md)."""
+    digits: int = 1
+    """arithmetic: digits per operand (1 means 0-9)."""
+    operators: tuple[str, ...] = ("+", "*")
+    """arithmetic: operators drawn from + - * (the default + and * with 1 digit: 200 questions, 100 held out)."""
+    eval_size: int = 100
+    """Held-out questions (arithmetic: carved out of the question space; jsonl: first rows of eval_path; hf: first
+    rows of eval_split, or rows held out of train_split when eval_split is ''; with eval_fraction: the first of the
+    rows it holds out)."""
+    eval_fraction: float = 0.0
+    """jsonl tasks and hf: hold out this share (0-1) of the rows of train_path / train_split instead of reading an
+    eval file or split: round(share x rows) rows chosen by task.seed, never trained on (0: off). Leave eval_path
+    empty, and eval_split unset (it becomes ''); each side needs at least one row."""
+    train_size: int = 0
+    """arithmetic: training questions to keep (0: all that are not held out); word_problems: rows (0: 2,000); hf:
+    the first rows of train_split to read (0: all; needed with streaming)."""
+    seed: int = 1234
+    """arithmetic, word_problems: seed of the questions (separate from train.seed, so every run shares one
+    held-out set); hf and jsonl tasks: seed of the rows held out of the training rows (eval_fraction, or hf with
+    eval_split '')."""
+    system_prompt: str = ARITHMETIC_SYSTEM_PROMPT
+    """arithmetic, word_problems: system message of every prompt (empty for none); hf and jsonl tasks: the system
+    message put before a question string (a prompt_column other than prompt, or prompt_template). word_problems,
+    hf, jsonl and math_jsonl replace the arithmetic default with their own step-by-step instruction, code_jsonl
+    with none."""
+    train_steps: tuple[int, ...] = (1, 2)
+    """word_problems: operations per training problem, drawn from this list (1-4 in the varied grammar, 1-3 in the
+    simple one)."""
+    eval_steps: tuple[int, ...] = (2,)
+    """word_problems: operations per held-out problem (held-out problems come from stories never trained on)."""
+    few_shot: int = 2
+    """word_problems, tool_problems: worked examples (0-2) shown before each question as earlier chat turns."""
+    problem_kind: Literal[PROBLEM_KINDS] = "two_step"
+    """tool_problems: the questions - products (bare a * b), word (one product told as a story) or two_step (a
+    product plus or minus a third number, in a story); operands 12-99, held-out products never trained on."""
+    example_kind: str = ""
+    """tool_problems: the kind of the worked examples ('' = task.problem_kind)."""
+    chat_template: bool = True
+    """Render chat-message prompts with the tokenizer's chat template; false renders them as a plain transcript
+    (system paragraph, 'Q: ...' / 'A: ...' turns, ending in 'A:') for base models trained without one (e.g.
+    gemma3-270m; pair it with rollout.stop so the model stops after its answer). String prompts are sent as they
+    are either way; true with a model that has a chat template warns about them (a chat model given bare text tends
+    to ramble)."""
+    max_number: int = 40
+    """word_problems: largest starting amount (added amounts up to 3/4 of it; multipliers 2-5)."""
+    curriculum: tuple[int, ...] = ()
+    """word_problems (or any task whose rows have a steps column): train first on problems with this many
+    operations, stage by stage, e.g. [1, 2]: one-operation problems, then two, then task.train_steps; a stage ends
+    when the first reward's mean reaches task.curriculum_pass_rate on 3 steps in a row, or after
+    task.curriculum_stage_steps steps (the synchronous loop only; () for none)."""
+    curriculum_pass_rate: float = 0.5
+    """task.curriculum: the pass rate (first reward's mean over the step's samples) that ends a stage."""
+    curriculum_stage_steps: int = 20
+    """task.curriculum: the most steps a stage lasts."""
+    grammar: Literal[GRAMMARS] = "varied"
+    """word_problems: varied (groups, prices, units, two events in a sentence, events out of order, distractors,
+    differences; 1-4 operations; held out by setting and by phrasing) or simple (one operation per sentence, 1-3;
+    held out by story; the grammar of docs/experiments/word_problems.md runs A-K) or mixed (1-3 operations: each
+    training row simple or varied with equal odds, the simple ones free of the varied held-out settings and of the
+    words only its held-out phrasings use; held out and prompted like varied)."""
+    train_path: str = ""
+    """jsonl tasks: training rows, one JSON object per line (prompt or messages, or the columns the column map
+    names: prompt_column, answer_column; docs/data.md)."""
+    eval_path: str = ""
+    """jsonl tasks: held-out rows in the same format ('' with eval_fraction)."""
+    drop_long_prompts: bool = False
+    """Skip (and count) prompts that leave no room for rollout.max_new_tokens in the model's context,
+    instead of stopping with an error naming the row."""
+    eval_reward: str = ""
+    """Reward whose value 1.0 means 'correct' for held-out accuracy ('' = arithmetic_correct for
+    arithmetic, code_tests for code_jsonl, math_correct otherwise)."""
+    source: str = ""
+    """hf: a local parquet / arrow / json / jsonl / csv file or glob, a directory of such files (splits from the
+    file names: train.parquet, test.parquet), a directory written by save_to_disk, or a Hub dataset id (only where
+    the Hub is reachable; otherwise download it elsewhere and point here at the local copy)."""
+    subset: str = ""
+    """hf: the dataset's configuration, load_dataset's name (e.g. main for GSM8K on the Hub; '' = default)."""
+    train_split: str = "train"
+    """hf: split the training rows come from."""
+    eval_split: str = "test"
+    """hf: split the held-out rows come from ('' = hold out eval_size rows of train_split, chosen by task.seed)."""
+    prompt_column: str = "prompt"
+    """hf and jsonl tasks: column holding the prompt. The column prompt (or messages) is read as TRL reads it: a
+    string is sent as it is, chat messages [{role, content}, ...] as they are. Any other column (GSM8K: question)
+    holds a question: a string is sent as the user message after task.system_prompt, chat messages as they are."""
+    prompt_template: str = ""
+    """hf and jsonl tasks: the prompt as a template over columns instead of prompt_column, e.g. 'Question:
+    {question}' (literal braces doubled: {{ }}); the result is a question string (user message after
+    task.system_prompt)."""
+    answer_column: str = "answer"
+    """hf and jsonl tasks: column holding the gold answer, copied to the answer column reward functions read after
+    answer_format ('' = none: rewards read the source columns themselves). Required on every row for hf and
+    math_jsonl, or when named or given an answer_format; otherwise an answer column is passed on as it is."""
+    answer_format: Literal[ANSWER_FORMATS] = "raw"
+    """hf and jsonl tasks: raw (the column as is), gsm8k (the text after ####, thousands separators removed) or math
+    (the last \\boxed{...} or \\fbox{...}, nested braces kept)."""
+    streaming: bool = False
+    """hf: read rows as a stream (datasets streaming=True), only the first train_size (+ eval_size) of them,
+    instead of loading or converting the whole source first."""
+
+    def __post_init__(self) -> None:
+        check_choices(self)
+        at_least(self, 1, "digits", "curriculum_stage_steps")
+        at_least(self, 0, "eval_size", "train_size", "few_shot")
+        if not 0 <= self.eval_fraction < 1:
+            raise ValueError(f"eval_fraction must be in [0, 1) (the share of the training rows held out; 0: off); "
+                             f"got {self.eval_fraction}")
+        if not 0 < self.curriculum_pass_rate <= 1:
+            raise ValueError(f"curriculum_pass_rate must be in (0, 1]; got {self.curriculum_pass_rate}")
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    name: str = "arithmetic_correct"
+    """Built-in reward (arithmetic_correct, math_correct, format) or 'package.module:function'."""
+    weight: float = 1.0
+    """Weight of this function in the total reward."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments for the built-in factory or bound to the user function."""
+    on_error: Literal[ON_ERROR] = "raise"
+    """When the function raises or times out: raise (stop with an error naming it) or none (score the batch
+    None for this function, excluded and counted)."""
+    timeout_s: float = 0.0
+    """Seconds one call may take (0: no limit); exceeding it counts as an error."""
+    model: str = ""
+    """For reward_model and judge: the model that scores (a directory or Hub id for a reward model; the served
+    model's name for a judge); passed to the built-in as its ``model`` argument."""
+
+    def __post_init__(self) -> None:
+        check_choices(self)
+        if self.model and "model" in self.kwargs:
+            raise ValueError(f"reward {self.name!r}: give the model once, as model: or as kwargs.model, not both")
+        if self.timeout_s < 0:
+            raise ValueError(f"timeout_s must be >= 0 (0: no limit); got {self.timeout_s}")
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    group_size: int = 8
+    """G: completions sampled per prompt."""
+    temperature: float = 1.0
+    """Sampling temperature (the trainer scores log-probs at the same temperature)."""
+    top_p: float = 1.0
+    """Nucleus sampling mass (1 disables)."""
+    top_k: int = 0
+    """Top-k sampling (0 disables)."""
+    max_new_tokens: int = 32
+    """Completion length cap; a completion without EOS by then counts as truncated."""
+    stop: tuple[str, ...] = ()
+    """Stop strings: a completion ends with the token that completes one of them (kept in the completion)."""
+    precision: Literal[PRECISIONS] = "auto"
+    """Decoding matmuls (the in-process sampler, and the rollout servers the run starts): fp32; bf16 (bf16 copies of
+    the weights, activations and the sampled distribution fp32; the importance weight corrects the log-prob gap); or
+    auto: bf16 for a model of 50M+ parameters where the hardware has bf16 matmul units (AMX, AVX512-BF16, CUDA), fp32
+    otherwise. LoRA adapters are folded into the decoding weights (rollout.fold_lora); without folding the sampler
+    decodes in the model's own dtype."""
+    per_completion_seeds: bool | str = "auto"
+    """Draw each completion's tokens from a generator of its own, seeded by the completion's position in the step's
+    batch, instead of one generator for the batch: then how the batch is split (over the learners of a torchrun
+    job, or its micro-batches) cannot change what is sampled. auto: on with several learners, off in one process
+    (one generator: a few percent faster decoding; the demo's numbers)."""
+    fold_lora: bool | str = "auto"
+    """The in-process sampler decodes with each LoRA adapter folded into a copy of its layer's weight (one matmul a
+    layer instead of three); the copy is made when a generation starts and freed when it ends, and costs the size of
+    every adapted weight (269 MB at 135M in bf16, ~13 GB for a 7B model). true, false, or auto: on a GPU, fold
+    only while a quarter of the device's memory stays free after the copies and the generation's KV cache and
+    logits (`rlvr plan` counts them); on the CPU, always. Samples are the same either way up to rounding."""
+    backend: Literal[BACKENDS] = "local"
+    """local: sample from the training model in this process; server: sample on rollout servers (rlvr serve or
+    vLLM) over HTTP, with the LoRA adapter published to rollout.bucket and loaded by every server after each
+    update."""
+    servers: tuple[str, ...] = ()
+    """backend=server: base URLs of the rollout servers, e.g. [http://10.0.0.5:8000, http://10.0.0.6:8000]."""
+    bucket: str = ""
+    """backend=server: where adapters are published, a directory or an fsspec URL (s3://..., gs://...) the
+    servers can read ('' = OUTPUT_DIR/adapters, for servers on this machine or a shared disk)."""
+    keep_versions: int = 2
+    """backend=server: adapter versions kept loaded on the servers and in the bucket."""
+    request_timeout_s: float = 600.0
+    """backend=server: seconds one generation request may take, all of it (connecting, generating, reading the
+    answer), before it is retried on another server."""
+    api_key_env: str = "RLVR_API_KEY"
+    """backend=server, or async with rollout.servers: the name of the environment variable that holds the servers'
+    API key (sent as Authorization: Bearer KEY, as rlvr serve --api-key and vLLM --api-key expect); the key itself
+    never goes into a config file. Unset or empty variable: no key is sent. Servers the learner starts get a random
+    key of their own per run."""
+    server_wait_s: float = 300.0
+    """backend=server: seconds to wait for servers to come up, and for any server at all to be reachable
+    again before the run stops with an error."""
+
+    def __post_init__(self) -> None:
+        check_choices(self)
+        at_least(self, 1, "group_size", "max_new_tokens", "keep_versions")
+        at_least(self, 0, "temperature", "top_k", "server_wait_s")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1]; got {self.top_p}")
+        if not self.request_timeout_s > 0:
+            raise ValueError(f"request_timeout_s must be > 0; got {self.request_timeout_s}")
+        switch(self, "fold_lora")
+        switch(self, "per_completion_seeds")
+
+
+PPOConfig = PPOSettings  # the ppo section: its fields are documented and checked in rlvr.core.ppo
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 60
+    """Training steps (each: sample, score, update)."""
+    prompts_per_step: int = 8
+    """B: prompts per step (the batch is B * G completions)."""
+    micro_batch_size: int = 16
+    """Completions per forward/backward; does not change the update."""
+    lr: float = 5e-4
+    """AdamW learning rate (after warmup)."""
+    warmup_steps: int = 0
+    """Linear warmup of the learning rate over this many optimizer steps."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping by global norm (0 disables)."""
+    seed: int = 0
+    """Seeds data order, sampling and initialisation."""
+    threads: int = 0
+    """torch intra-op threads (0: all cores)."""
+    device: str = "auto"
+    """Where the policy, the reference, the optimizer state, PPO's critic, the in-process sampler and the train step
+    live: auto (the current CUDA device when one is visible, else the CPU), cpu, cuda, cuda:N or mps. Rewards,
+    verifiers and environments always run on the CPU (docs/concepts/devices.md). Under torchrun every learner
+    takes cuda:LOCAL_RANK for auto and cuda."""
+    shard_weights: bool | str = "auto"
+    """Several learners (torchrun): shard the trained weights, their gradients and the optimizer state across the
+    learners with FSDP2 (each decoder layer its own group, gathered for its forward and backward, then freed), so
+    a learner holds about 1/N of them; false: every learner holds a whole replica and the gradients are all-reduced
+    once per step. auto: sharded for full fine-tuning, replicated under LoRA (the adapter is small; the frozen base
+    can be sharded too with true). One process: ignored. docs/concepts/distributed.md."""
+    collective_timeout_s: float = 600.0
+    """Several learners (torchrun): seconds any collective (gathering a step's groups, summing gradients) may wait
+    for the other ranks before the job stops with an error; a rank that died ends the others within it."""
+    heap_threshold_kb: int = 0
+    """glibc's malloc only (the rlvr command runs on mimalloc where installed: platform/allocator.py): allocations of at
+    least this many KiB are mmapped and returned when freed (platform/memory.py); 0 keeps glibc's defaults. 512 cuts a
+    LoRA step's peak RSS 2.3 -> 1.5 GB under glibc at 1.5-1.7x step time where page faults are slow
+    (benchmarks/vs_trl.py); 256 cuts the lean step's peak ~6 % more, up to ~20 % slower on small batches."""
+    logprob_chunk: int = 512
+    """Tokens per output-layer chunk when computing log-probs; fewer for a large vocabulary, so one chunk's logits
+    stay within 32M elements (128 MB in fp32; Gemma 3's 262k vocabulary gets 128)."""
+    checkpoint_every: int = 10
+    """Write a checkpoint every this many steps (0: only at the end and on Ctrl-C)."""
+    keep_last: int = 2
+    """Checkpoints to keep (the newest complete one is never deleted)."""
+    max_consecutive_skips: int = 3
+    """Stop after this many consecutive steps whose updates were all skipped as non-finite."""
+
+    def __post_init__(self) -> None:
+        check_device_spec(self.device)
+        switch(self, "shard_weights")
+        if not self.collective_timeout_s > 0:
+            raise ValueError(f"collective_timeout_s must be > 0; got {self.collective_timeout_s}")
+        at_least(self, 1, "steps", "prompts_per_step", "micro_batch_size", "logprob_chunk", "keep_last",
+                  "max_consecutive_skips")
+        at_least(self, 0, "warmup_steps", "weight_decay", "max_grad_norm", "threads", "heap_threshold_kb",
+                  "checkpoint_every")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0; got {self.lr} (a learning rate of 0 trains nothing)")
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    every: int = 0
+    """Greedy held-out evaluation every this many steps (0: only before and after training)."""
+    batch_size: int = 64
+    """Prompts per evaluation batch."""
+    max_new_tokens: int = 0
+    """Completion cap during evaluation (0: rollout.max_new_tokens)."""
+    extra_path: str = ""
+    """A second held-out set, evaluated beside the task's at every evaluation (eval/extra_accuracy): a JSONL file.
+    word_problems: rows of question and answer, each question put into the task's prompt (system message and
+    worked examples), e.g. examples/data/word_problems_independent.jsonl; jsonl tasks: rows like
+    task.eval_path's."""
+
+    def __post_init__(self) -> None:
+        at_least(self, 1, "batch_size")
+        at_least(self, 0, "every", "max_new_tokens")
+
+
+@dataclass(frozen=True)
+class AsyncConfig:
+    enabled: bool = False
+    """Overlap generation and training: rollout servers keep sampling with the latest published adapter while
+    the learner trains on groups already scored (written ``async`` in configs and overrides)."""
+    runtime: Literal[RUNTIMES] = "embedded"
+    """embedded: start async.servers `rlvr serve` processes on this machine (or use rollout.servers if given);
+    ray: place them as Ray actors on the Ray cluster at async.ray_address."""
+    servers: int = 1
+    """Rollout servers to start (ignored when rollout.servers lists servers that already run)."""
+    server_threads: int = 1
+    """torch threads per started server."""
+    server_device: str = "cpu"
+    """Where the servers the run starts decode (rlvr serve --device): cpu (the default: on a GPU machine the GPU is
+    the learner's), auto, cuda or cuda:N (each server holds its own copy of the model there); Ray servers asking
+    for a GPU reserve one (num_gpus=1) and see it as cuda."""
+    learner_threads: int = 0
+    """torch threads of the learner (0: the cores the servers leave)."""
+    pin: bool = True
+    """embedded: pin the learner and each server to their own cores (sched_setaffinity), where there are enough."""
+    max_inflight_groups: int = 0
+    """Groups dispatched or scored but not yet trained, at most (0: train.prompts_per_step: the next batch is
+    generated while the current one trains, one version behind). A slow learner makes the dispatchers wait
+    instead of filling memory; more than that only helps when generation is the slower side, and groups that
+    wait longer than max_staleness versions are dropped."""
+    max_staleness: int = 1
+    """A group sampled more than this many policy versions before the learner's current one is dropped (its
+    prompt sampled again), never trained."""
+    server_restarts: int = 3
+    """Times a started server that dies is restarted (embedded: by the learner; ray: Ray's max_restarts)."""
+    ray_address: str = ""
+    """ray: address of an existing Ray cluster ('' starts a local one in this process)."""
+    server_host: str = "127.0.0.1"
+    """ray: address the servers listen on. 127.0.0.1 (default): loopback only, so they are placed on the learner's
+    node and nobody else can reach them; node: the address Ray knows each node by (servers anywhere on the
+    cluster, reachable by anyone on that network: they require this run's random API key, but HTTP is plain
+    text, so use a network you trust); or an explicit address such as 0.0.0.0."""
+    learner_wait_s: float = 0.0
+    """Seconds the learner waits for the next scored group before the run stops with an error (0: 4 attempts x
+    (rollout.request_timeout_s + rollout.server_wait_s) + 300 s for scoring, the longest a healthy pool can take)."""
+
+    def __post_init__(self) -> None:
+        check_choices(self)
+        check_device_spec(self.server_device)
+        at_least(self, 1, "server_threads")
+        at_least(self, 0, "servers", "learner_threads", "max_inflight_groups", "max_staleness", "server_restarts",
+                  "learner_wait_s")
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    factory: str = ""
+    """A TRL-style environment class (or function returning one) as 'package.module:Name': one instance per
+    episode, reset(**row) -> optional text added to the prompt, every public method a tool, optional
+    get_reward(). '' with env.tools set: an environment of those tools only. See docs/concepts/episodes.md."""
+    tools: tuple[str, ...] = ()
+    """Tools besides the environment's methods: built-in calculator (exact arithmetic) and python (runs code in
+    the graders' sandbox), or your own functions as 'package.module:function' (type hints and a docstring)."""
+    url: str = ""
+    """An environment served over HTTP in the OpenEnv style (reset / step), e.g. http://127.0.0.1:8000: each model
+    turn is sent as the action {"message": text}, the observation comes back as the next turn, the server's reward
+    is one more reward (named openenv). Not with env.factory or env.tools."""
+    transport: Literal[TRANSPORTS] = "ws"
+    """env.url: ws (the server's WebSocket, one connection per episode: what openenv-core serves) or http (POST
+    /reset and /step: only for servers that keep one episode's state across requests)."""
+    api_key_env: str = "RLVR_ENV_API_KEY"
+    """env.url: environment variable holding the server's API key (sent as a Bearer token when set)."""
+    max_turns: int = 4
+    """Model turns per episode, at most (an episode ends earlier on a turn without a tool call)."""
+    max_episode_tokens: int = 512
+    """Completion tokens per episode (model turns and tool results together), at most."""
+    tool_timeout_s: float = 10.0
+    """Seconds one tool call may run; a call past it is abandoned and the model reads a timeout."""
+    stop_after_call: bool = True
+    """End a model turn at '</tool_call>' (the tool's result follows at once), instead of letting the model go on
+    writing (and inventing a result) until its end-of-turn token."""
+
+    def __post_init__(self) -> None:
+        check_choices(self)
+        at_least(self, 1, "max_turns", "max_episode_tokens", "tool_timeout_s")
+
+    @property
+    def enabled(self) -> bool:
+        """Episodes instead of single completions: an environment, tools or an environment server are set."""
+        return bool(self.factory or self.tools or self.url)
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    trackers: tuple[str, ...] = ("tensorboard",)
+    """Where metrics go besides metrics.jsonl (same names and steps): tensorboard (event files in tensorboard/),
+    wandb (Weights & Biases, offline unless WANDB_MODE is set; pip install 'rlvr[wandb]') and trackio (a local
+    database, trackio/ unless TRACKIO_DIR is set; pip install 'rlvr[trackio]'). See docs/trackers.md."""
+    project: str = "rlvr"
+    """Project name in wandb and trackio."""
+    run_name: str = ""
+    """Run name in wandb and trackio ('' = the name of output_dir)."""
+    progress: bool = True
+    """Show a live progress bar."""
+    plot: bool = True
+    """Write plot.png (reward and held-out accuracy against step) at the end."""
+    samples: bool = True
+    """Write samples.jsonl: every completion's text and reward, with its prompt's row index, per step."""
+    sample_token_ids: bool = False
+    """Also write each completion's token ids into samples.jsonl."""
+
+    def __post_init__(self) -> None:
+        from rlvr.store.trackers import TRACKERS
+
+        unknown = [t for t in self.trackers if t not in TRACKERS]
+        if unknown:
+            raise ValueError(f"trackers: unknown tracker {unknown[0]!r}; allowed: {', '.join(TRACKERS)}")
+        object.__setattr__(self, "trackers", tuple(dict.fromkeys(self.trackers)))  # each tracker once
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    output_dir: str = "runs/default"
+    """Run directory: config, metrics, summary, plot, checkpoints, trained weights."""
+    resume: str = ""
+    """'' starts fresh (an earlier run in output_dir is moved aside); 'auto' continues from the newest
+    complete checkpoint in output_dir (fresh if there is none); a path continues from that checkpoint."""
+    import_dirs: tuple[str, ...] = ()
+    """Folders that module:name rewards, tools and environment classes are imported from, after the working directory
+    and the config's folder (then PYTHONPATH and installed packages). A run's config.yaml records here the folders its
+    own modules came from, so it imports them from any directory."""
+    model: ModelConfig = ModelConfig()
+    """The policy: which model, LoRA or full fine-tuning."""
+    task: TaskConfig = TaskConfig()
+    """Where prompts and answers come from, and the held-out split."""
+    rewards: tuple[RewardConfig, ...] = (RewardConfig(),)
+    """Reward functions and weights; the total is their weighted sum."""
+    rollout: RolloutConfig = RolloutConfig()
+    """Group size and sampling."""
+    algo: AlgoConfig = field(default_factory=lambda: AlgoConfig(**PRESETS["grpo"]))
+    """The objective: preset and knobs."""
+    ppo: PPOConfig = field(default_factory=PPOConfig)
+    """The critic's settings, used with algo.name=ppo."""
+    train: TrainConfig = TrainConfig()
+    """Steps, batch shape, optimizer, seed."""
+    eval: EvalConfig = EvalConfig()
+    """Greedy held-out evaluation."""
+    env: EnvConfig = EnvConfig()
+    """Multi-turn episodes with tools and environments (off unless env.factory or env.tools is set)."""
+    log: LogConfig = LogConfig()
+    """Metric sinks."""
+    asynchronous: AsyncConfig = AsyncConfig()
+    """Asynchronous GRPO: learner and rollout servers overlapped (``async`` in YAML and overrides)."""
+    diloco: DilocoConfig = field(default_factory=DilocoConfig)
+    """Learners on separate machines that exchange a delta every diloco.inner_steps steps through a bucket."""
+
+
+class ConfigError(ValueError):
+    pass
+
+
+# Keys that were removed: what to write instead (one line; no silent aliases).
+REMOVED_KEYS = {"log.tensorboard": "list the trackers in log.trackers, e.g. log.trackers=[] for none"}
+_INT = re.compile(r"[+-]?[0-9]+")
+_FLOAT = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
+_BOOL = {"true": True, "false": False}
+
+
+def _convert(value: Any, tp: Any, key: str) -> Any:
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, key)
+    if origin in (types.UnionType, typing.Union, typing.Literal):  # a Literal's values: checked by the class
+        return value
+    if origin is tuple:
+        (item_tp, _) = typing.get_args(tp)
+        if not isinstance(value, (list, tuple)):
+            value = [value]
+        return tuple(_convert(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value))
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key} must be a mapping, got {value!r}")
+        return dict(value)
+    if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    # A quoted number or boolean ("1", '1e-3', "true"; YAML 1.1 also reads 1e-3 as a string) is taken for what it
+    # spells when the whole string is exactly one; anything else stays an error naming the key.
+    if tp is float and isinstance(value, str) and _FLOAT.fullmatch(value):
+        return float(value)
+    if tp is int and isinstance(value, str) and _INT.fullmatch(value):
+        return int(value)
+    if tp is bool and isinstance(value, str) and value.lower() in _BOOL:
+        return _BOOL[value.lower()]
+    if tp is int and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if tp in (str, bool) and isinstance(value, tp):
+        return value
+    if tp is str and isinstance(value, (int, float)):
+        return str(value)
+    raise ConfigError(f"{key} must be {tp.__name__}, got {value!r}")
+
+
+def _build(cls: type, data: Any, prefix: str) -> Any:
+    if isinstance(data, cls):
+        return data
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix or 'config'} must be a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = [k for k in data if k not in names]
+    if unknown:
+        key = f"{prefix}.{unknown[0]}" if prefix else unknown[0]
+        if key in REMOVED_KEYS:
+            raise ConfigError(f"{key} was removed: {REMOVED_KEYS[key]}")
+        section = f" in {prefix}" if prefix else ""
+        raise ConfigError(f"unknown config key {key!r}; allowed keys{section}: {', '.join(names)}")
+    shown = {"asynchronous": "async"}  # field names that differ from the config key users write
+    values = {k: _convert(v, hints[k], f"{prefix}.{k}" if prefix else shown.get(k, k)) for k, v in data.items()}
+    try:
+        return cls(**values)
+    except ConfigError:
+        raise
+    except ValueError as err:  # a section's own check; its message starts with the field's name
+        raise ConfigError(f"{prefix}.{err}" if prefix else str(err)) from None
+
+
+def _validate(cfg: RunConfig) -> None:
+    """Checks across sections, of the rewards list and of the task's combinations of keys (after build_config settles
+    hf's eval_split); each section checks its own fields in ``__post_init__``."""
+    if cfg.rollout.group_size < 2 and cfg.algo.name == "grpo":  # PPO's critic is its baseline: any group size
+        raise ConfigError(f"rollout.group_size must be >= 2; got {cfg.rollout.group_size}: GRPO scores each completion "
+                          "against the others of its group, so a group of one has no signal (8 is usual)")
+    if not cfg.rewards:
+        raise ConfigError("rewards must list at least one reward function")
+    if cfg.algo.name == "ppo":
+        if cfg.algo.beta != 0:
+            raise ConfigError(f"algo.name=ppo puts the KL penalty in the reward (ppo.kl_coef), but algo.beta is "
+                              f"{cfg.algo.beta} (preset {cfg.algo.preset}): use algo.preset=ppo, or set algo.beta=0")
+        if cfg.algo.num_iterations != 1 or cfg.asynchronous.enabled or cfg.algo.dynamic_sampling:
+            raise ConfigError("algo.name=ppo supports algo.num_iterations=1, synchronous runs and no dynamic "
+                              "sampling (it is the memory baseline, not a second trainer)")
+    a = cfg.asynchronous
+    if a.enabled:
+        if not cfg.model.lora:
+            raise ConfigError("async.enabled=true ships LoRA adapters to the rollout servers; set model.lora=true")
+        if not cfg.rollout.servers and a.servers < 1:
+            raise ConfigError("async.enabled=true needs servers: async.servers >= 1, or rollout.servers=[URL, ...]")
+    if cfg.rollout.backend == "server":
+        if not cfg.rollout.servers:
+            raise ConfigError("rollout.backend=server needs rollout.servers=[URL, ...] (rlvr serve or vLLM servers)")
+        if not cfg.model.lora:
+            raise ConfigError("rollout.backend=server ships LoRA adapters to the servers after each update; set "
+                              "model.lora=true (full weights cannot be hot-loaded over HTTP)")
+    if cfg.diloco.learner or cfg.diloco.placement == "ray":
+        if not cfg.diloco.bucket:
+            raise ConfigError("diloco.learner needs diloco.bucket: the directory or URL the learners share")
+        if a.enabled or cfg.algo.name == "ppo":
+            raise ConfigError("diloco.learner runs the synchronous GRPO loop; set async.enabled=false and a GRPO "
+                              "preset")
+    t = cfg.task
+    if t.eval_fraction and t.name not in ("jsonl", "math_jsonl", "code_jsonl", "hf"):
+        raise ConfigError(f"task.eval_fraction splits the rows of a file or split (jsonl tasks, hf); task.name="
+                          f"{t.name} makes its own held-out set (task.eval_size)")
+    if t.curriculum and (a.enabled or cfg.algo.name == "ppo"):
+        raise ConfigError("task.curriculum runs in the synchronous GRPO loop; set async.enabled=false (or drop the "
+                          "curriculum)")
+    if t.name.endswith("jsonl"):
+        _validate_jsonl(t)
+    if t.name in ("jsonl", "math_jsonl", "code_jsonl", "hf"):
+        if t.prompt_template and t.prompt_column != "prompt":
+            raise ConfigError("set task.prompt_column or task.prompt_template, not both")
+        if t.answer_format != "raw" and not t.answer_column:
+            raise ConfigError(f"task.answer_format={t.answer_format} reads task.answer_column; name the column")
+    if t.name == "hf":
+        _validate_hf(cfg)
+
+
+def _validate_jsonl(t: TaskConfig) -> None:
+    if t.eval_fraction:
+        if not t.train_path or t.eval_path:
+            raise ConfigError(f"task.eval_fraction={t.eval_fraction} holds out rows of task.train_path, so it needs "
+                              "task.train_path and no task.eval_path (set one of eval_path and eval_fraction)")
+    elif not (t.train_path and t.eval_path):
+        raise ConfigError(f"task.name={t.name} needs task.train_path and task.eval_path (or task.eval_fraction to "
+                          "hold out a share of the train_path rows)")
+    if t.name == "math_jsonl" and not t.answer_column:
+        raise ConfigError("task.name=math_jsonl needs the gold answer: set task.answer_column (or use task.name=jsonl)")
+
+
+def _validate_hf(cfg: RunConfig) -> None:
+    t = cfg.task
+    if not t.source:
+        raise ConfigError("task.name=hf needs task.source: a local parquet / arrow / json / jsonl / csv file or "
+                          "directory, a save_to_disk directory, or a Hub dataset id")
+    if t.eval_fraction and t.eval_split:
+        raise ConfigError(f"task.eval_fraction={t.eval_fraction} holds out rows of task.train_split, and "
+                          f"task.eval_split={t.eval_split!r} names a held-out split too: set one of them")
+    if t.eval_split and t.eval_split == t.train_split:
+        raise ConfigError(f"task.eval_split and task.train_split are both {t.eval_split!r}: held-out rows would be "
+                          "trained on; name another split, or set task.eval_split='' to hold out task.eval_size rows")
+    if t.eval_fraction and t.streaming:
+        raise ConfigError("task.eval_fraction needs the length of the split, which task.streaming=true does not "
+                          "know; set task.eval_split='' and task.eval_size instead")
+    if t.streaming and t.train_size < 1:
+        needed = cfg.train.steps * cfg.train.prompts_per_step
+        raise ConfigError(f"task.streaming=true reads only the rows a run needs: set task.train_size (this run "
+                          f"draws train.steps x train.prompts_per_step = {needed} prompts)")
+
+
+def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node = tree
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"override {dotted!r}: {part!r} is not a section")
+    node[parts[-1]] = value
+
+
+def parse_overrides(overrides: list[str]) -> dict:
+    tree: dict = {}
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} must look like key.sub=value")
+        key, raw = item.split("=", 1)
+        _set_dotted(tree, key.strip(), yaml.safe_load(raw) if raw else "")
+    return tree
+
+
+class _TreeLoader(yaml.SafeLoader):
+    """``yaml.safe_load`` that refuses aliases (``*name``): each alias reuses a node, so 1 KB of them can make a graph
+    of a billion nodes (an "alias bomb") that hangs whatever walks it, such as a resumed checkpoint's config.yaml
+    compared with the run's. rlvr's configs never need one; without aliases the tree is no larger than the text."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            raise ConfigError(f"line {self.peek_event().start_mark.line + 1}: a YAML alias (*name); rlvr reads no "
+                              "aliases or merge keys (<<: *name): write the values out in full")
+        return super().compose_node(parent, index)
+
+
+def load_yaml(text: str, source: str) -> Any:
+    """The YAML value in ``text`` (``source`` names it in errors), without aliases: ``ConfigError`` for one."""
+    try:
+        return yaml.load(text, Loader=_TreeLoader)  # a SafeLoader: plain values only
+    except ConfigError as err:  # an alias
+        raise ConfigError(f"{source}, {err}") from None
+    except yaml.YAMLError as err:  # malformed: one line naming where
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        what = " ".join(str(getattr(err, "problem", None) or err).split())
+        raise ConfigError(f"{source} is not valid YAML{where}: {what}; fix that line (indentation, a ':' or a "
+                          "quote)") from None
+
+
+def _merge(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def build_config(data: dict) -> RunConfig:
+    """A validated RunConfig from a nested dict; the algo preset fills knobs not given explicitly."""
+    data = dict(data)
+    if "async" in data:  # a Python keyword, so the field is named asynchronous
+        data["asynchronous"] = _merge(data.get("asynchronous") or {}, data.pop("async") or {})
+    algo = dict(data.get("algo") or {})
+    preset = algo.get("preset", "ppo" if algo.get("name") == "ppo" else AlgoConfig.preset)
+    algo["preset"] = preset  # an unknown preset fills nothing; AlgoConfig names the presets
+    if algo.get("ratio_to") == "behaviour":  # the ratio is the correction: no importance weight unless asked
+        algo.setdefault("is_level", "none")
+    data["algo"] = {**PRESETS.get(preset, {}), **algo}
+    cfg = _build(RunConfig, data, "")
+    task = data.get("task") if isinstance(data.get("task"), dict) else {}
+    if cfg.task.name == "hf" and cfg.task.eval_fraction and "eval_split" not in task:  # from train_split, not test
+        cfg = dataclasses.replace(cfg, task=dataclasses.replace(cfg.task, eval_split=""))
+    _validate(cfg)
+    _check_explicit(cfg, data)
+    return cfg
+
+
+def _check_explicit(cfg: RunConfig, data: dict) -> None:
+    """Checks that depend on what the config states rather than on the defaults it fell back to."""
+    if "rewards" not in data and cfg.task.name != "arithmetic":
+        fit = ("[{name: code_tests}] (the completion's code run against the row's tests)" if cfg.task.name ==
+               "code_jsonl" else "[{name: math_correct}] (the final answer against the answer column, via math-verify)")
+        raise ConfigError(f"task.name={cfg.task.name} lists no rewards, and the default, arithmetic_correct, fits only "
+                          f"task.name=arithmetic: list the reward that scores your answers, e.g. rewards: {fit}, or "
+                          "your own function: rewards: [{name: 'my_module:my_reward'}]")
+
+
+def load_config(path: str | Path | None, overrides: list[str] = ()) -> RunConfig:
+    data: dict = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {path} does not exist")
+        data = load_yaml(path.read_text(), str(path)) or {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path} must hold a YAML mapping")
+    return build_config(_merge(data, parse_overrides(list(overrides))))
+
+
+def to_dict(cfg: Any) -> Any:
+    if dataclasses.is_dataclass(cfg):
+        return {("async" if f.name == "asynchronous" else f.name): to_dict(getattr(cfg, f.name))
+                for f in dataclasses.fields(cfg)}
+    if isinstance(cfg, tuple):
+        return [to_dict(v) for v in cfg]
+    return cfg
+
+
+def to_yaml(cfg: RunConfig) -> str:
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False)
+
+
+def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(tree, dict):
+        return {k: v for key, sub in tree.items() for k, v in _flatten(sub, f"{prefix}{key}.").items()}
+    return {prefix[:-1]: tree}
+
+
+def config_changes(old_yaml: str, cfg: RunConfig) -> list[str]:
+    """``key old -> new`` for every setting of ``cfg`` that differs from a saved config (output_dir, resume and
+    import_dirs excluded); a key the old config lacks counts as changed from its default."""
+    old = _flatten(load_yaml(old_yaml, "the checkpoint's config.yaml") or {})
+    new = _flatten(to_dict(cfg))
+    return [f"{k} {old.get(k, '(unset)')} -> {v}" for k, v in new.items()
+            if k not in ("output_dir", "resume", "import_dirs") and old.get(k) != v]
+
+
+def save_config(cfg: RunConfig, path: Path) -> None:
+    path.write_text(to_yaml(cfg))

@@ -1,0 +1,93 @@
+"""The memory allocator a run uses: mimalloc, preloaded when ``rlvr`` starts, where it is installed.
+
+A training step allocates and frees thousands of activation tensors of a few sizes, interleaved with tensors kept
+for backward. glibc's malloc serves most of them from one heap and reuses the holes they leave badly: a LoRA step of
+SmolLM2-135M held 2.5 GB at its peak where ~1.6 GB was live, and glibc's remedies cost time (mmapping every block
+from 512 KiB up, ``train.heap_threshold_kb``, faults the memory in again every step: 1.5x the step; ``malloc_trim``
+between phases saved 0.1 GB, the holes open within the update). mimalloc (size-class pages: a freed block serves
+the next tensor of its size) held 1.65-1.8 GB at 0.94-1.0x glibc's step time; jemalloc was as lean but 9 % slower
+(docs/experiments/performance.md, "The train step and the allocator"; BENCHMARKS.md, "rlvr vs TRL").
+
+An allocator must be loaded before the process starts, so the ``rlvr`` command re-executes itself once with
+mimalloc in ``LD_PRELOAD`` (the way PyTorch's own CPU launcher, ``torch.backends.xeon.run_cpu``, preloads jemalloc
+or tcmalloc), then takes it out of the environment again so that the processes it starts (rlvr serve, vLLM, code
+sandboxes) choose for themselves. ``RLVR_ALLOCATOR``: ``auto`` (the default: mimalloc where the ``cmeel-mimalloc``
+wheel is installed - Linux x86-64 -, else the system's), ``system`` (never preload), or the path of an allocator's
+shared library. Python programs that import rlvr (``GRPOTrainer``) run in a process rlvr did not start: preload it
+there with ``LD_PRELOAD=$(python -m rlvr.platform.allocator) MIMALLOC_PURGE_DELAY=10000 python train.py``.
+
+Freed memory: mimalloc keeps pages a step freed for 10 s (``MIMALLOC_PURGE_DELAY=10000``, unless the environment
+sets it): its default, 10 ms, made every step fault them in again (8 % slower); never purging crept upwards.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import sys
+from pathlib import Path
+
+VARIABLE = "RLVR_ALLOCATOR"
+_PRELOADED = "_RLVR_PRELOADED"  # set across the re-execution only
+_PREVIOUS = "_RLVR_PREVIOUS_LD_PRELOAD"
+SETTINGS = {"MIMALLOC_PURGE_DELAY": "10000"}  # the allocator's own settings, unless the environment has them
+
+
+def mimalloc_library() -> Path | None:
+    """The shared library of the installed ``cmeel-mimalloc`` wheel, if any."""
+    try:
+        files = importlib.metadata.files("cmeel-mimalloc") or []
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    found = sorted(f for f in files if f.name.startswith("libmimalloc.so"))
+    return Path(found[0].locate()).resolve() if found else None
+
+
+def chosen_library(setting: str, platform: str = sys.platform) -> Path | None:
+    """The library ``RLVR_ALLOCATOR=setting`` asks for on ``platform`` (None: the system's allocator); a path that is
+    not a file is a ValueError saying what to set."""
+    if setting == "system" or not platform.startswith("linux"):
+        return None
+    if setting in ("", "auto"):
+        return mimalloc_library()
+    path = Path(setting)
+    if not path.is_file():
+        raise ValueError(f"{VARIABLE}={setting!r}: not a file; set it to auto, system or the path of an allocator's "
+                         "shared library (e.g. /usr/lib/x86_64-linux-gnu/libjemalloc.so.2)")
+    return path.resolve()
+
+
+def preload_and_restart() -> None:
+    """Called first by the ``rlvr`` command: re-execute this process with the chosen allocator preloaded (once);
+    in the re-executed process, restore the environment its children inherit."""
+    if os.environ.pop(_PRELOADED, None) is not None:
+        previous = os.environ.pop(_PREVIOUS, "")
+        if previous:
+            os.environ["LD_PRELOAD"] = previous
+        else:
+            os.environ.pop("LD_PRELOAD", None)
+        return
+    library = chosen_library(os.environ.get(VARIABLE, "auto"))
+    if library is None or str(library) in os.environ.get("LD_PRELOAD", ""):
+        return
+    previous = os.environ.get("LD_PRELOAD", "")
+    env = {**SETTINGS, **os.environ, _PRELOADED: "1", _PREVIOUS: previous,
+           "LD_PRELOAD": ":".join(filter(None, [str(library), previous]))}
+    sys.stdout.flush(), sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
+
+
+def in_use() -> str:
+    """The allocator this process runs on, for the run's log: the preloaded library's name, or the system's."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return "the system's"
+    for name in ("mimalloc", "jemalloc", "tcmalloc"):
+        if f"lib{name}" in maps:
+            return name
+    return "the system's"
+
+
+if __name__ == "__main__":  # LD_PRELOAD=$(python -m rlvr.platform.allocator) MIMALLOC_PURGE_DELAY=10000 python train.py
+    print(chosen_library(os.environ.get(VARIABLE, "auto")) or "")

@@ -1,0 +1,204 @@
+"""A DiLoCo learner: an ordinary run whose update, every diloco.inner_steps steps, takes part in a round.
+
+    every step:          the run's own update (GRPO), on this learner's shard of the rows
+    every H steps:       publish delta = theta - theta_start           (rlvr/store/rounds.py: the bucket)
+                         wait for the round's decision (all arrived, or round_timeout_s; any learner may decide)
+                         theta_start <- outer Nesterov step on the decided deltas   (rlvr/core/outer.py)
+                         theta <- theta_start; the next round starts
+
+Every learner applies the same decided deltas in learner order, so they all hold the same weights after a round;
+a learner whose delta came late (not in the decision) loads the result like the others and, if the others have
+moved further on, the newest shared weights. A learner that joins (or resumes after the others moved on) starts
+from the newest shared weights and momentum in the bucket. ``diloco.json`` in the run directory records the round
+and the step it started at, so a resumed learner knows whether its checkpoint is still in the current round.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import defaultdict
+
+import torch
+
+from rlvr.config.diloco import parse_learner
+from rlvr.config.schema import RunConfig
+from rlvr.core.outer import bound_norm, delta_norm, nesterov_step, outer_gradient
+from rlvr.learn.collected import Collected
+from rlvr.learn.learner import Learner
+from rlvr.platform.faults import fault_point
+from rlvr.run.lifecycle import Run, Update
+from rlvr.store.rounds import DELTA_TORCH_DTYPES, Decision, RefusedDelta, RoundBucket
+
+POLL_S = 0.2
+STATE_FILE = "diloco.json"
+
+
+class DilocoUpdate:
+    """``inner`` (the run's update), with a DiLoCo round every diloco.inner_steps steps."""
+
+    def __init__(self, inner: Update, cfg: RunConfig):
+        d = cfg.diloco
+        self.inner, self.cfg = inner, cfg
+        self.needs_reference = inner.needs_reference
+        self.learner, self.learners = parse_learner(d.learner)
+        self.bucket = RoundBucket(d.bucket, self.learner, self.learners)
+        self.dtype = DELTA_TORCH_DTYPES[d.delta_dtype]
+        self.round = -1  # the round this learner is in (set when it joins, at its first step)
+        self.round_start_step, self.step = 0, 0
+        self.start: dict[str, torch.Tensor] = {}  # the round's start weights (fp32), by parameter name
+        self.momentum: dict[str, torch.Tensor] | None = None
+        self.run: Run | None = None  # bound once the run is open (bind)
+        self.totals = dict.fromkeys(("rounds", "late", "refused", "bounded", "bytes_sent"), 0.0)  # cumulative
+
+    def attach(self, model: torch.nn.Module):
+        return self.inner.attach(model)
+
+    def bind(self, run: Run) -> None:
+        """The opened run whose weights, directory and first step the rounds read."""
+        self.run = run
+
+    def __call__(self, learner: Learner, batch: Collected) -> dict[str, float]:
+        run = self.run
+        if self.round < 0:
+            self._join(run)
+        stats = self.inner(learner, batch)
+        self.step += 1
+        if (self.step - self.round_start_step) % self.cfg.diloco.inner_steps == 0:
+            stats.update(self._close_round(run))
+        return {**stats, **{f"outer_{k}": v for k, v in self.totals.items()}}
+
+    # ---------------------------------------------------------------------------------------------- helpers
+    @staticmethod
+    def _params(run: Run) -> dict[str, torch.nn.Parameter]:
+        return {n: p for n, p in run.trainable.named_parameters() if p.requires_grad}
+
+    def _load(self, run: Run, weights: dict[str, torch.Tensor]) -> None:
+        with torch.no_grad():
+            for name, p in self._params(run).items():
+                p.copy_(weights[name])
+
+    def _save_position(self, run: Run) -> None:
+        if run.main:
+            (run.run_dir / STATE_FILE).write_text(json.dumps({"round": self.round,
+                                                              "round_start_step": self.round_start_step}))
+
+    def _saved_position(self, run: Run) -> dict:
+        try:
+            saved = json.loads((run.run_dir / STATE_FILE).read_text()[:4096])
+        except (OSError, ValueError):
+            return {}
+        ok = isinstance(saved, dict) and all(type(saved.get(k)) is int for k in ("round", "round_start_step"))
+        return saved if ok else {}
+
+    def _rejoin(self, run: Run, latest: int) -> None:
+        """Start round latest + 1 from the shared weights and momentum after round ``latest``."""
+        like = {n: p.detach() for n, p in self._params(run).items()}
+        self.start, self.momentum = self.bucket.read_state(latest, like)
+        self._load(run, self.start)
+        self.round, self.round_start_step = latest + 1, self.step
+        self._save_position(run)
+
+    def _join(self, run: Run) -> None:
+        """At the first step of this process: where the job is, and whether this learner's weights are current."""
+        self.step = self.round_start_step = run.start
+        latest = self.bucket.latest_state()
+        if latest is None:  # a new job: one learner's start is round 0's, which every learner then loads
+            if self.bucket.claim_start():
+                weights = {n: p.detach().float() for n, p in self._params(run).items()}
+                self.bucket.publish_state(0, weights, None, {"learner": self.learner, "reason": "start"})
+            self.bucket.wait_for_state(0, self.cfg.diloco.round_timeout_s)
+            latest = self.bucket.latest_state()
+        saved = self._saved_position(run)
+        if run.start and saved.get("round") == latest + 1 and run.start >= saved["round_start_step"]:
+            like = {n: p.detach() for n, p in self._params(run).items()}  # resumed inside the current round
+            self.start, self.momentum = self.bucket.read_state(latest, like)
+            self.round, self.round_start_step = latest + 1, saved["round_start_step"]
+        else:
+            self._rejoin(run, latest)
+
+    def _expected(self, round_: int) -> set[int]:
+        """Whom a round waits for: the learners of the previous round (and this one); every learner when there is
+        none. A learner that missed a round is not waited for again; its next delta counts if it comes in time."""
+        try:
+            previous = self.bucket.decision(round_ - 1) if round_ > 1 else None
+        except RefusedDelta:
+            previous = None
+        if previous is None or not previous.members:
+            return set(range(self.learners))
+        return {*previous.members, self.learner}
+
+    def _wait_for_decision(self, round_: int, like: dict[str, torch.Tensor]) -> Decision:
+        """The round's decision; made here if this learner finds the round closable first."""
+        d = self.cfg.diloco
+        published = time.monotonic()
+        expected = self._expected(round_)
+        while True:
+            decision = self.bucket.decision(round_)
+            if decision is not None:
+                return decision
+            arrived = self.bucket.arrived(round_)
+            timed_out = time.monotonic() - published >= d.round_timeout_s
+            if expected <= set(arrived) or timed_out:
+                digests = {}
+                for k in arrived:
+                    try:
+                        digests[k] = self.bucket.read_delta(round_, k, like, self.dtype)[1]
+                    except RefusedDelta as err:
+                        self.totals["refused"] += 1
+                        print(f"rlvr: diloco: refused {err}", flush=True)
+                enough = len(digests) >= (d.min_learners if timed_out else 1)
+                reason = "timeout" if timed_out else "all"
+                members = sorted(digests) if enough else []
+                self.bucket.decide(Decision(round_, tuple(members), {k: digests[k] for k in members}, self.learner,
+                                            reason if enough else "too few"))
+                continue
+            time.sleep(POLL_S)
+
+    def _close_round(self, run: Run) -> dict[str, float]:
+        """Publish this round's delta, wait for the decision, take the outer step, start the next round."""
+        d, round_ = self.cfg.diloco, self.round
+        params = self._params(run)
+        like = {n: p.detach() for n, p in params.items()}
+        delta = {n: (p.detach().float() - self.start[n]).to(self.dtype) for n, p in params.items()}
+        fault_point("diloco_delta", round_)
+        sent = self.bucket.publish_delta(round_, delta, {"steps": d.inner_steps})
+        t0 = time.monotonic()
+        decision = self._wait_for_decision(round_, like)
+        waited = time.monotonic() - t0
+        deltas, bounded = [], 0
+        for k in decision.members:  # learner order: every learner sums in the same order
+            try:
+                tensors, _ = self.bucket.read_delta(round_, k, like, self.dtype, decision.digests[k])
+            except RefusedDelta as err:
+                self.totals["refused"] += 1
+                print(f"rlvr: diloco: refused {err}", flush=True)
+                continue
+            tensors, scaled = bound_norm(tensors, d.max_delta_norm)
+            deltas.append(tensors)
+            bounded += scaled
+        if deltas:
+            weights, momentum = nesterov_step(self.start, outer_gradient(deltas), self.momentum, d.outer_lr,
+                                              d.outer_momentum)
+        else:  # closed with too few deltas: the round is dropped, every learner starts it again from its start
+            weights, momentum = self.start, self.momentum
+        if decision.closed_by == self.learner:  # one writer; the others compute the same weights themselves
+            self.bucket.publish_state(round_, weights, momentum, {"members": list(decision.members),
+                                                                  "reason": decision.reason})
+        late = self.learner not in decision.members
+        self.totals["rounds"] += 1
+        self.totals["late"] += late
+        self.totals["bounded"] += bounded
+        self.totals["bytes_sent"] += sent
+        latest = self.bucket.latest_state()
+        if latest is not None and latest > round_:  # the others moved on while this learner was late
+            self._rejoin(run, latest)
+        else:
+            self._load(run, weights)
+            self.start, self.momentum = weights, momentum
+            self.round, self.round_start_step = round_ + 1, self.step
+            self._save_position(run)
+        if d.reset_optimizer:
+            run.optimizer.state = defaultdict(dict)
+        return {"outer_learners": float(len(deltas)), "outer_wait_s": waited,
+                "outer_delta_norm": delta_norm(delta), "outer_round_sent_bytes": float(sent)}

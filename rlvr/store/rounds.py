@@ -1,0 +1,225 @@
+"""DiLoCo's exchange: learners that share nothing but a bucket (a local or shared directory, or any fsspec URL).
+
+Layout under ``diloco.bucket``::
+
+    learner-0003/v00000005/   learner 3's delta of round 5 (payload, then manifest.json: rlvr.store.bucket's format)
+    rounds/00000005.json      round 5's decision: which learners' deltas it averaged (created once, exclusively)
+    global/v00000005/         the shared weights after round 5 (for learners that join or resume)
+    momentum/v00000005/       the outer optimizer's momentum after round 5
+
+A version holds ``adapter_model.safetensors`` (the tensors, named as the model names its trainable parameters) and
+``adapter_config.json`` (a small JSON record), so every read goes through ``AdapterBucket``'s checks: a manifest
+naming exactly those two files, sizes and SHA-256 checked, regular files only, bounded reads.
+
+Who decides a round: whichever learner first finds it closable — every learner's delta arrived, or
+``round_timeout_s`` passed since its own delta with at least ``min_learners`` — creates the decision file
+exclusively (``O_EXCL`` on a file system; elsewhere a check then a write, which two learners racing within
+milliseconds could both pass: use a file system or a store with conditional writes). Every learner then applies
+the decided deltas itself, sorted by learner, so all of them compute the same weights bit for bit.
+
+What a reader trusts: nothing. A delta is refused (counted, never applied) unless its names, shapes and dtype are
+exactly the model's trainable parameters at the configured delta dtype and every value is finite; a decision is
+refused unless it is a small JSON record of learner numbers and digests. ``max_delta_norm`` bounds what one
+learner's delta can do (rlvr.core.outer.bound_norm). What it does not check: that a delta within those bounds was
+trained honestly — whoever can write to the bucket takes part in the average.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import time
+from dataclasses import dataclass
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load, save
+
+from rlvr.store.bucket import MANIFEST, AdapterBucket, ManifestError, TornVersionError
+
+TENSORS, RECORD = "adapter_model.safetensors", "adapter_config.json"
+MAX_DECISION_BYTES = 64 << 10
+DELTA_TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}  # diloco.delta_dtype -> torch
+
+
+class RefusedDelta(ValueError):
+    """A delta (or decision) that is not what a learner of this run writes; never applied."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    round: int
+    members: tuple[int, ...]  # learners whose deltas the round averages, ascending
+    digests: dict[int, str]  # each member's payload SHA-256, as the decider read it
+    closed_by: int
+    reason: str  # "all" | "timeout" | "too few"
+
+
+def expected_bytes(like: dict[str, torch.Tensor], dtype: torch.dtype) -> int:
+    """An upper bound on a delta's file size: its tensors at ``dtype`` plus safetensors' JSON header."""
+    itemsize = dtype.itemsize
+    return sum(t.numel() * itemsize + 256 + len(name) for name, t in like.items()) + 4096
+
+
+def _tensor_bytes(tensors: dict[str, torch.Tensor]) -> bytes:
+    return save({k: v.detach().to("cpu").contiguous() for k, v in sorted(tensors.items())})
+
+
+class RoundBucket:
+    """The bucket of one DiLoCo job, as learner ``learner`` of ``learners`` sees it."""
+
+    def __init__(self, url: str, learner: int, learners: int):
+        self.url, self.learner, self.learners = str(url).rstrip("/"), learner, learners
+        self.global_ = AdapterBucket(f"{self.url}/global")
+        self.momentum = AdapterBucket(f"{self.url}/momentum")
+        self.fs, self.root = self.global_.fs, self.global_.root.rsplit("/", 1)[0]  # the bucket's own path
+        self.rounds = f"{self.root}/rounds"
+
+    def _learner_bucket(self, k: int) -> AdapterBucket:
+        return AdapterBucket(f"{self.url}/learner-{k:04d}")
+
+    # ------------------------------------------------------------------------------------------- deltas
+    def publish_delta(self, round_: int, delta: dict[str, torch.Tensor], record: dict) -> int:
+        """Publish this learner's delta of ``round_``; returns the bytes written."""
+        files = {TENSORS: _tensor_bytes(delta), RECORD: json.dumps({**record, "round": round_,
+                                                                    "learner": self.learner}).encode()}
+        return self._learner_bucket(self.learner).publish_files(round_, files).bytes
+
+    def arrived(self, round_: int) -> list[int]:
+        """Learners whose delta of ``round_`` has a manifest (not yet checked), ascending: one existence check per
+        learner (polled while a round is open, so it must not grow with the rounds a learner has published)."""
+        return [k for k in range(self.learners)
+                if self.fs.exists(f"{self.root}/learner-{k:04d}/v{round_:08d}/{MANIFEST}")]
+
+    def read_delta(self, round_: int, k: int, like: dict[str, torch.Tensor], dtype: torch.dtype,
+                   digest: str | None = None) -> tuple[dict[str, torch.Tensor], str]:
+        """Learner ``k``'s delta of ``round_``, checked against ``like`` (the trainable parameters: names, shapes)
+        and ``dtype``; with ``digest``, the payload must be the one the decision names. RefusedDelta otherwise."""
+        where = f"learner {k}'s delta of round {round_}"
+        try:
+            files = self._learner_bucket(k).read(round_, {TENSORS: expected_bytes(like, dtype), RECORD: 64 << 10})
+        except (ManifestError, TornVersionError, FileNotFoundError, OSError) as err:
+            raise RefusedDelta(f"{where}: {err}") from None
+        got = hashlib.sha256(files[TENSORS]).hexdigest()
+        if digest is not None and got != digest:
+            raise RefusedDelta(f"{where} changed after the round's decision")
+        try:
+            tensors = load(files[TENSORS])
+        except (SafetensorError, ValueError, RuntimeError):
+            raise RefusedDelta(f"{where}: not a safetensors file") from None
+        if tensors.keys() != like.keys():
+            raise RefusedDelta(f"{where}: other tensor names than this model's trainable parameters")
+        for name, t in tensors.items():
+            if t.dtype != dtype or t.shape != like[name].shape:
+                raise RefusedDelta(f"{where}: {name} is {t.dtype} {tuple(t.shape)}, not {dtype} "
+                                   f"{tuple(like[name].shape)}")
+            if not bool(torch.isfinite(t).all()):
+                raise RefusedDelta(f"{where}: {name} holds a value that is not finite")
+        return tensors, got
+
+    # ----------------------------------------------------------------------------------------- decisions
+    def _decision_path(self, round_: int) -> str:
+        return f"{self.rounds}/{round_:08d}.json"
+
+    def decide(self, decision: Decision) -> bool:
+        """Create ``decision`` unless the round has one; whether this call created it."""
+        data = json.dumps({"round": decision.round, "members": list(decision.members),
+                           "digests": {str(k): v for k, v in decision.digests.items()},
+                           "closed_by": decision.closed_by, "reason": decision.reason}).encode()
+        return self._create_once(self._decision_path(decision.round), data)
+
+    def claim_start(self) -> bool:
+        """Whether this learner is the one that publishes the job's starting weights (created once, exclusively)."""
+        return self._create_once(f"{self.rounds}/start.claim", json.dumps({"learner": self.learner}).encode())
+
+    def _create_once(self, path: str, data: bytes) -> bool:
+        """Create ``path`` holding ``data`` unless it exists; whether this call created it."""
+        self.fs.makedirs(self.rounds, exist_ok=True)
+        if self.global_.local:
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                return False
+            with os.fdopen(fd, "wb") as f:  # readers retry a record they find half written
+                f.write(data)
+            return True
+        if self.fs.exists(path):
+            return False
+        self.fs.pipe_file(path, data)
+        return True
+
+    def decision(self, round_: int) -> Decision | None:
+        """Round ``round_``'s decision, None while there is none (or it is being written); RefusedDelta for one
+        rlvr does not write."""
+        path = self._decision_path(round_)
+        try:
+            with self.fs.open(path, "rb") as f:
+                raw = f.read(MAX_DECISION_BYTES + 1)
+        except FileNotFoundError:
+            return None
+        try:
+            record = json.loads(raw)
+        except ValueError:
+            return None  # being written (a learner creates it, then writes it): read again
+        members = record.get("members") if isinstance(record, dict) else None
+        digests = record.get("digests") if isinstance(record, dict) else None
+        ok = (len(raw) <= MAX_DECISION_BYTES and record.get("round") == round_ and isinstance(members, list)
+              and all(type(k) is int and 0 <= k < self.learners for k in members) and len(set(members)) == len(members)
+              and isinstance(digests, dict) and set(digests) == {str(k) for k in members}
+              and all(isinstance(v, str) and re.fullmatch(r"[0-9a-f]{64}", v) for v in digests.values())
+              and type(record.get("closed_by")) is int and record.get("reason") in ("all", "timeout", "too few"))
+        if not ok:
+            raise RefusedDelta(f"round {round_}'s decision in {self.url}/rounds is not what rlvr writes")
+        return Decision(round_, tuple(sorted(members)), {int(k): v for k, v in digests.items()},
+                        record["closed_by"], record["reason"])
+
+    # ---------------------------------------------------------------------------------------- shared state
+    def publish_state(self, round_: int, weights: dict[str, torch.Tensor], momentum: dict[str, torch.Tensor] | None,
+                      record: dict) -> None:
+        """The weights (and momentum) after ``round_``: written by one learner only (the round's decider, or the
+        start's claimant), since a second writer would truncate files a reader may be reading."""
+        if round_ in self.global_.versions():
+            return
+        meta = json.dumps({**record, "round": round_}).encode()
+        if momentum is not None:
+            self.momentum.publish_files(round_, {TENSORS: _tensor_bytes(momentum), RECORD: meta})
+        self.global_.publish_files(round_, {TENSORS: _tensor_bytes(weights), RECORD: meta})  # last: it marks the round
+
+    def latest_state(self) -> int | None:
+        return self.global_.latest()
+
+    def wait_for_state(self, round_: int, timeout_s: float) -> None:
+        """Wait until the weights after ``round_`` are published (RefusedDelta after ``timeout_s``)."""
+        deadline = time.monotonic() + timeout_s
+        while round_ not in self.global_.versions():
+            if time.monotonic() > deadline:
+                raise RefusedDelta(f"the shared weights of round {round_} did not appear in {self.url}/global within "
+                                   f"{timeout_s:g} s (diloco.round_timeout_s): is the learner that publishes them "
+                                   "running?")
+            time.sleep(0.2)
+
+    def read_state(self, round_: int, like: dict[str, torch.Tensor]) -> tuple[dict, dict | None]:
+        """(weights, momentum or None) after ``round_``, checked against ``like``."""
+        weights = self._checked(self.global_, round_, like, "the shared weights")
+        momentum = None
+        if round_ in self.momentum.versions():
+            momentum = self._checked(self.momentum, round_, like, "the outer momentum")
+        return weights, momentum
+
+    def _checked(self, bucket: AdapterBucket, round_: int, like: dict[str, torch.Tensor], what: str) -> dict:
+        for attempt in range(50):  # a version replaced while read (a republish) reads torn for a moment
+            try:
+                tensors = load(bucket.read(round_)[TENSORS])
+                break
+            except (TornVersionError, FileNotFoundError) as err:
+                if attempt == 49:
+                    raise RefusedDelta(f"{what} of round {round_}: {err}") from None
+                time.sleep(0.1)
+            except (ManifestError, OSError, SafetensorError, ValueError) as err:
+                raise RefusedDelta(f"{what} of round {round_}: {err}") from None
+        if tensors.keys() != like.keys() or any(t.shape != like[k].shape or t.dtype != torch.float32 or
+                                                not bool(torch.isfinite(t).all()) for k, t in tensors.items()):
+            raise RefusedDelta(f"{what} of round {round_} do not fit this model")
+        return tensors
