@@ -87,12 +87,14 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from rlvr.config.plan import Run, report, resolve_arch
+    from rlvr.config.plan import PlannedRun, report, resolve_arch
 
-    run = Run(precision=args.precision, optimizer=args.optimizer, lora_rank=args.lora_rank, beta=args.beta,
-              prompts=args.prompts, group=args.group, prompt_len=args.prompt_len, completion_len=args.completion_len,
-              micro_batch=args.micro_batch, checkpointing=args.checkpointing, lean=not args.plain,
-              devices=args.devices, zero=args.zero)
+    given = {"precision": args.precision, "optimizer": args.optimizer, "lora_rank": args.lora_rank, "beta": args.beta,
+             "prompts": args.prompts, "group": args.group, "prompt_len": args.prompt_len,
+             "completion_len": args.completion_len, "micro_batch": args.micro_batch,
+             "checkpointing": args.checkpointing, "lean": None if args.plain is None else not args.plain,
+             "devices": args.devices, "zero": args.zero}
+    run = PlannedRun(**{k: v for k, v in given.items() if v is not None})  # the rest: the config's defaults
     print(report(resolve_arch(args.model), run))
     return 0
 
@@ -201,19 +203,24 @@ def main(argv: list[str] | None = None) -> int:
     p_serve.set_defaults(run=_serve)
     p_plan = sub.add_parser("plan", help="peak training memory per device, PPO vs GRPO, component by component")
     p_plan.add_argument("model", help="1.5b, 7b, 8b, 70b, smollm2-135m, a built-in alias or a local model directory")
-    p_plan.add_argument("--precision", choices=("fp32", "bf16"), default="bf16")
-    p_plan.add_argument("--optimizer", choices=("adamw", "adamw_8bit", "sgd"), default="adamw")
-    p_plan.add_argument("--lora-rank", type=int, default=0, help="LoRA rank on all linear layers (0: full)")
-    p_plan.add_argument("--beta", type=float, default=0.04, help="KL coefficient (0: no reference model)")
-    p_plan.add_argument("--prompts", type=int, default=8, help="B: prompts per step")
-    p_plan.add_argument("--group", type=int, default=8, help="G: completions per prompt")
-    p_plan.add_argument("--prompt-len", type=int, default=256)
-    p_plan.add_argument("--completion-len", type=int, default=1024)
-    p_plan.add_argument("--micro-batch", type=int, default=8, help="completions per forward/backward on a device")
-    p_plan.add_argument("--checkpointing", action="store_true", help="activation checkpointing")
-    p_plan.add_argument("--plain", action="store_true", help="the plain step (TRL's way) instead of rlvr's")
-    p_plan.add_argument("--devices", type=int, default=1)
-    p_plan.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3), help="ZeRO stage (3 = FSDP)")
+    # unset flags take the run config's defaults (rlvr config), auto settings as on a CUDA device with bf16 units
+    p_plan.add_argument("--precision", choices=("auto", "fp32", "bf16"), help="model.dtype (default auto: a bf16 "
+                        "base under LoRA, fp32 for full fine-tuning)")
+    p_plan.add_argument("--optimizer", choices=("adamw", "adamw_8bit", "sgd"), help="default adamw")
+    p_plan.add_argument("--lora-rank", type=int, help="LoRA rank on all linear layers, 0: full (default model.lora_r)")
+    p_plan.add_argument("--beta", type=float, help="KL coefficient, 0: no reference model (default algo.beta)")
+    p_plan.add_argument("--prompts", type=int, help="B: prompts per step (default train.prompts_per_step)")
+    p_plan.add_argument("--group", type=int, help="G: completions per prompt (default rollout.group_size)")
+    p_plan.add_argument("--prompt-len", type=int, help="prompt tokens (default 64)")
+    p_plan.add_argument("--completion-len", type=int, help="completion tokens (default rollout.max_new_tokens)")
+    p_plan.add_argument("--micro-batch", type=int, help="completions per forward/backward on a device "
+                        "(default train.micro_batch_size)")
+    p_plan.add_argument("--checkpointing", action=argparse.BooleanOptionalAction,
+                        help="activation checkpointing (default model.gradient_checkpointing: auto, on for CUDA)")
+    p_plan.add_argument("--plain", action="store_true", default=None, help="the plain step (TRL's way) instead of "
+                        "rlvr's")
+    p_plan.add_argument("--devices", type=int, help="default 1")
+    p_plan.add_argument("--zero", type=int, choices=(0, 1, 2, 3), help="ZeRO stage (3 = FSDP; default 0)")
     p_plan.set_defaults(run=_plan)
     p_config = sub.add_parser("config", help="every config key with its type, default and description")
     p_config.add_argument("key", nargs="?", default="", help="a section (algo) or one key (algo.beta); default: all")

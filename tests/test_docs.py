@@ -42,6 +42,20 @@ def _config_reference():
     return module
 
 
+def test_layout_reference_is_current():
+    """docs/reference/layout.md's layers and file list come from tests/test_layers.py's TIERS and the modules'
+    docstrings (one source)."""
+    spec = importlib.util.spec_from_file_location("layout_reference", ROOT / "scripts" / "layout_reference.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    page = (ROOT / "docs" / "reference" / "layout.md").read_text()
+    if module.updated(page) != page:
+        pytest.fail("docs/reference/layout.md is stale: run python scripts/layout_reference.py", pytrace=False)
+    for level_units in module.TIERS:  # every unit of the layers is in the package, so the page lists it
+        for unit in level_units:
+            assert (ROOT / "rlvr" / unit).is_dir() or (ROOT / "rlvr" / f"{unit}.py").is_file(), unit
+
+
 def test_config_reference_is_current():
     path = ROOT / "docs" / "reference" / "config.md"
     expected = _config_reference().render()

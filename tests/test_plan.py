@@ -9,7 +9,7 @@ import torch
 from rlvr.config.plan import (
     ARCHS,
     Arch,
-    Run,
+    PlannedRun,
     arch_from_config,
     auto_folds,
     decode_bytes,
@@ -21,12 +21,35 @@ from rlvr.config.plan import (
     resolve_arch,
     sampling,
 )
+from rlvr.config.schema import RunConfig
 from rlvr.models.policy import LoraSpec, add_lora
 from rlvr.rollout.decode_weights import folded_bytes
 from rlvr.rollout.kv_cache import preallocated_cache
 from tests.conftest import make_model
 
 TOY = Arch("toy", layers=2, hidden=8, intermediate=16, heads=2, kv_heads=1, vocab=10)
+
+
+def Run(**settings) -> PlannedRun:
+    """A planned run with the settings these hand-derived cases were written for (fp32 full fine-tuning, no KL, no
+    checkpointing, micro-batch 16, 64 + 256 tokens), changed by ``settings``."""
+    fixed = {"precision": "fp32", "lora_rank": 0, "beta": 0.0, "checkpointing": False, "micro_batch": 16,
+             "prompt_len": 64, "completion_len": 256, "decode_precision": "auto"}
+    return PlannedRun(**{**fixed, **settings})
+
+
+def test_the_plan_defaults_are_the_configs():
+    """rlvr plan with no flags plans the run config's defaults, auto settings resolved as on a CUDA device."""
+    cfg, run = RunConfig(), PlannedRun()
+    assert (run.algo, run.beta, run.prompts, run.group) == (cfg.algo.name, cfg.algo.beta, cfg.train.prompts_per_step,
+                                                            cfg.rollout.group_size)
+    assert (run.completion_len, run.micro_batch, run.chunk) == (cfg.rollout.max_new_tokens, cfg.train.micro_batch_size,
+                                                                cfg.train.logprob_chunk)
+    assert run.lora_rank == cfg.model.lora_r and cfg.model.lora and cfg.model.dtype == "auto"
+    assert run.precision == "bf16" and run.checkpointing is True  # dtype auto under LoRA, checkpointing auto on CUDA
+    assert PlannedRun(lora_rank=0).precision == "fp32"  # full fine-tuning: fp32 weights, as model.dtype=auto gives
+    assert run.decode_precision == cfg.rollout.precision
+
 
 
 def test_parameter_counts_match_the_models(tokenizer):

@@ -72,6 +72,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from rlvr.config.schema import RunConfig
 from rlvr.models.policy import ALL_LINEAR
 from rlvr.rollout.decode_weights import AUTO_BF16_MIN_PARAMETERS, FOLD_HEADROOM
 
@@ -142,36 +143,47 @@ ARCHS = {
 OPTIMIZER_BYTES = {"adamw": 8, "adamw_8bit": 2, "sgd": 0}
 
 
-@dataclass(frozen=True)
-class Run:
-    """What is trained, how, and on what."""
+_DEFAULTS = RunConfig()  # the plan's defaults are the config's: one set
 
-    algo: str = "grpo"  # grpo or ppo
-    precision: str = "fp32"  # fp32, or bf16 (bf16 weights, gradients, activations; fp32 optimizer + master)
-    optimizer: str = "adamw"  # adamw, adamw_8bit, sgd
-    lora_rank: int = 0  # 0: full fine-tuning
+
+@dataclass(frozen=True)
+class PlannedRun:
+    """What is trained, how, and on what; every default is the run config's, with its ``auto`` settings resolved as
+    on a CUDA device with bf16 units (the device a plan is for)."""
+
+    algo: str = _DEFAULTS.algo.name  # grpo or ppo
+    precision: str = _DEFAULTS.model.dtype  # model.dtype: auto (bf16 base under LoRA, else fp32), fp32, or bf16
+    # (bf16 weights, gradients, activations; fp32 optimizer + master)
+    optimizer: str = "adamw"  # adamw (rlvr's), adamw_8bit, sgd
+    lora_rank: int = _DEFAULTS.model.lora_r if _DEFAULTS.model.lora else 0  # 0: full fine-tuning
     lora_targets: tuple[str, ...] = (ALL_LINEAR,)  # or names of Arch.linear_shapes
-    beta: float = 0.0  # GRPO's KL coefficient (PPO: the reward's kl_coef)
-    prompts: int = 8  # B
-    group: int = 8  # G
-    prompt_len: int = 64
-    completion_len: int = 256
-    micro_batch: int = 16  # completions per forward/backward
-    checkpointing: bool = False
+    beta: float = _DEFAULTS.algo.beta  # GRPO's KL coefficient (PPO: the reward's kl_coef)
+    prompts: int = _DEFAULTS.train.prompts_per_step  # B
+    group: int = _DEFAULTS.rollout.group_size  # G
+    prompt_len: int = 64  # a task's prompts (no config field)
+    completion_len: int = _DEFAULTS.rollout.max_new_tokens
+    micro_batch: int = _DEFAULTS.train.micro_batch_size  # completions per forward/backward
+    checkpointing: bool | str = _DEFAULTS.model.gradient_checkpointing  # auto: on, as on a CUDA device
     lean: bool = True  # rlvr's step (prompt once per group, fused output layer); False: the plain step
     padded: bool = True  # prompts of different lengths (a padding mask in attention), as RL batches have
-    chunk: int = 512  # tokens per output-layer chunk (lean step)
+    chunk: int = _DEFAULTS.train.logprob_chunk  # tokens per output-layer chunk (lean step)
     devices: int = 1
     zero: int = 0  # ZeRO stage: 0 none, 1 optimizer, 2 + gradients, 3 + weights (FSDP)
-    decode_precision: str = "auto"  # rollout.precision: the decoding matmuls' dtype (fp32, bf16, auto)
+    decode_precision: str = _DEFAULTS.rollout.precision  # rollout.precision: fp32, bf16, auto
     extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.precision == "auto":  # model.dtype=auto on a bf16 GPU (rlvr.platform.devices.weight_dtype)
+            object.__setattr__(self, "precision", "bf16" if self.lora_rank else "fp32")
+        if self.checkpointing == "auto":  # model.gradient_checkpointing=auto on a CUDA device
+            object.__setattr__(self, "checkpointing", True)
 
 
 def _bytes(precision: str) -> int:
     return 2 if precision == "bf16" else 4
 
 
-def plan(arch: Arch, run: Run) -> dict[str, float]:
+def plan(arch: Arch, run: PlannedRun) -> dict[str, float]:
     """Bytes per device of every component at the peak of a training step, and the total."""
     if run.algo not in ("grpo", "ppo"):
         raise ValueError(f"algo must be grpo or ppo, got {run.algo!r}")
@@ -240,7 +252,7 @@ def plan(arch: Arch, run: Run) -> dict[str, float]:
     return out
 
 
-def decode_bytes(arch: Arch, run: Run) -> int:
+def decode_bytes(arch: Arch, run: PlannedRun) -> int:
     """Bytes per weight of the decoding matmuls (rlvr.rollout.decode_weights.decode_dtype): rollout.precision, or
     auto: the weights' when they are bf16, bf16 from AUTO_BF16_MIN_PARAMETERS on (bf16 units assumed), else fp32."""
     if run.decode_precision not in ("auto", "fp32", "bf16"):
@@ -250,7 +262,7 @@ def decode_bytes(arch: Arch, run: Run) -> int:
     return 2 if run.precision == "bf16" or arch.params >= AUTO_BF16_MIN_PARAMETERS else 4
 
 
-def folded_copies(arch: Arch, run: Run) -> int:
+def folded_copies(arch: Arch, run: PlannedRun) -> int:
     """Bytes of the weight copies a folded generation holds (rlvr.rollout.decode_weights.folded_bytes): every
     adapted linear, and every linear plus the output layer when the decoding dtype is not the weights'."""
     d = decode_bytes(arch, run)
@@ -261,7 +273,7 @@ def folded_copies(arch: Arch, run: Run) -> int:
     return (arch.layers * per_layer + (arch.vocab * arch.hidden if cast else 0)) * d
 
 
-def sampling(arch: Arch, run: Run, fold: bool = True) -> dict[str, float]:
+def sampling(arch: Arch, run: PlannedRun, fold: bool = True) -> dict[str, float]:
     """Bytes per device of every component at the peak of the sampling phase (the in-process sampler, between two
     train steps), with the LoRA adapters folded into copies of the weights (``fold``) or not, and the total."""
     train = plan(arch, run)
@@ -276,14 +288,14 @@ def sampling(arch: Arch, run: Run, fold: bool = True) -> dict[str, float]:
     return out
 
 
-def fold_threshold(arch: Arch, run: Run) -> float:
+def fold_threshold(arch: Arch, run: PlannedRun) -> float:
     """The smallest device memory (bytes) on which rollout.fold_lora=auto folds: the state resident when a generation
     starts, the copies and the generation's KV cache and logits must leave FOLD_HEADROOM of it free
     (rlvr.rollout.decode_weights.fold_fits)."""
     return sampling(arch, run, fold=True)["total"] / (1.0 - FOLD_HEADROOM)
 
 
-def auto_folds(arch: Arch, run: Run, device_memory: float) -> bool:
+def auto_folds(arch: Arch, run: PlannedRun, device_memory: float) -> bool:
     """rollout.fold_lora=auto's choice on a GPU of ``device_memory`` bytes (on a CPU it always folds)."""
     return device_memory >= fold_threshold(arch, run)
 
@@ -293,7 +305,7 @@ SAMPLING_ROWS = {"weights": "weights", "reference": "reference", "critic": "crit
                  "total": "total, folded"}
 
 
-def sampling_table(arch: Arch, runs: dict[str, Run]) -> str:
+def sampling_table(arch: Arch, runs: dict[str, PlannedRun]) -> str:
     """A markdown table of the sampling phase's components (GB per device), folded, and its total not folded."""
     folded = {name: sampling(arch, r, fold=True) for name, r in runs.items()}
     unfolded = {name: sampling(arch, r, fold=False) for name, r in runs.items()}
@@ -306,7 +318,7 @@ def sampling_table(arch: Arch, runs: dict[str, Run]) -> str:
     return "\n".join(lines)
 
 
-def table(arch: Arch, runs: dict[str, Run]) -> str:
+def table(arch: Arch, runs: dict[str, PlannedRun]) -> str:
     """A markdown table of every component (GB per device) for several runs."""
     plans = {name: plan(arch, r) for name, r in runs.items()}
     keys = ["weights", "reference", "critic", "gradients", "optimizer", "activations", "logits", "total"]
@@ -317,7 +329,7 @@ def table(arch: Arch, runs: dict[str, Run]) -> str:
     return "\n".join(lines)
 
 
-def ppo_vs_grpo(arch: Arch, run: Run) -> tuple[dict, dict, float]:
+def ppo_vs_grpo(arch: Arch, run: PlannedRun) -> tuple[dict, dict, float]:
     """PPO's and GRPO's plans for the same run and the saving (fraction of PPO's peak)."""
     ppo, grpo = plan(arch, replace(run, algo="ppo")), plan(arch, replace(run, algo="grpo"))
     return ppo, grpo, 1.0 - grpo["total"] / ppo["total"]
@@ -340,7 +352,7 @@ def resolve_arch(name: str) -> Arch:
     return arch_from_config(AutoConfig.from_pretrained(directory))
 
 
-def report(arch: Arch, run: Run) -> str:
+def report(arch: Arch, run: PlannedRun) -> str:
     """PPO's and GRPO's components side by side, with the saving, as printed by ``rlvr plan``."""
     ppo, grpo, saving = ppo_vs_grpo(arch, run)
     setting = (f"{arch.name} ({arch.params / 1e9:.2f}B parameters), {run.precision}, {run.optimizer}, "
