@@ -64,8 +64,9 @@ Not modelled: the allocator's slack (freed memory it keeps: glibc heap holes on 
 allocator's fragmentation), the framework and library baseline, and attention kernels that save less than the
 math path counted here (flash attention); while sampling, the prefill's transients (B prompts of P_len tokens
 through one layer at a time), top-k / top-p / temperature's extra [n, V] buffers, and the gathering of ZeRO-3's
-sharded weights (the copies are counted whole). Against measured CPU peaks (benchmarks/memory.py) the plain step is
-within 1 % and rlvr's lean step ~9 % under, the gap being freed heap (rlvr/platform/memory.py).
+sharded weights (the copies are counted whole). Against measured CPU peaks the plain step's plan is close and rlvr's
+lean step's falls short by the freed heap glibc keeps (rlvr/platform/memory.py); the planner error per
+configuration: BENCHMARKS.md, "Memory: PPO vs GRPO, measured" (benchmarks/memory.py).
 """
 
 from __future__ import annotations

@@ -242,7 +242,7 @@ class RolloutConfig:
     """Draw each completion's tokens from a generator of its own, seeded by the completion's position in the step's
     batch, instead of one generator for the batch: then how the batch is split (over the learners of a torchrun
     job, or its micro-batches) cannot change what is sampled. auto: on with several learners, off in one process
-    (one generator: a few percent faster decoding; the demo's numbers)."""
+    (one generator: one draw for the whole batch, slightly faster decoding; the demo's recorded numbers)."""
     fold_lora: bool | str = "auto"
     """The in-process sampler decodes with each LoRA adapter folded into a copy of its layer's weight (one matmul a
     layer instead of three); the copy is made when a generation starts and freed when it ends, and costs the size of
@@ -323,9 +323,10 @@ class TrainConfig:
     for the other ranks before the job stops with an error; a rank that died ends the others within it."""
     heap_threshold_kb: int = 0
     """glibc's malloc only (the rlvr command runs on mimalloc where installed: platform/allocator.py): allocations of at
-    least this many KiB are mmapped and returned when freed (platform/memory.py); 0 keeps glibc's defaults. 512 cuts a
-    LoRA step's peak RSS 2.3 -> 1.5 GB under glibc at 1.5-1.7x step time where page faults are slow
-    (benchmarks/vs_trl.py); 256 cuts the lean step's peak ~6 % more, up to ~20 % slower on small batches."""
+    least this many KiB are mmapped and returned when freed (platform/memory.py); 0 keeps glibc's defaults. 512 lowers
+    a LoRA step's peak RSS under glibc, at a cost in step time where page faults are slow; 256 lowers the lean step's
+    peak a little more, at a further cost on small batches (figures: docs/experiments/performance.md, "The train
+    step and the allocator")."""
     logprob_chunk: int = 512
     """Tokens per output-layer chunk when computing log-probs; fewer for a large vocabulary, so one chunk's logits
     stay within 32M elements (128 MB in fp32; Gemma 3's 262k vocabulary gets 128)."""

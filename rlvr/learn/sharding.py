@@ -37,7 +37,7 @@ from rlvr.rollout import Sampler
 
 # glibc's mmap threshold under sharded weights (unless train.heap_threshold_kb sets one): FSDP gathers and frees a
 # layer's weights and gradients for every micro-batch, and glibc keeps what a process freed for its next allocations
-# (benchmarks/learners.py --full: SmolLM2-135M, 2 learners, peak RSS 5.07 GB at glibc's defaults, 3.61 GB with this)
+# unless returned (peak RSS with and without this: BENCHMARKS.md, "Full fine-tuning: replicas against sharded weights")
 SHARDED_HEAP_THRESHOLD = 512 << 10
 
 

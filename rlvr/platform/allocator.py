@@ -1,12 +1,12 @@
 """The memory allocator a run uses: mimalloc, preloaded when ``rlvr`` starts, where it is installed.
 
 A training step allocates and frees thousands of activation tensors of a few sizes, interleaved with tensors kept
-for backward. glibc's malloc serves most of them from one heap and reuses the holes they leave badly: a LoRA step of
-SmolLM2-135M held 2.5 GB at its peak where ~1.6 GB was live, and glibc's remedies cost time (mmapping every block
-from 512 KiB up, ``train.heap_threshold_kb``, faults the memory in again every step: 1.5x the step; ``malloc_trim``
-between phases saved 0.1 GB, the holes open within the update). mimalloc (size-class pages: a freed block serves
-the next tensor of its size) held 1.65-1.8 GB at 0.94-1.0x glibc's step time; jemalloc was as lean but 9 % slower
-(docs/experiments/performance.md, "The train step and the allocator"; BENCHMARKS.md, "rlvr vs TRL").
+for backward. glibc's malloc serves most of them from one heap and reuses the holes they leave badly: a LoRA step's
+peak holds far more than its live tensors, and glibc's remedies either cost time (mmapping every block from 512 KiB
+up, ``train.heap_threshold_kb``, faults the memory in again every step) or save little (``malloc_trim`` between
+phases: the holes open within the update). mimalloc (size-class pages: a freed block serves the next tensor of its
+size) keeps the peak near the live tensors at glibc's step time; jemalloc was as lean but slower. Figures:
+docs/experiments/performance.md, "The train step and the allocator"; BENCHMARKS.md, "rlvr vs TRL".
 
 An allocator must be loaded before the process starts, so the ``rlvr`` command re-executes itself once with
 mimalloc in ``LD_PRELOAD`` (the way PyTorch's own CPU launcher, ``torch.backends.xeon.run_cpu``, preloads jemalloc
@@ -17,7 +17,8 @@ shared library. Python programs that import rlvr (``GRPOTrainer``) run in a proc
 there with ``LD_PRELOAD=$(python -m rlvr.platform.allocator) MIMALLOC_PURGE_DELAY=10000 python train.py``.
 
 Freed memory: mimalloc keeps pages a step freed for 10 s (``MIMALLOC_PURGE_DELAY=10000``, unless the environment
-sets it): its default, 10 ms, made every step fault them in again (8 % slower); never purging crept upwards.
+sets it): its default, 10 ms, made every step fault them in again and run slower; never purging let the resident
+set creep upwards (figures: the same page).
 """
 
 from __future__ import annotations

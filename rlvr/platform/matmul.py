@@ -1,11 +1,11 @@
 """fp32 matrix products on the CPU through oneDNN where it is faster than the BLAS kernel torch calls.
 
 torch's fp32 ``F.linear`` on a CPU is MKL's sgemm, which takes its AVX2 code on AMD CPUs; oneDNN's fp32 kernel
-(``torch.ops.mkldnn._linear_pointwise``, the one torch's inductor uses) uses what the CPU has. Measured on the
-AVX-512 EPYC here: 2.1x MKL at a decode step's 32 rows (337 vs 162 GFLOP/s), 2.7x on the 49,152 x 576 output layer,
-2.3x on a training micro-batch's 1,000 x 576 x 1,536 product forward and for its input gradient (3.6 vs 8.3 ms,
-3.4 vs 7.8 ms). Both are fp32 throughout (products agree to ~5e-6). Which one runs is measured once per process
-(``onednn_fp32_faster``), so a CPU where MKL is the faster keeps it.
+(``torch.ops.mkldnn._linear_pointwise``, the one torch's inductor uses) uses what the CPU has, so on an AVX-512
+AMD CPU it runs a decode step's products, the output layer and a training micro-batch's products well ahead of
+MKL (figures: docs/experiments/performance.md, "Decoding: folded adapters and precision per machine" and "The
+train step and the allocator"). Both are fp32 throughout (products agree to float rounding). Which one runs is
+measured once per process (``onednn_fp32_faster``), so a CPU where MKL is the faster keeps it.
 
 Used where no weight gradient is needed: sampling (rlvr.rollout.decode_weights) and the frozen base weights under
 LoRA (``FrozenLinearFunction``: forward and the input's gradient; rlvr.models.policy patches peft's base layers).
@@ -23,8 +23,8 @@ import torch.nn.functional as F
 
 @functools.cache
 def onednn_fp32_faster() -> bool:
-    """Whether oneDNN's fp32 matmul beats ``F.linear``'s on this CPU at a decode-sized product (measured once per
-    process, ~50 ms); ``RLVR_FP32_MATMUL=blas|onednn`` decides instead (tests, A/B measurements)."""
+    """Whether oneDNN's fp32 matmul beats ``F.linear``'s on this CPU at a decode-sized product (timed once per
+    process, a short probe); ``RLVR_FP32_MATMUL=blas|onednn`` decides instead (tests, A/B measurements)."""
     if os.environ.get("RLVR_FP32_MATMUL") in ("blas", "onednn"):
         return os.environ["RLVR_FP32_MATMUL"] == "onednn"
     if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):

@@ -266,7 +266,8 @@ def decoding(model: nn.Module, dtype: torch.dtype = torch.float32, cache: Decode
 @functools.cache
 def bf16_matmul_hardware(device: str = "cpu") -> bool:
     """Whether ``device`` has bf16 matmul units: CUDA with bf16 support, or a CPU with AMX-BF16 or AVX512-BF16
-    (without them bf16 is emulated, ~100x slower than fp32 on AVX2-only CPUs)."""
+    (without them bf16 is emulated, far slower than fp32: docs/experiments/performance.md, "Decoding: folded
+    adapters and precision per machine")."""
     if device.startswith("cuda"):
         return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
     try:

@@ -2,7 +2,7 @@
 
 transformers' DynamicCache grows by ``torch.cat`` on every decoded token, which copies the whole cache each
 step: with a long prompt repeated for every completion of a group (e.g. 64 rows x 300 tokens x 30 layers,
-~0.9 GB in fp32) that is ~14 % of a 128-token generation here (benchmarks/long_completions.py). Here each layer
+~0.9 GB in fp32) that is a sizeable share of a long generation (BENCHMARKS.md, "Long completions"). Here each layer
 writes the new token's keys/values in place and hands attention a view of the filled part; the buffers are
 reallocated only when rows leave the batch (``batch_select_indices``) or a generation outgrows its reservation.
 """

@@ -3,7 +3,8 @@ episode's next turn in process (``TurnCache``), a request that extends an earlie
 (``PrefixStore``).
 
 Without it every turn prefills the episode's whole context again - the prompt, every earlier turn and every
-observation - which made episodes 3.4x slower per model token than single-turn decoding (benchmarks/episodes.py).
+observation - which made episodes far slower per model token than single-turn decoding (BENCHMARKS.md,
+"Episodes": the whole-prefill row against the single-turn one).
 Here the rows of a finished generation hand their cache columns over (``decode``'s ``leaving``); a later context
 that starts with a held row's tokens gets them laid out again, right-aligned, and only its new tokens - the last
 token the row sampled (never fed back) and what came after it, an observation - are fed, as one block, before

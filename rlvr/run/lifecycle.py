@@ -364,7 +364,7 @@ def open_run(cfg: RunConfig, update: Update, rewards: list[WeightedReward] | Non
     trainable, params = update.attach(model)
     collectives.broadcast_from_main(list(trainable.parameters()))  # every learner starts from rank 0's weights
     if sharded_weights(cfg, world):  # FSDP2: each learner keeps its shard (rlvr/learn/sharding.py)
-        if not cfg.train.heap_threshold_kb:  # FSDP's per-layer buffers, freed, stay with glibc: +1.4 GB measured
+        if not cfg.train.heap_threshold_kb:  # FSDP's freed per-layer buffers would stay with glibc (sharding.py)
             return_freed_memory(SHARDED_HEAP_THRESHOLD)
         shard_weights(model, collectives)
         params = [p for p in trainable.parameters() if p.requires_grad]  # the shards replaced the parameters

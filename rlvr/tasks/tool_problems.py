@@ -9,8 +9,8 @@ Kinds (``kind``):
   buys 86 packs of 47 stickers. ..."): one call with ``47 * 86 + 15``, or two calls.
 
 Why the tool is needed: operands are 12-99, never a multiple of 10, so the products are 3-4 digit numbers the
-model gets right in its head almost never (greedy, SmolLM2-135M-Instruct: 1/40 products, 0/40 stories), while
-the calculator returns them exactly.
+model gets right in its head almost never (SmolLM2-135M-Instruct, greedy: docs/experiments/tools.md), while the
+calculator returns them exactly.
 
 Prompt: a short system message (use the calculator; give the final answer as a number after the result - the
 trainer adds the tool description itself, ``rlvr.envs.render.with_tools``), ``shots`` worked examples as earlier
@@ -22,29 +22,13 @@ kind (default: the questions' kind), e.g. bare products as examples before stori
 Split: the unordered operand pairs are shuffled with ``seed``; the first ones are held out, so no held-out
 product - in either order, in any story - is ever trained on. The examples' pairs are in neither split.
 
-Base rates (SmolLM2-135M-Instruct, CPU, float32, the default tool instruction from ``with_tools``, seed 0;
-sampled: T=0.7, the first 8 held-out problems x 8 samples; greedy: 40 held-out problems, at most 3 turns of 48
-tokens and 200 episode tokens; "no tools": the bare question as the only message, 48 tokens; right: the last
-number of the turn after the last tool result is the answer; call: the first turn holds a well-formed calculator
-call):
-
-==============================  ===========  ============  ===========  ============  ========
-design (kind, shots, examples)  sampled call sampled right greedy call  greedy right  no tools
-==============================  ===========  ============  ===========  ============  ========
-products, 1, products           16/64        13/64         32/40        29/40         1/40
-word, 1, word                   7/64         4/64          13/40        13/40         0/40
-word, 1, products               0/64         0/64          0/40         0/40          0/40
-two_step, 1, two_step           17/64        3/64          14/40        2/40          0/40
-word, 2, word                   46/64        26/64         39/40        29/40         (0/40)
-==============================  ===========  ============  ===========  ============  ========
-
-(With two bare-product examples, products: 56/64 sampled calls, 45/64 right expressions - too easy.) One word
-example is copied by shape: greedy, every "A crate holds N apples. How many apples are in M crates?"-like
-question is called and right, every other story (pages per day, rows of trees, ticket prices) is answered in
-the head and wrong. ``two_step`` calls are frequent but mostly copy the example's third number (``+ 15``).
-The default (``two_step``, one example) is the one with room to learn: tools before training near 5 %, no tools
-0 %, and sampled calls (27 %) and right answers (5 %) for GRPO to reinforce; ``word`` with one example starts
-at 33 % and two examples or bare products start above 70 %, leaving too little to gain.
+Why these designs: a design is worth training when the base model starts low but not at zero with the tool -
+sampled calls and right answers for GRPO to reinforce. The default (``two_step``, one example) leaves that room;
+``word`` with one example starts higher, and two examples or bare products start so high that little is left to
+gain; bare-product examples before stories give no call at all. One example is copied by shape (stories shaped
+like it are called, others answered in the head), and ``two_step`` calls often copy the example's third number.
+Each design's base rates (sampled and greedy, with and without tools): docs/experiments/tools.md, "Base rates of
+the designs tried".
 """
 
 from __future__ import annotations
