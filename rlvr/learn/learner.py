@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from rlvr.learn.batch import StepBatch
+from rlvr.learn.sharding import clip_sharded_gradients
 from rlvr.models.policy import ReferencePolicy
 from rlvr.platform.distributed import Collectives
 
@@ -35,6 +36,10 @@ class Alone:
 
     def sum_loss(self, loss: float) -> float:
         return loss
+
+    def clip_gradients(self, params: list[nn.Parameter], max_norm: float) -> float:
+        """Clip the gradients' total norm to ``max_norm``; returns the norm before clipping."""
+        return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
 
     def sum_statistics(self, sums: dict[str, float]) -> dict[str, float]:
         """The step's statistic sums over every learner's rows (``*_max``: the largest)."""
@@ -74,6 +79,12 @@ class Torchrun(Alone):
 
     def sum_loss(self, loss: float) -> float:
         return self.collectives.sum_floats({"loss": loss})["loss"]
+
+    def clip_gradients(self, params: list[nn.Parameter], max_norm: float) -> float:
+        """Sharded gradients: the norm is summed over the learners' shards."""
+        if self.sharded:
+            return clip_sharded_gradients(params, max_norm)
+        return super().clip_gradients(params, max_norm)
 
     def sum_statistics(self, sums: dict[str, float]) -> dict[str, float]:
         """A learner without rows has no statistics: the names are gathered first, so every rank reduces the same."""

@@ -7,6 +7,7 @@
         x = micro_batch_inputs(model, batch, rows, frozen)    TokenBatch [n, W]: logp, entropy (fused head), adv, ...
         loss, stats = policy_loss(x, settings, normaliser)    the objective, at this one call site (rlvr/core)
         loss.backward()
+    learner.team.sum_gradients(...)                           several learners only (learner.py)
     apply_update(...)                                         clip, optimizer.step(), scheduler.step()
 
 The step is blind to the algorithm variant: everything variant-specific arrives in ``LossSettings``. The same
@@ -28,7 +29,6 @@ from rlvr.learn.batch import StepBatch
 from rlvr.learn.collected import Collected
 from rlvr.learn.forward import completion_hidden, completion_lengths, completion_logprobs, uniform_temperature
 from rlvr.learn.learner import Learner
-from rlvr.learn.sharding import clip_sharded_gradients
 from rlvr.models.policy import ReferencePolicy, autocast, backbone_and_head, trainable_parameters
 from rlvr.platform.devices import model_device
 
@@ -207,26 +207,18 @@ def micro_batch_inputs(model: nn.Module, batch: StepBatch, rows: torch.Tensor, f
                       high_entropy=cut(frozen.high_entropy))
 
 
-def apply_update(
-    params: list[nn.Parameter],
-    optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler | None,
-    max_grad_norm: float,
-    loss: float,
-    sharded: bool = False,
-) -> tuple[float, bool]:
-    """Clip the accumulated gradients and step; a non-finite loss or gradient norm skips the update (weights and
-    optimizer state untouched, gradients dropped). Returns (gradient norm, applied). ``sharded``: the gradients are
-    FSDP2 shards (rlvr.learn.sharding): their norm is summed over the learners."""
-    limit = max_grad_norm if max_grad_norm > 0 else float("inf")
-    grad_norm = clip_sharded_gradients(params, limit) if sharded else \
-        float(torch.nn.utils.clip_grad_norm_(params, limit))
+def apply_update(params: list[nn.Parameter], learner: Learner, max_grad_norm: float,
+                 loss: float) -> tuple[float, bool]:
+    """Clip the accumulated gradients (the team's way: sharded gradients' norm is summed over the learners) and step;
+    a non-finite loss or gradient norm skips the update (weights and optimizer state untouched, gradients dropped).
+    Returns (gradient norm, applied)."""
+    grad_norm = learner.team.clip_gradients(params, max_grad_norm if max_grad_norm > 0 else float("inf"))
     if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-        optimizer.zero_grad(set_to_none=True)
+        learner.optimizer.zero_grad(set_to_none=True)
         return grad_norm, False
-    optimizer.step()
-    if scheduler is not None:
-        scheduler.step()
+    learner.optimizer.step()
+    if learner.scheduler is not None:
+        learner.scheduler.step()
     return grad_norm, True
 
 
@@ -242,13 +234,13 @@ def train_step(learner: Learner, batch: StepBatch, settings: LossSettings, optio
     - ``params``: what is clipped and stepped (default: what the learner's optimizer trains); ``extra_loss(rows)``:
       a second loss per micro-batch, backpropagated after the policy's (PPO's critic).
     - An update whose loss or gradient norm is not finite is skipped and counted in ``skipped_updates``.
-    - ``learner.team``: under torchrun, this learner's share of the groups, summed over the learners (learner.py).
+    - ``learner.team``: the other learners, if any: which groups are this learner's, and the sums (learner.py).
     """
     model, optimizer, team = learner.model, learner.optimizer, learner.team
     batch = batch.to(model_device(model))  # the step's tensors cross to the model's device once
     skip_zero_adv = settings.beta == 0.0 and settings.entropy_coef == 0.0 and extra_loss is None
     micro_rows = micro_batches(batch, options.micro_batch_size, skip_zero_adv, team.groups(batch.prompt_ids.shape[0]))
-    fillers = team.fillers(batch, len(micro_rows))  # sharded weights: FSDP's collectives as often as the busiest
+    fillers = team.fillers(batch, len(micro_rows))  # what the team needs run besides this learner's rows
     chunk_tokens = chunk_for_vocab(options.chunk_tokens, backbone_and_head(model)[1].weight.shape[0])
     normaliser = loss_normaliser(batch.loss_mask, settings.aggregation, options.max_completion_tokens)
     step_tokens = float(batch.loss_mask.sum())
@@ -281,8 +273,7 @@ def train_step(learner: Learner, batch: StepBatch, settings: LossSettings, optio
                                        "entropy_tokens": float(x.mask.sum())})
         team.sum_gradients(params, len(micro_rows) + len(fillers))
         loss_sum = team.sum_loss(loss_sum)
-        grad_norm, applied = apply_update(params, optimizer, learner.scheduler, options.max_grad_norm, loss_sum,
-                                          team.sharded)
+        grad_norm, applied = apply_update(params, learner, options.max_grad_norm, loss_sum)
         skipped += not applied
     return {"loss": loss_sum, "grad_norm": grad_norm, "lr": optimizer.param_groups[0]["lr"],
             "skipped_updates": skipped, **step_statistics(team.sum_statistics(sums)), **team.report()}
