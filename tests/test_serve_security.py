@@ -318,11 +318,11 @@ def test_a_running_batch_whose_requests_are_all_cancelled_stops(engine, tokenize
     try:
         e.submit(job)
         deadline = time.monotonic() + 60
-        while e.cancelled == 0 and time.monotonic() < deadline:
+        while e.admission.cancelled == 0 and time.monotonic() < deadline:
             time.sleep(0.05)
     finally:
         cancel.remove()
-    assert e.cancelled == 1 and e.rows == 0 and e.batches == 0 and e.queued_rows == 0
+    assert e.admission.cancelled == 1 and e.rows == 0 and e.batches == 0 and e.admission.rows == 0
     assert len(_tokens(e.submit(Job([[5, 6, 7]], 1, GREEDY, None)))) > 0  # the engine goes on
 
 

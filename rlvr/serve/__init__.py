@@ -6,7 +6,8 @@ import socket
 import sys
 from dataclasses import replace
 
-from rlvr.serve.engine import DEFAULT_PREFIX_CACHE_MB, DEFAULT_QUEUED_ROWS, Engine
+from rlvr.serve.admission import DEFAULT_QUEUED_ROWS
+from rlvr.serve.engine import DEFAULT_PREFIX_CACHE_MB, Engine
 from rlvr.serve.lora_modules import parse_lora_modules, refuse_adapter_as_model
 from rlvr.serve.security import AdapterPolicy, check_api_key, is_loopback
 

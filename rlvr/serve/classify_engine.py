@@ -5,29 +5,32 @@ each row's last token), at most ``max_num_seqs`` rows and ``max_batch_tokens`` p
 
 It offers what the shared parts of the server read from an engine (rlvr.serve.handling, info_routes): the
 tokenizer, ``max_model_len``, ``ready`` / ``load_error``, ``submit``, the counters of /stats, no adapters. At most
-``max_queued_rows`` texts are accepted and unfinished at once (beyond: ``ServerBusy``, 503).
+``max_queued_rows`` texts are accepted and unfinished at once (beyond: ``ServerBusy``, 503; the admission queue,
+rlvr.serve.admission); a request whose client went away is dropped unscored.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import queue
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 
 from rlvr.models.policy import load_tokenizer, model_context
 from rlvr.platform.devices import resolve_device, weight_dtype
 from rlvr.rewards.reward_model import classify_ids, load_classifier, reward_model_dir
-from rlvr.serve.engine import DEFAULT_BATCH_TOKENS, DEFAULT_QUEUED_ROWS, EngineError, ServerBusy, _log, _settle
-
-_STOP = object()
+from rlvr.serve.admission import DEFAULT_QUEUED_ROWS, AdmissionQueue, EngineError, settle
+from rlvr.serve.engine import DEFAULT_BATCH_TOKENS, _log, load_on_engine_thread
 
 
 @dataclass
 class ClassifyJob:
+    """The texts of one /classify request, to be scored together."""
+
+    cancellable: ClassVar[bool] = True  # a client that goes away has it dropped
     rows: list[list[int]]  # token ids of each text, none empty, none longer than max_model_len
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
 
@@ -64,17 +67,15 @@ class ClassifyEngine:
         self.max_model_len = min(max_model_len, context) if max_model_len else context
         if min(max_num_seqs, max_queued_rows) < 1 or max_batch_tokens < 0:
             raise ValueError("--max-num-seqs and --max-queued-rows must be at least 1, --max-batch-tokens at least 0")
-        self.max_num_seqs, self.max_queued_rows = max_num_seqs, max_queued_rows
+        self.max_num_seqs = max_num_seqs
         self.max_batch_tokens = max_batch_tokens or max(DEFAULT_BATCH_TOKENS, self.max_model_len)
         self.batch_wait_s, self.threads = batch_wait_s, threads
         self.adapters: dict[str, str] = {}  # none: /v1/models and /stats read it
         self.ready = threading.Event()
         self.load_error: str | None = None
-        self._queue: queue.Queue = queue.Queue()
-        self._lock = threading.Lock()
-        self.queued_rows = 0
+        self.admission = AdmissionQueue(max_queued_rows, "texts", "texts")  # its rows, cancelled: /stats
         self.busy_s = 0.0
-        self.batches = self.requests = self.rows = self.cancelled = 0
+        self.batches = self.requests = self.rows = 0
         self._thread = threading.Thread(target=self._run, name="rlvr-classify", daemon=True)
 
     def start(self) -> ClassifyEngine:
@@ -82,59 +83,36 @@ class ClassifyEngine:
         return self
 
     def close(self, wait_s: float = 5.0) -> None:
+        """Refuse new requests (503) and let the engine thread end once it has scored those accepted before
+        (waiting at most ``wait_s``)."""
+        self.admission.close()
         if self._thread.is_alive():
-            self._queue.put(_STOP)
             self._thread.join(wait_s)
 
     def submit(self, job: ClassifyJob) -> concurrent.futures.Future:
-        """Queue a job; ServerBusy (503) while the queue is full, EngineError (400) if it can never fit."""
-        n = len(job.rows)
-        if n > self.max_queued_rows:
-            raise EngineError(f"{n} texts is more than this server accepts at once (--max-queued-rows "
-                              f"{self.max_queued_rows}): send fewer per request")
-        with self._lock:
-            if self.queued_rows + n > self.max_queued_rows:
-                raise ServerBusy(f"the server is busy ({self.queued_rows} texts queued, at most "
-                                 f"{self.max_queued_rows}); retry later")
-            self.queued_rows += n
-        job.future.add_done_callback(lambda _, n=n: self._release(n))
-        self._queue.put(job)
-        return job.future
-
-    def _release(self, n: int) -> None:
-        with self._lock:
-            self.queued_rows -= n
+        """Queue a job; EngineError (400) if it can never fit, ServerBusy (503) while the queue is full, 503 once
+        closed."""
+        return self.admission.submit(job, len(job.rows))
 
     def _run(self) -> None:
-        try:
-            if self.threads:
-                torch.set_num_threads(self.threads)
-            self.model = load_classifier(self.model_dir, self.device, self.weight_dtype)
-            self.activation = activation(self.model.config)
-            self.labels = self.model.config.id2label or {}
-        except Exception as err:  # noqa: BLE001 (reported by /health and every request)
-            self.load_error = f"{type(err).__name__}: {err}"
-            _log(f"the model failed to load: {self.load_error}")
+        if not load_on_engine_thread(self, self._load_model):
             return
-        finally:
-            self.ready.set()
-        while True:
-            jobs = [self._queue.get()]
-            if jobs[0] is not _STOP:
-                time.sleep(self.batch_wait_s)  # let requests sent together arrive together
-            while True:
-                try:
-                    jobs.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
-            live = [j for j in jobs if j is not _STOP and not j.future.cancelled()]
-            self.cancelled += sum(j is not _STOP and j.future.cancelled() for j in jobs)
+        while True:  # requests sent together (within batch_wait_s of the first) are scored together
+            jobs = self.admission.arrivals(wait=True, window_s=self.batch_wait_s)
+            if not jobs:
+                return  # closed, and every request accepted before has been scored
+            live = self.admission.drop_cancelled(jobs)
             if live:
                 self._score(live)
-            if any(j is _STOP for j in jobs):
-                return
+
+    def _load_model(self) -> None:
+        """The classifier on its device, its activation and its labels."""
+        self.model = load_classifier(self.model_dir, self.device, self.weight_dtype)
+        self.activation = activation(self.model.config)
+        self.labels = self.model.config.id2label or {}
 
     def _score(self, jobs: list[ClassifyJob]) -> None:
+        """Score every text of ``jobs`` (logits [texts, num_labels] on the CPU) and answer each job its slice."""
         rows = [row for job in jobs for row in job.rows]
         started = time.perf_counter()
         try:
@@ -142,7 +120,7 @@ class ClassifyEngine:
         except Exception as err:  # noqa: BLE001 (the requests fail, the engine goes on)
             _log(f"scoring failed: {type(err).__name__}: {err}")
             for job in jobs:
-                _settle(job.future, error=EngineError("scoring failed (see the server's log)", 500))
+                settle(job.future, error=EngineError("scoring failed (see the server's log)", 500))
             return
         finally:
             self.busy_s += time.perf_counter() - started
@@ -151,5 +129,5 @@ class ClassifyEngine:
         self.rows += len(rows)
         at = 0
         for job in jobs:
-            _settle(job.future, logits[at:at + len(job.rows)])
+            settle(job.future, logits[at:at + len(job.rows)])
             at += len(job.rows)

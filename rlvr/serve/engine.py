@@ -14,10 +14,10 @@ safetensors) before the model is touched, and a failed load leaves the resident 
 Bounds: a batch holds at most ``max_num_seqs`` completions and ``max_batch_tokens`` KV-cache positions
 (completions × (longest prompt + max_tokens)); a request larger than that runs as several batches of whole
 prompts, in order, and one whose single prompt cannot fit is refused. At most ``max_queued_rows`` completions
-are accepted and unfinished at once (beyond: ``ServerBusy``, 503). A request whose future is cancelled (its
-client went away) is dropped: its queued prompts never run, and a running batch whose every request is
-cancelled stops at the next decoding step. Nothing sent after an adapter load or unload joins a batch that
-runs before it, so a request sent after ``load_inplace`` never sees the old weights.
+are accepted and unfinished at once (beyond: ``ServerBusy``, 503; the admission queue, rlvr.serve.admission). A
+request whose future is cancelled (its client went away) is dropped: its queued prompts never run, and a running
+batch whose every request is cancelled stops at the next decoding step. Nothing sent after an adapter load or unload
+joins a batch that runs before it, so a request sent after ``load_inplace`` never sees the old weights.
 
 Prefix reuse (``--prefix-cache-mb``): every completion's keys and values are held afterwards, least recently used
 dropped beyond the bound, so a request whose prompt extends an earlier prompt + completion (an episode's next turn:
@@ -42,7 +42,6 @@ import contextlib
 import itertools
 import json
 import os
-import queue
 import secrets
 import shutil
 import stat
@@ -52,6 +51,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 
@@ -64,29 +64,12 @@ from rlvr.rollout.decode_weights import DecodeCache, decode_dtype, decoding
 from rlvr.rollout.engine import SampledTokens, SamplingParams, generate_groups
 from rlvr.rollout.groups import eos_token_ids, stop_string_checker
 from rlvr.rollout.turn_cache import PrefixStore, sample_continuing
+from rlvr.serve.admission import DEFAULT_QUEUED_ROWS, AdmissionQueue, EngineError, settle
 from rlvr.serve.security import NOT_ALLOWED, AdapterPathError, AdapterPolicy
 from rlvr.store.bucket import fetch_version
 
 DEFAULT_BATCH_TOKENS = 1 << 17  # 131,072 KV positions: ~6 GB of fp32 cache for SmolLM2-135M
-DEFAULT_QUEUED_ROWS = 4096
 DEFAULT_PREFIX_CACHE_MB = 1024  # ~22k positions of SmolLM2-135M's fp32 cache: 64 episodes of ~350 tokens
-RETRY_AFTER_S = 1
-_STOP = object()  # queued by close(): the engine thread ends
-
-
-class EngineError(Exception):
-    """A request the engine refuses; ``status`` is the HTTP status to answer with."""
-
-    def __init__(self, message: str, status: int = 400, headers: dict[str, str] | None = None):
-        super().__init__(message)
-        self.status, self.headers = status, headers or {}
-
-
-class ServerBusy(EngineError):
-    """The queue is full: 503 with Retry-After."""
-
-    def __init__(self, message: str):
-        super().__init__(message, 503, {"Retry-After": str(RETRY_AFTER_S)})
 
 
 class _Abandoned(Exception):
@@ -107,6 +90,9 @@ class Generation:
 
 @dataclass
 class Job:
+    """A generation request: n completions of each prompt."""
+
+    cancellable: ClassVar[bool] = True  # a client that goes away has it dropped
     prompts: list[list[int]]
     n: int
     params: SamplingParams
@@ -131,6 +117,9 @@ class Job:
 
 @dataclass
 class AdapterJob:
+    """An adapter load or unload, run between batches."""
+
+    cancellable: ClassVar[bool] = False  # once queued, it runs to its end: the adapter table must say what happened
     action: str  # "load" or "unload"
     name: str
     path: str = ""
@@ -138,17 +127,25 @@ class AdapterJob:
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
 
 
-def _settle(future: concurrent.futures.Future, result=None, error: BaseException | None = None) -> None:
-    """Complete a future unless its request was cancelled meanwhile."""
-    with contextlib.suppress(concurrent.futures.InvalidStateError):
-        if error is not None:
-            future.set_exception(error)
-        else:
-            future.set_result(result)
-
-
 def _log(message: str) -> None:
     print(f"rlvr serve: {message}", file=sys.stderr, flush=True)
+
+
+def load_on_engine_thread(engine, load) -> bool:
+    """The engine thread's first work: ``load()`` its model (on ``engine.threads`` torch threads when set). A failure
+    is kept in ``engine.load_error`` (answered by /health and every request) and logged; ``engine.ready`` is set
+    either way. True when the model loaded."""
+    try:
+        if engine.threads:
+            torch.set_num_threads(engine.threads)
+        load()
+    except Exception as err:  # noqa: BLE001 (reported by /health and every request)
+        engine.load_error = f"{type(err).__name__}: {err}"
+        _log(f"the model failed to load: {engine.load_error}")
+        return False
+    finally:
+        engine.ready.set()
+    return True
 
 
 def _to_host(out: SampledTokens) -> SampledTokens:
@@ -213,7 +210,7 @@ class Engine:
                              "--max-batch-tokens and --prefix-cache-mb at least 0")
         self.max_loras, self.max_num_seqs = max_loras, max_num_seqs
         self.max_batch_tokens = max_batch_tokens or max(DEFAULT_BATCH_TOKENS, self.max_model_len)
-        self.max_queued_rows = max_queued_rows
+        self.admission = AdmissionQueue(max_queued_rows, "completions", "prompts")  # its rows, cancelled: /stats
         self.policy = adapter_policy or AdapterPolicy.default("127.0.0.1")
         self.batch_wait_s, self.threads = batch_wait_s, threads
         self.lora_modules = lora_modules  # (name, path): loaded once the model is, before the server is ready
@@ -222,10 +219,7 @@ class Engine:
         self.adapters: dict[str, str] = {}
         self._internal: dict[str, str] = {}  # public name -> peft adapter name (engine thread only)
         self._names = (f"a{i}" for i in itertools.count())
-        self._queue: queue.Queue = queue.Queue()
-        self._waiting: list = []
-        self._lock = threading.Lock()
-        self.queued_rows = 0  # completions accepted and not finished
+        self._waiting: list[Job | AdapterJob] = []  # taken from the admission queue, not finished (engine thread)
         self.ready = threading.Event()
         self.load_error: str | None = None
         self._cache = Path(tempfile.mkdtemp(prefix="rlvr-serve-adapters-"))
@@ -235,7 +229,6 @@ class Engine:
         self.prefixes = PrefixStore(int(prefix_cache_mb * 2**20)) if prefix_cache_mb else None
         self.busy_s = 0.0  # time spent generating
         self.batches = self.requests = self.rows = 0  # batches run, requests served in them, completions
-        self.cancelled = 0  # requests dropped because their client went away
         self.loads = 0  # adapter loads attempted
         self._thread = threading.Thread(target=self._run, name="rlvr-engine", daemon=True)
 
@@ -244,10 +237,10 @@ class Engine:
         return self
 
     def close(self, wait_s: float = 5.0) -> None:
-        """Stop the engine thread once its current batch ends (requests still waiting fail with 503) and remove
-        the download cache."""
+        """Refuse new requests (503), let the engine thread end once it has run those accepted before (waiting at
+        most ``wait_s``), and remove the download cache."""
+        self.admission.close()
         if self._thread.is_alive():
-            self._queue.put(_STOP)
             self._thread.join(wait_s)
         shutil.rmtree(self._cache, ignore_errors=True)
 
@@ -258,10 +251,7 @@ class Engine:
         if job.n > self.max_num_seqs:
             raise EngineError(f"n={job.n} is more than this server decodes at once (--max-num-seqs "
                               f"{self.max_num_seqs}): lower n")
-        if job.rows > self.max_queued_rows:
-            raise EngineError(f"{len(job.prompts)} prompts x n={job.n} = {job.rows} completions is more than this "
-                              f"server accepts at once (--max-queued-rows {self.max_queued_rows}): send fewer "
-                              "prompts per request")
+        self.admission.check_size(job.rows, f"{len(job.prompts)} prompts x n={job.n} = {job.rows} completions")
         longest = max(job.prompts, key=len)
         if job.tokens(longest) > self.max_batch_tokens:
             raise EngineError(f"n={job.n} x ({len(longest)} prompt + {job.params.max_new_tokens} completion tokens) "
@@ -269,49 +259,22 @@ class Engine:
                               f"{self.max_batch_tokens}): lower n, max_tokens or the prompt length")
 
     def submit(self, job: Job | AdapterJob) -> concurrent.futures.Future:
-        """Queue a job; EngineError (400) if it can never fit, ServerBusy (503) while the queue is full."""
+        """Queue a job; EngineError (400) if it can never fit, ServerBusy (503) while the queue is full (an adapter
+        job holds no rows: never), 503 once closed."""
         if isinstance(job, Job):
             self.check(job)
-            with self._lock:
-                if self.queued_rows + job.rows > self.max_queued_rows:
-                    raise ServerBusy(f"the server is busy ({self.queued_rows} completions queued, at most "
-                                     f"{self.max_queued_rows}); retry later or on another server")
-                self.queued_rows += job.rows
-            job.future.add_done_callback(lambda _, rows=job.rows: self._release(rows))
-        self._queue.put(job)
-        return job.future
-
-    def _release(self, rows: int) -> None:
-        with self._lock:
-            self.queued_rows -= rows
+            return self.admission.submit(job, job.rows)
+        return self.admission.submit(job)
 
     # --- the engine thread ------------------------------------------------------------------------------
     def _run(self) -> None:
-        try:
-            if self.threads:
-                torch.set_num_threads(self.threads)
-            self.load_model()
-            for name, path in self.lora_modules:
-                try:
-                    self._load(name, path, False)
-                except EngineError:
-                    raise RuntimeError(f"--lora-modules {name}={path} could not be loaded (see above)") from None
-        except Exception as err:  # noqa: BLE001 (reported by /health and every request)
-            self.load_error = f"{type(err).__name__}: {err}"
-            _log(f"the model failed to load: {self.load_error}")
+        if not load_on_engine_thread(self, self._load_model_and_modules):
             return
-        finally:
-            self.ready.set()
         while True:
+            self._waiting += self.admission.arrivals(wait=not self._waiting)
             if not self._waiting:
-                self._waiting.append(self._queue.get())
-            self._drain()
+                return  # closed, and every request accepted before has run
             first = self._waiting[0]
-            if first is _STOP:
-                for job in self._waiting:
-                    if job is not _STOP:
-                        _settle(job.future, error=EngineError("the server is shutting down", 503))
-                return
             if isinstance(first, AdapterJob):
                 self._waiting.pop(0)
                 self._adapter_job(first)
@@ -319,23 +282,24 @@ class Engine:
             if first.future.cancelled():
                 self._finish([first])
                 continue
-            if first.taken == 0:
-                time.sleep(self.batch_wait_s)  # let requests sent together arrive together
-                self._drain()
+            if first.taken == 0:  # let requests sent together arrive together
+                self._waiting += self.admission.arrivals(window_s=self.batch_wait_s)
             self._generate(self._next_batch())
+
+    def _load_model_and_modules(self) -> None:
+        """The base model, then the ``--lora-modules`` adapters (one that fails to load fails the whole load)."""
+        self.load_model()
+        for name, path in self.lora_modules:
+            try:
+                self._load(name, path, False)
+            except EngineError:
+                raise RuntimeError(f"--lora-modules {name}={path} could not be loaded (see above)") from None
 
     def load_model(self) -> None:
         """Load the base model onto the engine's device, in its weight dtype (the engine thread does this first)."""
         self._base = load_causal_lm(self.model_dir, self.weight_dtype).to(self.device).eval().requires_grad_(False)
         self.dtype = decode_dtype(self.precision, self._base)
         self.eos_ids = eos_token_ids(self._base, self.tokenizer)
-
-    def _drain(self) -> None:
-        while True:  # everything queued so far, in arrival order
-            try:
-                self._waiting.append(self._queue.get_nowait())
-            except queue.Empty:
-                return
 
     def _next_batch(self) -> list[tuple[Job, int, int]]:
         """(job, first prompt, end) pieces for the next batch: the oldest request's parameters, as many whole
@@ -361,7 +325,7 @@ class Engine:
                 break  # the batch is full
         if not pieces:  # the oldest request was cancelled meanwhile, or (check() prevents it) does not fit
             job = self._waiting[0]
-            _settle(job.future, error=EngineError("a prompt does not fit in one batch (--max-batch-tokens)"))
+            settle(job.future, error=EngineError("a prompt does not fit in one batch (--max-batch-tokens)"))
             self._finish([job])
         return pieces
 
@@ -369,7 +333,7 @@ class Engine:
         """Take finished, failed or cancelled requests off the waiting list."""
         gone = {id(j) for j in jobs}
         self._waiting = [j for j in self._waiting if id(j) not in gone]
-        self.cancelled += sum(job.future.cancelled() for job in jobs)
+        self.admission.drop_cancelled(jobs)  # counts those whose client went away
 
     def _adapter_job(self, job: AdapterJob) -> None:
         self._decode_cache.clear()  # peft may reuse or rewrite the tensors of a replaced adapter
@@ -378,9 +342,9 @@ class Engine:
         try:
             result = self._unload(job.name) if job.action == "unload" else self._load(job.name, job.path, job.inplace)
         except Exception as err:  # noqa: BLE001 (the request fails, the engine goes on)
-            _settle(job.future, error=err)
+            settle(job.future, error=err)
         else:
-            _settle(job.future, result)
+            settle(job.future, result)
 
     def _fetch(self, name: str, path: str) -> tuple[Path, bool]:
         """A local, verified copy of the adapter at an allowed path, and whether it was downloaded (fixed error
@@ -486,7 +450,7 @@ class Engine:
             return
         except Exception as err:  # noqa: BLE001 (every request of the batch fails; the engine goes on)
             for job in jobs:
-                _settle(job.future, error=err)
+                settle(job.future, error=err)
             self._finish(jobs)
             return
         finally:
@@ -500,7 +464,7 @@ class Engine:
                 job.results.append(self._generation(prompt, out, range(row, row + job.n), job.params.stop))
                 row += job.n
             if job.taken == len(job.prompts):
-                _settle(job.future, job.results)
+                settle(job.future, job.results)
         self._finish([job for job in jobs if job.taken == len(job.prompts) or job.future.cancelled()])
 
     def _sample(self, backbone, head, prompts: list[list[int]], first: Job, generators: list) -> SampledTokens:

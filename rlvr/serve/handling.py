@@ -1,7 +1,7 @@
 """What every POST route of ``rlvr serve`` goes through: the model must be ready, the body is read (bounded in size
 and time) and prepared (parsed, validated, tokenized) on a small worker pool, its job runs on the engine, and the
 answer is built on the worker pool again; the event loop only moves bytes. A client that disconnects while its
-generation waits or runs has it cancelled."""
+generation or classification waits or runs has it cancelled (the engine drops it)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from starlette.requests import ClientDisconnect
 
-from rlvr.serve.engine import Engine, EngineError, Job
+from rlvr.serve.admission import EngineError
+from rlvr.serve.engine import Engine
 from rlvr.serve.errors import Refused, error
 
 MAX_OPEN_BODIES = 64  # requests being read or parsed at once; beyond: 503
@@ -85,13 +86,13 @@ async def disconnected(request: Request) -> None:
 
 
 async def run_job(engine: Engine, job, request: Request) -> object:
-    """The engine's answer to ``job``; a generation is cancelled if the client disconnects meanwhile."""
+    """The engine's answer to ``job``; a ``cancellable`` job is cancelled if the client disconnects meanwhile."""
     try:
         future = engine.submit(job)
     except EngineError as err:
         raise Refused(err.status, str(err), err.headers) from None
     answer = asyncio.wrap_future(future)
-    if isinstance(job, Job):
+    if job.cancellable:
         gone = asyncio.ensure_future(disconnected(request))
         try:
             await asyncio.wait({answer, gone}, return_when=asyncio.FIRST_COMPLETED)

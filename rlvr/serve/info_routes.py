@@ -26,7 +26,8 @@ async def stats(s: Annotated[Serving, Depends(serving)]):
     held = {"prefix_hits": prefixes.hits, "prefix_reused_tokens": prefixes.reused_tokens,
             "prefix_cache_bytes": prefixes.bytes} if prefixes is not None else {}
     return {"batches": e.batches, "requests": e.requests, "completions": e.rows, "busy_s": e.busy_s,
-            "adapters": list(e.adapters), "queued_completions": e.queued_rows, "cancelled": e.cancelled, **held}
+            "adapters": list(e.adapters), "queued_completions": e.admission.rows, "cancelled": e.admission.cancelled,
+            **held}
 
 
 @router.get("/v1/models")

@@ -14,7 +14,8 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from rlvr.serve.engine import EngineError, check_adapter_files
+from rlvr.serve.admission import EngineError
+from rlvr.serve.engine import check_adapter_files
 
 MAX_NAME_CHARS = 256
 
