@@ -284,3 +284,12 @@ def test_loss_and_ppo_knobs_are_defined_once():
     assert type(cfg.algo.loss_settings()) is LossSettings
     assert isinstance(cfg.ppo, PPOSettings) and cfg.ppo.value_clip == 0.0
     assert load_config(None).algo == RunConfig().algo and RunConfig().algo.beta == 0.04
+
+
+def test_every_rollout_backend_has_one_row():
+    """rollout.backend's values and the sampler backends the run builds from are the same set: a backend is one row."""
+    from rlvr.config.schema import BACKENDS
+    from rlvr.run.build import SAMPLER_BACKENDS
+
+    assert set(SAMPLER_BACKENDS) == set(BACKENDS)
+    assert [name for name, b in SAMPLER_BACKENDS.items() if b.in_process] == ["local"]

@@ -157,15 +157,34 @@ def build_local_sampler(cfg: RunConfig, model: nn.Module, tokenizer, learners: i
     return sampled_on_whole_weights(model, sampler)  # sharded weights (FSDP2): gathered for each generation
 
 
-def build_sampler(cfg: RunConfig, model: nn.Module, tokenizer, run_dir: Path, learners: int = 1) -> Sampler:
-    """Where a synchronous run's completions come from (``rollout.backend``): the training model in this process,
-    or the rollout servers rollout.servers."""
-    r = cfg.rollout
-    if r.backend == "local":
-        return build_local_sampler(cfg, model, tokenizer, learners)
+def _server_sampler(cfg: RunConfig, model: nn.Module, tokenizer, run_dir: Path, learners: int) -> Sampler:
+    """The rollout servers rollout.servers, with the key rollout.api_key_env names."""
     from rlvr.rollout.http_client import api_key_from_env
 
+    r = cfg.rollout
     return build_remote_sampler(cfg, model, tokenizer, run_dir, r.servers, api_key_from_env(r.api_key_env))
+
+
+@dataclass(frozen=True)
+class SamplerBackend:
+    """A value of ``rollout.backend``: how a synchronous run's sampler is built, and what the run must know of it.
+    A new backend is its own builder and one row of SAMPLER_BACKENDS (and its name in the config's BACKENDS)."""
+
+    build: object  # (cfg, model, tokenizer, run_dir, learners) -> Sampler
+    in_process: bool  # samples the training model's own weights (rollout.fold_lora applies)
+    publishes_adapters: bool  # loads each new adapter on servers (several learners: rank 0 publishes)
+
+
+SAMPLER_BACKENDS = {
+    "local": SamplerBackend(lambda cfg, model, tokenizer, run_dir, learners: build_local_sampler(
+        cfg, model, tokenizer, learners), in_process=True, publishes_adapters=False),
+    "server": SamplerBackend(_server_sampler, in_process=False, publishes_adapters=True),
+}
+
+
+def build_sampler(cfg: RunConfig, model: nn.Module, tokenizer, run_dir: Path, learners: int = 1) -> Sampler:
+    """Where a synchronous run's completions come from (``rollout.backend``: SAMPLER_BACKENDS)."""
+    return SAMPLER_BACKENDS[cfg.rollout.backend].build(cfg, model, tokenizer, run_dir, learners)
 
 
 def build_remote_sampler(cfg: RunConfig, model: nn.Module, tokenizer, run_dir: Path, urls, api_key: str | None, *,

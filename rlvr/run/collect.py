@@ -23,7 +23,7 @@ from rlvr.platform.seeds import round_seed, step_seed
 from rlvr.rewards import Scores, WeightedReward
 from rlvr.rollout import Groups, Sampler, SamplingParams
 from rlvr.rollout.episodes import EpisodeStats
-from rlvr.run.build import build_sampler, sampling_params
+from rlvr.run.build import SAMPLER_BACKENDS, build_sampler, sampling_params
 from rlvr.run.curriculum import Curriculum, stage_row_ids
 from rlvr.run.dynamic_sampling import DynamicSampling
 from rlvr.run.learners import SharedServers, gather_round
@@ -184,7 +184,7 @@ class SyncSource:
 
     def open(self, run: Run, stack: contextlib.ExitStack) -> Sampler:
         sampler = build_sampler(self.cfg, run.model, run.data.tokenizer, run.run_dir, run.collectives.world.size)
-        if run.collectives.world.size > 1 and self.cfg.rollout.backend == "server":
+        if run.collectives.world.size > 1 and SAMPLER_BACKENDS[self.cfg.rollout.backend].publishes_adapters:
             sampler = SharedServers(sampler, run.collectives)  # rank 0 publishes each adapter version
         stack.callback(sampler.close)
         return sampler

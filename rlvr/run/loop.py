@@ -25,6 +25,7 @@ from rlvr.platform.devices import DeviceMemoryError, model_device, out_of_memory
 from rlvr.platform.faults import fault_point
 from rlvr.rewards import base as reward_base
 from rlvr.rewards.judge import judge_metrics
+from rlvr.run.build import SAMPLER_BACKENDS
 from rlvr.run.collect import collect_metrics, episode_metrics, warn_unscored
 from rlvr.run.lifecycle import BatchSource, Run, Update, stop_on_interrupt
 from rlvr.store.checkpoint import latest_valid
@@ -105,7 +106,7 @@ def out_of_memory(run: Run, step: int) -> Iterator[None]:
         cfg = run.cfg
         knobs = {"train.micro_batch_size": cfg.train.micro_batch_size, "rollout.max_new_tokens":
                  cfg.rollout.max_new_tokens, "rollout.group_size": cfg.rollout.group_size}
-        if cfg.model.lora and cfg.rollout.backend == "local":
+        if cfg.model.lora and SAMPLER_BACKENDS[cfg.rollout.backend].in_process:
             knobs["rollout.fold_lora"] = cfg.rollout.fold_lora
         inner = unwrap(run.model)
         if not getattr(inner, "is_activation_checkpointing", getattr(inner, "is_gradient_checkpointing", True)):
