@@ -175,3 +175,20 @@ def test_normalize_then_sum_weighs_each_reward_within_its_group():
     gdpo = run("normalize_then_sum")
     # per group: correctness +-1/sqrt(2), size -+1/sqrt(2): every sum 0, so no completion is preferred
     assert torch.allclose(gdpo, torch.zeros(4), atol=1e-6) and not math.isnan(float(gdpo.sum()))
+
+
+def test_rounds_concatenate_into_one_round_of_their_groups():
+    """Round.concat (what the asynchronous source makes of the one-group rounds it takes): rows, informative flags,
+    versions and uids in order, times summed."""
+    from dataclasses import replace
+
+    from rlvr.learn.collected import Round
+
+    c, _, _ = _run([ALL_RIGHT, INFORMATIVE, ALL_WRONG, INFORMATIVE, INFORMATIVE, ALL_RIGHT])  # two rounds
+    a, b = c.rounds
+    whole = Round.concat([a, b])
+    assert whole.row_ids == [0, 1, 2, 3, 4, 5] and whole.uids is None
+    assert whole.informative.tolist() == [False, True, False, True, True, False]
+    assert whole.versions.tolist() == [7] * 6 and whole.groups.num_groups == 6
+    assert whole.time_generate_s == a.time_generate_s + b.time_generate_s
+    assert Round.concat([replace(a, uids=[5, 6, 7]), replace(b, uids=[8, 9, 10])]).uids == [5, 6, 7, 8, 9, 10]

@@ -74,7 +74,7 @@ def test_a_retired_version_is_sampled_again_not_fatal():
     orch = _orchestrator(ScriptedSampler(stale_calls=(2, 3)), max_inflight=1).start()
     taken = orch.take(3, version=0)
     orch.stop()
-    assert [g.uid for g in taken.groups] == [0, 1, 2]  # uid 1 failed twice as stale, then came through
+    assert [u for g in taken.groups for u in g.uids] == [0, 1, 2]  # uid 1 failed twice as stale, then came through
     assert orch.stats.redispatched == 2 and orch.stats.dispatched == 5
 
 
@@ -82,9 +82,9 @@ def test_groups_come_in_data_order_with_their_uids_and_rows():
     orch = _orchestrator(ScriptedSampler(), max_inflight=1).start()
     taken = orch.take(3, version=0)
     orch.stop()
-    assert [g.uid for g in taken.groups] == [0, 1, 2]
-    assert [g.row_id for g in taken.groups] == data_order(len(ROWS), 0, 0, 3)
-    assert all(g.groups.texts[0].startswith(ROWS[g.row_id]["prompt"]) for g in taken.groups)
+    assert [u for g in taken.groups for u in g.uids] == [0, 1, 2]
+    assert [i for g in taken.groups for i in g.row_ids] == data_order(len(ROWS), 0, 0, 3)
+    assert all(g.groups.texts[0].startswith(ROWS[g.row_ids[0]]["prompt"]) for g in taken.groups)
     assert taken.staleness == {0: 3}
 
 
@@ -114,9 +114,9 @@ def test_stale_groups_are_dropped_and_their_prompts_sampled_again():
     sampler.version = 2  # the learner published two versions meanwhile
     taken = orch.take(4, version=2)
     orch.stop()
-    uids = [g.uid for g in taken.groups]
+    uids = [u for g in taken.groups for u in g.uids]
     assert taken.dropped_stale == 4 and orch.stats.redispatched == 4
-    assert all(g.version == 2 for g in taken.groups) and taken.staleness == {0: 4}
+    assert all(g.versions.tolist() == [2] for g in taken.groups) and taken.staleness == {0: 4}
     assert set(uids) <= {0, 1, 2, 3, 4, 5} and len(set(uids)) == 4
     assert {0, 1, 2, 3} <= set(uids) | set(orch.pending_uids())
 
@@ -136,7 +136,7 @@ def test_every_prompt_is_trained_once_and_none_is_lost():
     trained = []
     for version in range(6):
         sampler.version = version
-        trained += [g.uid for g in orch.take(3, version=version).groups]
+        trained += [u for g in orch.take(3, version=version).groups for u in g.uids]
     pending = orch.pending_uids()
     orch.stop()
     assert len(trained) == len(set(trained)) == 18  # none twice
@@ -148,7 +148,7 @@ def test_pending_prompts_of_a_checkpoint_go_first():
     orch = _orchestrator(ScriptedSampler(), max_inflight=1, cursor=10, pending=[7, 3]).start()
     taken = orch.take(3, version=0)
     orch.stop()
-    assert [g.uid for g in taken.groups] == [3, 7, 10]
+    assert [u for g in taken.groups for u in g.uids] == [3, 7, 10]
 
 
 def test_dynamic_sampling_drops_zero_variance_groups_for_good():
@@ -156,7 +156,7 @@ def test_dynamic_sampling_drops_zero_variance_groups_for_good():
     orch = _orchestrator(ScriptedSampler(), rows=rows, max_inflight=2).start()
     taken = orch.take(4, version=0, dynamic_sampling=True, max_resample_rounds=3)
     orch.stop()
-    assert len(taken.groups) == 4 and all(not rows[g.row_id]["prompt"].startswith("flat") for g in taken.groups)
+    assert len(taken.groups) == 4 and all(not rows[g.row_ids[0]]["prompt"].startswith("flat") for g in taken.groups)
     assert taken.dropped_zero_variance > 0 and orch.stats.dropped_zero_variance == taken.dropped_zero_variance
     flat = [u for u in range(orch.cursor) if rows[data_order(40, 0, u, 1)[0]]["prompt"] == "flat"]
     still_pending = set(flat) & set(orch.pending_uids())  # only those not yet taken (at most the 2 in flight)
@@ -182,7 +182,7 @@ def test_dynamic_sampling_keeps_what_the_synchronous_loop_keeps(informative, B, 
     orch = _orchestrator(ScriptedSampler(), rows=_rows_by_uid(informative), max_inflight=1).start()
     taken = orch.take(B, version=0, dynamic_sampling=True, max_resample_rounds=rounds, timeout_s=30)
     orch.stop()
-    assert [g.uid for g in taken.groups] == trained
+    assert [u for g in taken.groups for u in g.uids] == trained
     assert taken.dropped_zero_variance == orch.stats.dropped_zero_variance == dropped
     assert orch.stats.trained == len(trained) and taken.staleness == {0: len(trained)}
 
@@ -226,4 +226,4 @@ def test_dynamic_sampling_stops_after_its_budget():
     taken = orch.take(4, version=0, dynamic_sampling=True, max_resample_rounds=2, timeout_s=30)
     orch.stop()
     assert taken.dropped_zero_variance == 8 and len(taken.groups) == 4  # 12 sampled, 4 trained
-    assert all(not bool(g.informative[0]) for g in taken.groups)
+    assert all(g.informative.tolist() == [False] for g in taken.groups)

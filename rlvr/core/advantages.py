@@ -55,9 +55,7 @@ def group_advantages(
     r0 = torch.where(valid, r, torch.zeros_like(r))
     mean = r0.sum(dim=1, keepdim=True) / n.clamp(min=1)
     centered = torch.where(valid, r0 - mean, torch.zeros_like(r))  # [B, G]
-    lo = torch.where(valid, r0, torch.full_like(r, float("inf"))).amin(dim=1, keepdim=True)
-    hi = torch.where(valid, r0, torch.full_like(r, float("-inf"))).amax(dim=1, keepdim=True)
-    has_signal = (n >= 2) & (hi > lo)  # [B, 1]
+    has_signal = informative_groups(r.reshape(-1), group_size)[:, None]  # [B, 1]
     if scale == "group":
         var = centered.pow(2).sum(dim=1, keepdim=True) / (n - 1).clamp(min=1)
         adv = centered / (var.sqrt() + eps)
@@ -73,7 +71,8 @@ def group_advantages(
 
 
 def informative_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
-    """[B] bool: groups with at least two valid rewards that differ (a learning signal). rewards: [B*G]."""
+    """[B] bool: groups with at least two valid rewards that differ (a learning signal; the one test of it).
+    rewards: [B*G], NaN where missing."""
     r = rewards.view(-1, group_size)
     valid = ~torch.isnan(r)
     lo = torch.where(valid, r, torch.full_like(r, float("inf"))).amin(dim=1)

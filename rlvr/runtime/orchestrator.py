@@ -26,33 +26,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import torch
-
-from rlvr.core import informative_groups
-from rlvr.rewards import Scores, WeightedReward
-from rlvr.rollout import Groups, Sampler, SamplingParams, StaleVersion
-from rlvr.rollout.episodes import EpisodeStats
+from rlvr.learn.collected import Round
+from rlvr.rewards import WeightedReward
+from rlvr.rollout import Sampler, SamplingParams, StaleVersion
 from rlvr.run.dynamic_sampling import DynamicSampling
 from rlvr.run.scoring import EnvironmentSetup, sample_scored
 from rlvr.tasks import data_order
 
 
 @dataclass
-class ScoredGroup:
-    uid: int  # position in the data stream: the prompt's identity
-    row_id: int  # dataset row
-    groups: Groups  # one group of G completions
-    scores: Scores
-    version: int  # policy version that sampled it
-    informative: torch.Tensor  # [1] bool: its rewards differ (rlvr.core.informative_groups)
-    time_generate_s: float = 0.0  # how long its request took (on a server, overlapped with training)
-    time_reward_s: float = 0.0  # how long scoring it took
-    episode_stats: EpisodeStats | None = None  # its episodes' turns and tool calls (None: single completions)
-
-
-@dataclass
 class Taken:
-    groups: list[ScoredGroup]
+    groups: list[Round]  # each one group (B = 1), with its uid; in the order taken
     dropped_stale: int = 0
     dropped_zero_variance: int = 0
     idle_s: float = 0.0  # time the learner waited for groups
@@ -145,7 +129,7 @@ class Orchestrator:
                 self.stats.dispatched += 1
             try:
                 got = sample_scored(self.sampler, [row], self.G, self.params, self.sample_seed(uid), self.rewards,
-                                    self.environment, self._score_lock)
+                                    self.environment, self._score_lock, row_ids=[row_id])
             except StaleVersion:  # its version was retired meanwhile: sample the prompt again, at the current one
                 with self._lock:
                     self._redo.append(uid)
@@ -158,9 +142,8 @@ class Orchestrator:
                 return
             with self._lock:
                 self.stats.sampled += 1
-            self._ready.put(ScoredGroup(uid, row_id, got.groups, got.scores, int(got.groups.version[0]),
-                                        informative_groups(got.scores.total, self.G), got.time_generate_s,
-                                        got.time_reward_s, got.episode_stats))
+            got.uids = [uid]
+            self._ready.put(got)
 
     def take(self, n: int, version: int, dynamic_sampling: bool = False, max_resample_rounds: int = 0,
              timeout_s: float | None = None) -> Taken:
@@ -170,7 +153,7 @@ class Orchestrator:
         and their prompts dispatched again. ``timeout_s``: raise ``TimeoutError`` when no group (nor a
         dispatcher's error) arrives for that long - a deadline on progress, so the learner never hangs."""
         taken = Taken([])
-        pick: DynamicSampling[ScoredGroup] = DynamicSampling(n, dynamic_sampling, max_resample_rounds)
+        pick: DynamicSampling[Round] = DynamicSampling(n, dynamic_sampling, max_resample_rounds)
         while not pick.done:
             waited = time.perf_counter()
             try:
@@ -181,18 +164,19 @@ class Orchestrator:
             if isinstance(item, _Failed):
                 raise item.error
             with self._lock:  # settle the group before its slot frees a dispatcher
-                if version - item.version > self.max_staleness:
-                    self._redo.append(item.uid)
+                uid, sampled_at = item.uids[0], int(item.versions[0])
+                if version - sampled_at > self.max_staleness:
+                    self._redo.append(uid)
                     taken.dropped_stale += 1
                     self.stats.dropped_stale += 1
                     self.stats.redispatched += 1
                 else:
-                    self._pending.discard(item.uid)  # trained, or dropped for good
+                    self._pending.discard(uid)  # trained, or dropped for good
                     pick.offer(item, bool(item.informative[0]))
             self._slots.release()
         taken.groups = pick.trained()
         taken.dropped_zero_variance = pick.sampled - len(taken.groups)
-        taken.staleness.update(version - g.version for g in taken.groups)
+        taken.staleness.update(version - int(g.versions[0]) for g in taken.groups)
         with self._lock:
             self.stats.trained += len(taken.groups)
             self.stats.dropped_zero_variance += taken.dropped_zero_variance

@@ -23,9 +23,7 @@ import torch
 from rlvr.config.schema import RunConfig
 from rlvr.learn.collected import Collected, Round
 from rlvr.platform.seeds import group_seed
-from rlvr.rewards import Scores
-from rlvr.rollout import Groups, Sampler
-from rlvr.rollout.episodes import EpisodeStats
+from rlvr.rollout import Sampler
 from rlvr.rollout.http_client import api_key_from_env
 from rlvr.rollout.server_errors import NoServerError
 from rlvr.run.build import build_remote_sampler, sampling_params
@@ -150,10 +148,7 @@ class AsyncSource:
                 f"servers{logs}, or raise async.learner_wait_s if generation is this slow") from None
         self.taken = taken
         groups = taken.groups  # one round: the groups taken for this step (B, or fewer with dynamic sampling)
-        round_ = Round([g.row_id for g in groups], Groups.concat([g.groups for g in groups]),
-                       Scores.concat([g.scores for g in groups]), EpisodeStats.total([g.episode_stats for g in groups]),
-                       sum(g.time_generate_s for g in groups), sum(g.time_reward_s for g in groups),
-                       [g.uid for g in groups])
+        round_ = Round.concat(groups)
         return scored_batch([round_], [(round_, torch.arange(len(groups)))], self.advantages,
                             round_.time_generate_s, round_.time_reward_s)
 
