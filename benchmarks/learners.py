@@ -57,7 +57,7 @@ def _run(launcher: list[str], threads: int, steps: int, out: Path, extra: tuple[
 def _plan(devices: int, lora_rank: int = 16, zero: int = 0) -> float:
     from rlvr.config.plan import PlannedRun, plan, resolve_arch
 
-    run = PlannedRun(precision="fp32", lora_rank=lora_rank, beta=0.04, prompts=8, group=8, prompt_len=48,
+    run = PlannedRun(dtype="fp32", lora_rank=lora_rank, beta=0.04, prompts=8, group=8, prompt_len=48,
                      completion_len=12, micro_batch=32, devices=devices, zero=zero, checkpointing=False)
     return plan(resolve_arch("smollm2-135m-instruct"), run)["total"] / 2**20
 

@@ -291,7 +291,7 @@ def _planned(name: str) -> dict:
     from rlvr.config.plan import ARCHS, PlannedRun, plan
 
     algo, lora, kl, lean = CONFIGS[name]
-    run = PlannedRun(algo=algo, precision="fp32", lora_rank=16 if lora else 0, beta=kl, prompts=B, group=G,
+    run = PlannedRun(algo=algo, dtype="fp32", lora_rank=16 if lora else 0, beta=kl, prompts=B, group=G,
                      prompt_len=_prompt_len(), completion_len=T, micro_batch=MICRO, lean=lean, checkpointing=False)
     return plan(ARCHS["smollm2-135m"], run)
 

@@ -35,7 +35,15 @@ from rlvr.models.policy import ALL_LINEAR, resolve_model_dir
 from rlvr.rewards import WeightedReward
 from rlvr.rewards.base import TrainerState
 from rlvr.store.metrics import read_metrics
-from rlvr.trl_api.checks import LOSS_TYPES, check_config, ignored_notes, is_number, plain, scale_name, tracker_names
+from rlvr.trl_api.checks import (
+    LOSS_TYPES,
+    check_config,
+    ignored_notes,
+    is_finite_number,
+    plain,
+    scale_name,
+    tracker_names,
+)
 from rlvr.trl_api.inputs import dataset_jsonl, dataset_rows, environment_objects, held_out_check, reward_entry
 
 __all__ = ["GRPOConfig", "GRPOTrainer", "TrainOutput"]
@@ -505,7 +513,7 @@ class GRPOTrainer:
         summary = train(cfg, rewards=self.rewards, environment=self.environment)
         self._summary, self._model = summary, None
         records = read_metrics(Path(cfg.output_dir) / "metrics.jsonl")
-        losses = [r["update/loss"] for r in records if r.get("step", 0) >= 1 and is_number(r.get("update/loss"))]
+        losses = [r["update/loss"] for r in records if r.get("step", 0) >= 1 and is_finite_number(r.get("update/loss"))]
         loss = sum(losses) / len(losses) if losses else math.nan
         self.state.global_step = self.state.max_steps
         self.state.epoch = cfg.train.steps * cfg.train.prompts_per_step / max(self._train_rows, 1)

@@ -89,7 +89,7 @@ def _serve(args: argparse.Namespace) -> int:
 def _plan(args: argparse.Namespace) -> int:
     from rlvr.config.plan import PlannedRun, report, resolve_arch
 
-    given = {"precision": args.precision, "optimizer": args.optimizer, "lora_rank": args.lora_rank, "beta": args.beta,
+    given = {"dtype": args.precision, "optimizer": args.optimizer, "lora_rank": args.lora_rank, "beta": args.beta,
              "prompts": args.prompts, "group": args.group, "prompt_len": args.prompt_len,
              "completion_len": args.completion_len, "micro_batch": args.micro_batch,
              "checkpointing": args.checkpointing, "lean": None if args.plain is None else not args.plain,

@@ -33,7 +33,7 @@ TOY = Arch("toy", layers=2, hidden=8, intermediate=16, heads=2, kv_heads=1, voca
 def Run(**settings) -> PlannedRun:
     """A planned run with the settings these hand-derived cases were written for (fp32 full fine-tuning, no KL, no
     checkpointing, micro-batch 16, 64 + 256 tokens), changed by ``settings``."""
-    fixed = {"precision": "fp32", "lora_rank": 0, "beta": 0.0, "checkpointing": False, "micro_batch": 16,
+    fixed = {"dtype": "fp32", "lora_rank": 0, "beta": 0.0, "checkpointing": False, "micro_batch": 16,
              "prompt_len": 64, "completion_len": 256, "decode_precision": "auto"}
     return PlannedRun(**{**fixed, **settings})
 
@@ -46,8 +46,8 @@ def test_the_plan_defaults_are_the_configs():
     assert (run.completion_len, run.micro_batch, run.chunk) == (cfg.rollout.max_new_tokens, cfg.train.micro_batch_size,
                                                                 cfg.train.logprob_chunk)
     assert run.lora_rank == cfg.model.lora_r and cfg.model.lora and cfg.model.dtype == "auto"
-    assert run.precision == "bf16" and run.checkpointing is True  # dtype auto under LoRA, checkpointing auto on CUDA
-    assert PlannedRun(lora_rank=0).precision == "fp32"  # full fine-tuning: fp32 weights, as model.dtype=auto gives
+    assert run.dtype == "bf16" and run.checkpointing is True  # dtype auto under LoRA, checkpointing auto on CUDA
+    assert PlannedRun(lora_rank=0).dtype == "fp32"  # full fine-tuning: fp32 weights, as model.dtype=auto gives
     assert run.decode_precision == cfg.rollout.precision
 
 
@@ -116,7 +116,7 @@ def test_activation_formula_bounds_lora_on_fewer_layers(tokenizer):
 def test_full_fine_tuning_by_hand():
     P = TOY.params  # 2 * (64*2 + 8*4*2 + 3*8*16 + 16) + 10*8*2 + 8 = 2 * 592 + 168 = 1352
     assert P == 1352
-    run = Run(algo="grpo", precision="fp32", beta=0.1, prompts=2, group=2, prompt_len=3, completion_len=4,
+    run = Run(algo="grpo", dtype="fp32", beta=0.1, prompts=2, group=2, prompt_len=3, completion_len=4,
               micro_batch=4, lean=False, padded=False)
     p = plan(TOY, run)
     assert p["weights"] == P * 4 and p["reference"] == P * 4 and p["gradients"] == P * 4
@@ -131,7 +131,7 @@ def test_full_fine_tuning_by_hand():
 
 
 def test_ppo_adds_a_trained_critic_and_grpo_saves_it():
-    run = Run(precision="fp32", beta=0.1, prompts=2, group=2, prompt_len=3, completion_len=4, micro_batch=4)
+    run = Run(dtype="fp32", beta=0.1, prompts=2, group=2, prompt_len=3, completion_len=4, micro_batch=4)
     ppo, grpo, saving = ppo_vs_grpo(TOY, run)
     head = 8 * 4 * 4
     assert ppo["critic"] == TOY.params * (4 + 4 + 8) + head
@@ -140,18 +140,18 @@ def test_ppo_adds_a_trained_critic_and_grpo_saves_it():
     lora = plan(TOY, Run(algo="ppo", lora_rank=2, beta=0.1))
     P_t = TOY.lora_params(2, ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"))
     assert lora["critic"] == P_t * (4 + 4 + 8) + head and lora["reference"] == 0
-    bf16 = plan(TOY, Run(algo="ppo", lora_rank=2, beta=0.1, precision="bf16"))  # + the head's fp32 copy, V x H x 4
+    bf16 = plan(TOY, Run(algo="ppo", lora_rank=2, beta=0.1, dtype="bf16"))  # + the head's fp32 copy, V x H x 4
     assert bf16["weights"] == TOY.params * 2 + P_t * 4 + TOY.vocab * 8 * 4
 
 
 def test_bf16_and_sharding_by_hand():
     P = TOY.params
-    run = Run(precision="bf16", optimizer="adamw", beta=0.0, devices=4, zero=1)
+    run = Run(dtype="bf16", optimizer="adamw", beta=0.0, devices=4, zero=1)
     p = plan(TOY, run)
     assert p["weights"] == P * 2 and p["gradients"] == P * 2 and p["optimizer"] == P * 12 / 4  # + fp32 master
-    p3 = plan(TOY, Run(precision="bf16", beta=0.1, devices=4, zero=3))
+    p3 = plan(TOY, Run(dtype="bf16", beta=0.1, devices=4, zero=3))
     assert p3["weights"] == P * 2 / 4 and p3["reference"] == P * 2 / 4 and p3["gradients"] == P * 2 / 4
-    eight_bit = plan(TOY, Run(precision="fp32", optimizer="adamw_8bit"))
+    eight_bit = plan(TOY, Run(dtype="fp32", optimizer="adamw_8bit"))
     assert eight_bit["optimizer"] == P * 2
 
 
@@ -182,16 +182,16 @@ def test_folded_copies_by_hand_for_the_issues_models():
     linears = 30 * (2 * 576 * 576 + 2 * 576 * 192 + 3 * 576 * 1536)
     assert linears == 106_168_320
     smol = ARCHS["smollm2-135m"]
-    fp32 = Run(precision="fp32", lora_rank=16)
+    fp32 = Run(dtype="fp32", lora_rank=16)
     assert decode_bytes(smol, fp32) == 2
     assert folded_copies(smol, fp32) == (linears + 49152 * 576) * 2 == 268_959_744
     # a bf16 model decodes in its own dtype: the output layer is not cast
-    assert folded_copies(smol, Run(precision="bf16", lora_rank=16)) == linears * 2
+    assert folded_copies(smol, Run(dtype="bf16", lora_rank=16)) == linears * 2
     # Qwen2.5-7B in bf16: q, o 3584*3584, k, v 3584*512 (4 KV heads of 128), MLP 3 * 3584*18944, 28 layers: ~13 GB
     seven = 28 * (2 * 3584 * 3584 + 2 * 3584 * 512 + 3 * 3584 * 18944) * 2
-    assert folded_copies(ARCHS["7b"], Run(precision="bf16", lora_rank=64)) == seven == 13_050_576_896
-    assert folded_copies(smol, Run(precision="fp32", lora_rank=16, decode_precision="fp32")) == linears * 4
-    assert folded_copies(smol, Run(precision="fp32", lora_rank=0, decode_precision="fp32")) == 0  # nothing to fold
+    assert folded_copies(ARCHS["7b"], Run(dtype="bf16", lora_rank=64)) == seven == 13_050_576_896
+    assert folded_copies(smol, Run(dtype="fp32", lora_rank=16, decode_precision="fp32")) == linears * 4
+    assert folded_copies(smol, Run(dtype="fp32", lora_rank=0, decode_precision="fp32")) == 0  # nothing to fold
 
 
 @pytest.mark.parametrize("model_dtype, decode, targets, expected_linears, head_cast", [
@@ -213,7 +213,7 @@ def test_folded_copies_match_what_decoding_copies(tokenizer, model_dtype, decode
         model = add_lora(model, LoraSpec(r=4, target_modules=targets))
     expected = (expected_linears + (len(tokenizer) * 32 if head_cast else 0)) * decode.itemsize
     assert folded_bytes(model, decode) == expected
-    run = Run(precision="bf16" if model_dtype == torch.bfloat16 else "fp32", lora_rank=4 if targets else 0,
+    run = Run(dtype="bf16" if model_dtype == torch.bfloat16 else "fp32", lora_rank=4 if targets else 0,
               lora_targets=targets or ALL, decode_precision="bf16" if decode == torch.bfloat16 else "fp32")
     assert folded_copies(arch, run) == expected
 
@@ -233,7 +233,7 @@ def test_kv_cache_matches_the_preallocated_cache(tokenizer):
 
 def test_sampling_by_hand():
     # TOY: 2 layers, H 8, I 16, 1 KV head of 4, V 10; 2 prompts x G 3 = 6 rows of 3 + 4 tokens
-    run = Run(precision="fp32", lora_rank=2, beta=0.1, prompts=2, group=3, prompt_len=3, completion_len=4,
+    run = Run(dtype="fp32", lora_rank=2, beta=0.1, prompts=2, group=3, prompt_len=3, completion_len=4,
               micro_batch=6, decode_precision="bf16")
     train = plan(TOY, run)
     resident = train["weights"] + train["gradients"] + train["optimizer"]  # no reference under LoRA, no critic
@@ -254,18 +254,18 @@ def test_sampling_by_hand():
 
 
 def test_auto_folds_while_a_quarter_stays_free():
-    run = Run(precision="fp32", lora_rank=2, prompts=2, group=3, prompt_len=3, completion_len=4,
+    run = Run(dtype="fp32", lora_rank=2, prompts=2, group=3, prompt_len=3, completion_len=4,
               decode_precision="bf16")
     s = sampling(TOY, run)
     threshold = (s["weights"] + s["gradients"] + s["optimizer"] + 2464 + s["kv_cache"] + s["logits"]) / 0.75
     assert fold_threshold(TOY, run) == pytest.approx(threshold)
     assert auto_folds(TOY, run, threshold * 1.001) and not auto_folds(TOY, run, threshold * 0.999)
-    seven = Run(precision="bf16", lora_rank=64, prompts=8, group=8, prompt_len=256, completion_len=1024)
+    seven = Run(dtype="bf16", lora_rank=64, prompts=8, group=8, prompt_len=256, completion_len=1024)
     assert auto_folds(ARCHS["7b"], seven, 80e9) and not auto_folds(ARCHS["7b"], seven, 24e9)
 
 
 def test_report_shows_the_sampling_phase():
-    text = report(ARCHS["smollm2-135m"], Run(precision="fp32", lora_rank=16))
+    text = report(ARCHS["smollm2-135m"], Run(dtype="fp32", lora_rank=16))
     assert "| folded copies | 0.27 | 0.27 |" in text
     assert "total, not folded" in text and "rollout.fold_lora=auto folds on a GPU" in text
     with pytest.raises(ValueError, match="decode_precision"):

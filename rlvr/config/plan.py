@@ -1,7 +1,7 @@
 """Memory planner: the peak training (and sampling) memory of a GRPO or PPO run, per device, component by component.
 
 Every component is a formula in the model's numbers (layers L, hidden H, MLP width I, attention heads a,
-key/value width H_kv = kv_heads * head_dim, vocabulary V, parameters P) and the run's (precision, optimizer,
+key/value width H_kv = kv_heads * head_dim, vocabulary V, parameters P) and the run's (weights' dtype, optimizer,
 LoRA, beta, batch, lengths, micro-batch, checkpointing, devices):
 
 weights        P * w               w = 4 (fp32) or 2 (bf16); + V * H * 4 for a bf16 base under LoRA (the frozen
@@ -153,7 +153,7 @@ class PlannedRun:
     on a CUDA device with bf16 units (the device a plan is for)."""
 
     algo: str = _DEFAULTS.algo.name  # grpo or ppo
-    precision: str = _DEFAULTS.model.dtype  # model.dtype: auto (bf16 base under LoRA, else fp32), fp32, or bf16
+    dtype: str = _DEFAULTS.model.dtype  # model.dtype: auto (bf16 base under LoRA, else fp32), fp32, or bf16
     # (bf16 weights, gradients, activations; fp32 optimizer + master)
     optimizer: str = "adamw"  # adamw (rlvr's), adamw_8bit, sgd
     lora_rank: int = _DEFAULTS.model.lora_r if _DEFAULTS.model.lora else 0  # 0: full fine-tuning
@@ -174,8 +174,8 @@ class PlannedRun:
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.precision == "auto":  # model.dtype=auto on a bf16 GPU (rlvr.platform.devices.weight_dtype)
-            object.__setattr__(self, "precision", "bf16" if self.lora_rank else "fp32")
+        if self.dtype == "auto":  # model.dtype=auto on a bf16 GPU (rlvr.platform.devices.weight_dtype)
+            object.__setattr__(self, "dtype", "bf16" if self.lora_rank else "fp32")
         if self.checkpointing == "auto":  # model.gradient_checkpointing=auto on a CUDA device
             object.__setattr__(self, "checkpointing", True)
 
@@ -192,12 +192,12 @@ def plan(arch: Arch, run: PlannedRun) -> dict[str, float]:
         raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZER_BYTES)}, got {run.optimizer!r}")
     if run.zero not in (0, 1, 2, 3) or run.devices < 1:
         raise ValueError("zero must be 0-3 and devices >= 1")
-    w = _bytes(run.precision)
+    w = _bytes(run.dtype)
     lora = run.lora_rank > 0
     P = arch.params
     P_t = arch.lora_params(run.lora_rank, run.lora_targets) if lora else P
     grad_b = 4 if lora else w  # adapters train in fp32
-    opt_b = OPTIMIZER_BYTES[run.optimizer] + (4 if run.precision == "bf16" and not lora else 0)
+    opt_b = OPTIMIZER_BYTES[run.optimizer] + (4 if run.dtype == "bf16" and not lora else 0)
     d = run.devices
     shard_opt = d if run.zero >= 1 else 1
     shard_grad = d if run.zero >= 2 else 1
@@ -219,7 +219,7 @@ def plan(arch: Arch, run: PlannedRun) -> dict[str, float]:
             critic = P * w / shard_w + P * grad_b / shard_grad + P * opt_b / shard_opt + head
     out["critic"] = critic
 
-    e = _bytes(run.precision)
+    e = _bytes(run.dtype)
     mb = min(run.micro_batch, run.prompts * run.group)
     P_len, T_len = run.prompt_len, run.completion_len
     r, n_lora = (run.lora_rank, len(arch.adapted(run.lora_targets))) if lora else (0, 0)
@@ -260,14 +260,14 @@ def decode_bytes(arch: Arch, run: PlannedRun) -> int:
         raise ValueError(f"decode_precision must be auto, fp32 or bf16, got {run.decode_precision!r}")
     if run.decode_precision != "auto":
         return _bytes(run.decode_precision)
-    return 2 if run.precision == "bf16" or arch.params >= AUTO_BF16_MIN_PARAMETERS else 4
+    return 2 if run.dtype == "bf16" or arch.params >= AUTO_BF16_MIN_PARAMETERS else 4
 
 
 def folded_copies(arch: Arch, run: PlannedRun) -> int:
     """Bytes of the weight copies a folded generation holds (rlvr.rollout.decode_weights.folded_bytes): every
     adapted linear, and every linear plus the output layer when the decoding dtype is not the weights'."""
     d = decode_bytes(arch, run)
-    cast = d != _bytes(run.precision)
+    cast = d != _bytes(run.dtype)
     shapes = arch.linear_shapes()
     copied = tuple(shapes) if cast else (arch.adapted(run.lora_targets) if run.lora_rank else ())
     per_layer = sum(shapes[t][0] * shapes[t][1] for t in copied)
@@ -282,8 +282,8 @@ def sampling(arch: Arch, run: PlannedRun, fold: bool = True) -> dict[str, float]
     rows = -(-run.prompts * run.group // run.devices)  # each device samples its share of the B * G completions
     out["folded"] = float(folded_copies(arch, run)) if fold else 0.0
     out["kv_cache"] = (2 * arch.layers * rows * (run.prompt_len + run.completion_len) * arch.kv_width
-                       * _bytes(run.precision))
-    head_bytes = decode_bytes(arch, run) if fold else _bytes(run.precision)
+                       * _bytes(run.dtype))
+    head_bytes = decode_bytes(arch, run) if fold else _bytes(run.dtype)
     out["logits"] = rows * arch.vocab * (2 * 4 + (2 if head_bytes == 2 else 0))
     out["total"] = sum(out.values())
     return out
@@ -356,7 +356,7 @@ def resolve_arch(name: str) -> Arch:
 def report(arch: Arch, run: PlannedRun) -> str:
     """PPO's and GRPO's components side by side, with the saving, as printed by ``rlvr plan``."""
     ppo, grpo, saving = ppo_vs_grpo(arch, run)
-    setting = (f"{arch.name} ({arch.params / 1e9:.2f}B parameters), {run.precision}, {run.optimizer}, "
+    setting = (f"{arch.name} ({arch.params / 1e9:.2f}B parameters), {run.dtype}, {run.optimizer}, "
                + (f"LoRA r={run.lora_rank}" if run.lora_rank else "full fine-tuning")
                + f", KL {'on' if run.beta else 'off'}, {run.prompts}x{run.group} completions of {run.prompt_len}+"
                f"{run.completion_len} tokens, micro-batch {run.micro_batch}"

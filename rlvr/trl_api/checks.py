@@ -15,7 +15,7 @@ LOSS_TYPES = {"grpo": ("ppo_clip", "sequence_mean"), "dapo": ("ppo_clip", "token
               "bnpo": ("ppo_clip", "token_mean"), "dr_grpo": ("ppo_clip", "token_sum_constant"),
               "cispo": ("cispo", "token_mean"), "sapo": ("sapo", "sequence_mean"),
               "luspo": ("ppo_clip", "sequence_sum")}
-IS_LEVELS = ("token", "sequence")
+TRL_IS_LEVELS = ("token", "sequence")
 SCALE_REWARDS = {"group": "group", "batch": "batch", "none": "none"}
 STRATEGIES = ("no", "steps", "epoch")
 
@@ -29,7 +29,7 @@ def refuse(field: str, value: Any, why: str) -> ValueError:
     return ValueError(f"GRPOConfig.{field}={value!r}: {why}")
 
 
-def is_number(value: Any) -> bool:
+def is_finite_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
@@ -37,7 +37,7 @@ def check_config(a: Any) -> None:
     """Every check of the rlvr.GRPOConfig ``a`` that needs no dataset; an error names the field."""
     for name in ("learning_rate", "beta", "epsilon", "temperature", "top_p", "num_train_epochs", "warmup_steps",
                  "weight_decay", "max_grad_norm", "logging_steps", "save_steps"):
-        if not is_number(getattr(a, name)) or getattr(a, name) < 0:
+        if not is_finite_number(getattr(a, name)) or getattr(a, name) < 0:
             raise refuse(name, getattr(a, name), "must be a number >= 0")
     for name in ("num_generations", "max_completion_length", "per_device_train_batch_size",
                  "gradient_accumulation_steps", "num_iterations", "max_steps", "seed"):
@@ -52,7 +52,7 @@ def check_config(a: Any) -> None:
         raise refuse("max_tool_calling_iterations", value, "must be None or an int >= 0")
     for name in ("epsilon_high", "eval_steps", "warmup_ratio"):
         value = getattr(a, name)
-        if value is not None and (not is_number(value) or value < 0):
+        if value is not None and (not is_finite_number(value) or value < 0):
             raise refuse(name, value, "must be None or a number >= 0")
     for name in ("mask_truncated_completions", "disable_tqdm", "log_completions", "bf16", "use_cpu",
                  "gradient_checkpointing", "remove_unused_columns"):
@@ -85,10 +85,10 @@ def check_config(a: Any) -> None:
         raise refuse("top_p", a.top_p, "must be in (0, 1]")
     if a.top_k is not None and (not isinstance(a.top_k, int) or isinstance(a.top_k, bool) or a.top_k < 0):
         raise refuse("top_k", a.top_k, "must be an int >= 0 (0 or None: off)")
-    if a.delta is not None and (not is_number(a.delta) or a.delta <= 1):
+    if a.delta is not None and (not is_finite_number(a.delta) or a.delta <= 1):
         raise refuse("delta", a.delta, "must be > 1 (or None: off)")
     high = a.epsilon if a.epsilon_high is None else a.epsilon_high
-    if a.delta is not None and is_number(high) and a.delta < 1 + high:
+    if a.delta is not None and is_finite_number(high) and a.delta < 1 + high:
         # TRL caps every token's ratio at delta; rlvr's dual clip caps negative-advantage tokens only. The two are
         # the same loss when delta >= 1 + epsilon_high (a positive advantage's ratio is clipped there first).
         raise refuse("delta", a.delta, f"must be >= 1 + epsilon_high = {1 + high:g}, where rlvr's dual clip and "
@@ -99,31 +99,31 @@ def check_config(a: Any) -> None:
                                               "(a clipped, detached ratio on REINFORCE)")
     if loss_type not in LOSS_TYPES:
         raise refuse("loss_type", loss_type, f"rlvr does not support it; supported: {', '.join(LOSS_TYPES)}")
-    if a.importance_sampling_level not in IS_LEVELS:
+    if a.importance_sampling_level not in TRL_IS_LEVELS:
         raise refuse("importance_sampling_level", a.importance_sampling_level, "must be token or sequence")
     if a.importance_sampling_level == "sequence" and LOSS_TYPES[loss_type][0] != "ppo_clip":
         raise refuse("importance_sampling_level", "sequence", f"rlvr's {loss_type} is token-level; the sequence ratio "
                                                                "(GSPO) goes with grpo, dapo, bnpo, dr_grpo or luspo")
-    if loss_type == "cispo" and (a.epsilon_high is None or not is_number(a.epsilon_high) or a.epsilon_high <= 1):
+    if loss_type == "cispo" and (a.epsilon_high is None or not is_finite_number(a.epsilon_high) or a.epsilon_high <= 1):
         raise refuse("epsilon_high", a.epsilon_high, "loss_type='cispo' reads it as the absolute cap of the ratio and "
                                                       "needs it set above 1 (MiniMax-M1, TRL's docs: 5.0); left unset, "
                                                       "TRL falls back to epsilon=0.2 and caps every on-policy token")
     for name in ("sapo_temperature_pos", "sapo_temperature_neg"):
-        if not is_number(getattr(a, name)) or getattr(a, name) <= 0:
+        if not is_finite_number(getattr(a, name)) or getattr(a, name) <= 0:
             raise refuse(name, getattr(a, name), "must be a number > 0")
     if a.multi_objective_aggregation not in REWARD_AGGREGATIONS:
         raise refuse("multi_objective_aggregation", a.multi_objective_aggregation,
                       f"must be one of {', '.join(REWARD_AGGREGATIONS)}")
-    if a.sync_ref_model and not (is_number(a.beta) and a.beta > 0):
+    if a.sync_ref_model and not (is_finite_number(a.beta) and a.beta > 0):
         raise refuse("sync_ref_model", True, "refreshes the KL reference, which beta=0 does not use: set beta > 0")
-    if not is_number(a.ref_model_mixup_alpha) or not 0 < a.ref_model_mixup_alpha <= 1:
+    if not is_finite_number(a.ref_model_mixup_alpha) or not 0 < a.ref_model_mixup_alpha <= 1:
         raise refuse("ref_model_mixup_alpha", a.ref_model_mixup_alpha, "must be in (0, 1]")
     if not isinstance(a.ref_model_sync_steps, int) or isinstance(a.ref_model_sync_steps, bool) \
             or a.ref_model_sync_steps < 1:
         raise refuse("ref_model_sync_steps", a.ref_model_sync_steps, "must be an int >= 1")
-    if not is_number(a.entropy_coef) or a.entropy_coef < 0:
+    if not is_finite_number(a.entropy_coef) or a.entropy_coef < 0:
         raise refuse("entropy_coef", a.entropy_coef, "must be a number >= 0")
-    if not is_number(a.top_entropy_quantile) or not 0 < a.top_entropy_quantile <= 1:
+    if not is_finite_number(a.top_entropy_quantile) or not 0 < a.top_entropy_quantile <= 1:
         raise refuse("top_entropy_quantile", a.top_entropy_quantile, "must be in (0, 1] (1: off)")
     if loss_type == "bnpo" and a.gradient_accumulation_steps != 1:
         raise refuse("loss_type", loss_type,
@@ -133,7 +133,7 @@ def check_config(a: Any) -> None:
     scale_name(a.scale_rewards)
     tracker_names(a.report_to)
     if a.reward_weights is not None and (not isinstance(a.reward_weights, (list, tuple))
-                                         or not all(is_number(w) for w in a.reward_weights)):
+                                         or not all(is_finite_number(w) for w in a.reward_weights)):
         raise refuse("reward_weights", a.reward_weights, "must be None or a list of numbers")
     if a.warmup_ratio is not None and a.warmup_steps:
         raise refuse("warmup_ratio", a.warmup_ratio, f"set warmup_ratio or warmup_steps ({a.warmup_steps}), not both")
