@@ -59,7 +59,7 @@ def _eval(args: argparse.Namespace) -> int:
 
     def accuracy_on(rows: list[dict]) -> float:
         return evaluate(sampler, rows, data.check, cfg.eval.batch_size, cfg.eval.max_new_tokens
-                        or cfg.rollout.max_new_tokens, tuple(cfg.rollout.stop), data.environment)
+                        or cfg.rollout.max_new_tokens, tuple(cfg.rollout.stop), data.env_setup)
 
     accuracy = accuracy_on(data.eval_rows)
     extra = {}

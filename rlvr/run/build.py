@@ -36,13 +36,13 @@ class TaskData:
     dropped_prompts: int  # rows skipped for prompts too long for the context (task.drop_long_prompts)
     model_dir: Path
     tokenizer: object
-    environment: EnvironmentSetup | None = None  # multi-turn episodes (env.factory, env.tools or env.url set)
+    env_setup: EnvironmentSetup | None = None  # multi-turn episodes (env.factory, env.tools or env.url set)
     extra_rows: list[dict] = field(default_factory=list)  # eval.extra_path's held-out rows (none: [])
 
     def close(self) -> None:
         """Release what the episodes' tools hold (nothing without episodes)."""
-        if self.environment is not None:
-            self.environment.close()
+        if self.env_setup is not None:
+            self.env_setup.close()
 
 
 def lora_spec(model: ModelConfig) -> LoraSpec | None:

@@ -78,7 +78,7 @@ def collect(
     seed: int,
     dynamic_sampling: bool = False,
     max_resample_rounds: int = 0,
-    environment: EnvironmentSetup | None = None,
+    env_setup: EnvironmentSetup | None = None,
     collectives: Collectives | None = None,
 ) -> Collected:
     """Sample, score and compute advantages for one step.
@@ -86,7 +86,7 @@ def collect(
     ``next_row_ids()`` gives the dataset rows of one round (B of them) and advances the data stream. Rounds are
     sampled, and their groups kept or dropped, as ``DynamicSampling`` decides (rlvr.run.dynamic_sampling):
     without dynamic sampling one round, trained as it is; with it, until B informative groups are in hand or
-    ``max_resample_rounds`` extra rounds were sampled. ``environment``: multi-turn episodes instead of
+    ``max_resample_rounds`` extra rounds were sampled. ``env_setup``: multi-turn episodes instead of
     single completions (rlvr.run.scoring). ``collectives``: one of several learners (torchrun) samples and
     scores its share of each round and gets the whole round back (rlvr.run.learners).
     """
@@ -98,12 +98,12 @@ def collect(
         row_ids = next_row_ids()
         if world is None or world.size == 1:
             round_ = sample_scored(sampler, [rows[i] for i in row_ids], group_size, params,
-                                   round_seed(seed, len(rounds)), rewards, environment, row_ids=row_ids)
+                                   round_seed(seed, len(rounds)), rewards, env_setup, row_ids=row_ids)
         else:
             share = world.share(len(row_ids))  # this learner's prompts of the round, a contiguous run
             mine = [row_ids[i] for i in share]
             part = sample_scored(sampler, [rows[i] for i in mine], group_size, params, round_seed(seed, len(rounds)),
-                                 rewards, environment, row_ids=mine, first=share.start)
+                                 rewards, env_setup, row_ids=mine, first=share.start)
             round_ = gather_round(collectives, part, row_ids)
         t_generate, t_reward = t_generate + round_.time_generate_s, t_reward + round_.time_reward_s
         pick = pick or DynamicSampling(len(row_ids), dynamic_sampling, max_resample_rounds)
@@ -205,7 +205,7 @@ class SyncSource:
         c = collect(run.sampler, next_row_ids, rows, cfg.rollout.group_size, sampling_params(cfg.rollout),
                     run.rewards, self.advantages, seed=step_seed(cfg.train.seed, step),
                     dynamic_sampling=cfg.algo.dynamic_sampling, max_resample_rounds=cfg.algo.max_resample_rounds,
-                    environment=run.data.environment, collectives=run.collectives)
+                    env_setup=run.data.env_setup, collectives=run.collectives)
         if self.curriculum:  # the pass rate: the first reward's mean over everything sampled this step
             first = Scores.concat([r.scores for r in c.rounds]).per_function[run.rewards[0].name]
             self.curriculum.record(run.state, float(first[~torch.isnan(first)].mean()) if (~torch.isnan(first)).any()

@@ -22,7 +22,7 @@ def held_out_accuracy(cfg: RunConfig, model: nn.Module, environment: Environment
         sampler = build_local_sampler(cfg, model, data.tokenizer)
         accuracy = evaluate(sampler, data.eval_rows, data.check, cfg.eval.batch_size,
                             cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens, tuple(cfg.rollout.stop),
-                            data.environment)
+                            data.env_setup)
     finally:
         data.close()
     return {"eval_accuracy": accuracy, "eval_size": len(data.eval_rows)}

@@ -14,13 +14,13 @@ def evaluate(
     batch_size: int,
     max_new_tokens: int,
     stop: tuple[str, ...] = (),
-    environment: EnvironmentSetup | None = None,
+    env_setup: EnvironmentSetup | None = None,
 ) -> float:
     """Greedy decoding (one completion, or one episode, per prompt) through ``sampler``, scored by ``check``."""
     greedy = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, stop=stop)
     reward = [WeightedReward("check", check)]
     correct = 0.0
     for start in range(0, len(rows), batch_size):
-        got = sample_scored(sampler, rows[start : start + batch_size], 1, greedy, 0, reward, environment)
+        got = sample_scored(sampler, rows[start : start + batch_size], 1, greedy, 0, reward, env_setup)
         correct += float((got.scores.per_function["check"] == 1.0).sum())
     return correct / max(len(rows), 1)

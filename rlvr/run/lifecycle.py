@@ -201,7 +201,7 @@ class Run:
         mine = [rows[i] for i in self.collectives.world.share(len(rows))]
         accuracy = evaluate(self.sampler, mine, self.data.check, cfg.eval.batch_size,
                             cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens, tuple(cfg.rollout.stop),
-                            self.data.environment) if mine else 0.0
+                            self.data.env_setup) if mine else 0.0
         if self.collectives.world.size == 1:
             return accuracy
         return self.collectives.sum_floats({"correct": accuracy * len(mine)})["correct"] / max(len(rows), 1)
@@ -357,7 +357,7 @@ def open_run(cfg: RunConfig, update: Update, rewards: list[WeightedReward] | Non
     data = load_data(cfg, environment)  # rows, environment and prompt lengths are checked before the model loads
     cfg = sent_system_prompt(cfg, data.train_rows)  # config.yaml records the system prompt the model was sent
     rewards = build_rewards(cfg.rewards) if rewards is None else rewards
-    environments = data.environment.check_environment if data.environment else None
+    environments = data.env_setup.check_environment if data.env_setup else None
     check_rewards(rewards, data.train_rows, environments=environments)  # fails here, in seconds, before the model loads
     model = build_policy(data.model_dir, cfg.model, device)
     reference = ReferencePolicy(model) if update.needs_reference else None  # before any weights are restored

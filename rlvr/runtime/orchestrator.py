@@ -73,11 +73,11 @@ class Orchestrator:
         max_staleness: int,
         cursor: int = 0,
         pending: list[int] = (),
-        environment: EnvironmentSetup | None = None,
+        env_setup: EnvironmentSetup | None = None,
     ):
         self.sampler, self.rows, self.rewards, self.G, self.params = sampler, rows, rewards, group_size, params
         self.data_seed, self.sample_seed = data_seed, sample_seed
-        self.environment = environment  # multi-turn episodes: one dispatch = one group of G episodes
+        self.env_setup = env_setup  # multi-turn episodes: one dispatch = one group of G episodes
         self.max_inflight, self.max_staleness = max_inflight, max_staleness
         self.cursor = cursor  # next new position in the data stream
         self.stats = OrchestratorStats()
@@ -129,7 +129,7 @@ class Orchestrator:
                 self.stats.dispatched += 1
             try:
                 got = sample_scored(self.sampler, [row], self.G, self.params, self.sample_seed(uid), self.rewards,
-                                    self.environment, self._score_lock, row_ids=[row_id])
+                                    self.env_setup, self._score_lock, row_ids=[row_id])
             except StaleVersion:  # its version was retired meanwhile: sample the prompt again, at the current one
                 with self._lock:
                     self._redo.append(uid)

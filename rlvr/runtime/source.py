@@ -122,7 +122,7 @@ class AsyncSource:
             self.sampler, run.data.train_rows, run.rewards, cfg.rollout.group_size, sampling_params(cfg.rollout),
             data_seed=seed, sample_seed=lambda uid: group_seed(seed, uid),
             max_inflight=a.max_inflight_groups or cfg.train.prompts_per_step, max_staleness=a.max_staleness,
-            cursor=run.state["cursor"], pending=run.state.get("pending", []), environment=run.data.environment,
+            cursor=run.state["cursor"], pending=run.state.get("pending", []), env_setup=run.data.env_setup,
         )
         self._busy, self._stats = self.sampler.busy_seconds(), self.orchestrator.stats.__dict__.copy()
         self._clock = time.perf_counter()
