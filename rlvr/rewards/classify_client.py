@@ -10,12 +10,13 @@ false`` asks for the raw score: vLLM's default applies the pooler's activation, 
 a larger one). The answer: ``{"data": [{"index", "label", "probs": [score], "num_classes": 1}, ...]}``.
 
 Robustness: every request has ``timeout_s`` for all of it (connect, send, the whole answer) and a bound on the
-answer's size (rlvr.rollout.http_client); timeouts, connection errors, 429 and 5xx are retried ``retries`` times,
-after ``backoff_s`` doubling each time (at most 10 s), or the server's Retry-After (0.1 to 10 s). Other 4xx are not
-retried. Every value is checked: a JSON object, as many items as texts sent, each index once, exactly one finite
-number each. A request that still fails, or whose answer fails a check, scores its completions None (counted in
-``drain_stats`` and said once per kind of failure on stderr); a 401, 403 or 404 is an error (a wrong key, model name
-or URL: no request would ever succeed). ``batch_size`` requests are in flight at once.
+answer's size (rlvr.rollout.http_client); timeouts, connection errors, 408, 429 and 5xx are retried ``retries``
+times (rlvr.rollout.retry), after ``backoff_s`` doubling each time with up to 25 % jitter (at most 10 s), or longer
+when the server's Retry-After asks (0.1 to 10 s). Other 4xx are not retried. Every value is checked: a JSON object,
+as many items as texts sent, each index once, exactly one finite number each. A request that still fails, or whose
+answer fails a check, scores its completions None (counted in ``drain_stats`` and said once per kind of failure on
+stderr); a 401, 403 or 404 is an error (a wrong key, model name or URL: no request would ever succeed).
+``batch_size`` requests are in flight at once.
 """
 
 from __future__ import annotations
@@ -23,27 +24,16 @@ from __future__ import annotations
 import math
 import sys
 import threading
-import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
 
 from rlvr.rewards.base import RewardError, plain_text
-from rlvr.rollout.http_client import (
-    SMALL_ANSWER_BYTES,
-    HttpClient,
-    api_key_from_env,
-    error_message,
-    printable,
-    read_json,
-    retry_after,
-    show,
-)
+from rlvr.rollout.http_client import SMALL_ANSWER_BYTES, api_key_from_env, error_message, printable, read_json, show
+from rlvr.rollout.retry import RetriedPoster, RetryPolicy
 from rlvr.rollout.server_errors import MalformedAnswer
 
-MAX_BACKOFF_S = 10.0
 CONNECT_TIMEOUT_S = 10.0
 
 
@@ -93,8 +83,8 @@ class ClassifyClient:
                              "environment; export the server's API key there")
         self.model, self.batch_size, self.max_length, self.chat = model, batch_size, max_length, chat
         self.timeout_s, self.retries, self.backoff_s = timeout_s, retries, backoff_s
-        self._http: HttpClient | None = None
-        self._pool: ThreadPoolExecutor | None = None
+        self.poster = RetriedPoster(RetryPolicy(attempts=retries + 1, backoff_s=backoff_s), self.api_key,
+                                    CONNECT_TIMEOUT_S, batch_size, "rlvr-reward-model")
         self._truncate: int | None = None
         self._lock = threading.Lock()
         self._stats = {"requests": 0, "retries": 0, "failed": 0, "latency_s": 0.0}
@@ -103,34 +93,25 @@ class ClassifyClient:
     # --- one request ---------------------------------------------------------------------------------------
     def _post(self, body: dict, n: int) -> list[float]:
         """The scores of one request, retried as the module docstring says; ``Failed`` when there are none."""
-        for attempt in range(self.retries + 1):
-            started, wait = time.monotonic(), None
-            try:
-                r = self._http.request("POST", f"{self.url}/classify", timeout_s=self.timeout_s, json_body=body,
-                                       max_bytes=SMALL_ANSWER_BYTES + 256 * n)
-                if r.status_code in (401, 403, 404):
-                    hint = ("check base_url and the model's name (the server's --served-model-name, or the path it "
-                            "was started with)" if r.status_code == 404 else "put the server's API key in the "
-                            "environment variable named by api_key_env")
-                    raise RewardError(f"reward_model: {self.url}/classify refused the request ({r.status_code}: "
-                                      f"{error_message(r)}); {hint}")
-                if r.status_code == 200:
-                    return scores_of(read_json(r), n)
-                why = f"HTTP {r.status_code}: {error_message(r)}"
-                if r.status_code != 429 and r.status_code < 500:
-                    raise Failed(why)
-                wait = retry_after(r)
-            except httpx.TransportError as err:  # timeouts, refused or dropped connections
-                why = f"{type(err).__name__}: {printable(str(err), 200)}"
-            except MalformedAnswer as err:
-                raise Failed(f"a malformed answer: {err}") from None
-            finally:
-                self._count(latency_s=time.monotonic() - started, requests=1)
-            if attempt == self.retries:
-                raise Failed(f"{why} (after {attempt + 1} attempts)")
-            self._count(retries=1)
-            time.sleep(wait if wait is not None else min(self.backoff_s * 2 ** attempt, MAX_BACKOFF_S))
-        raise AssertionError("unreachable")
+        out = self.poster.post(f"{self.url}/classify", body, timeout_s=self.timeout_s,
+                               max_bytes=SMALL_ANSWER_BYTES + 256 * n, parse=lambda answer: scores_of(answer, n))
+        self._count(requests=out.attempts, retries=out.retries, latency_s=out.seconds)
+        last, r = out.last, out.last.response
+        if last.ok:
+            return last.value  # type: ignore[return-value]
+        if isinstance(last.error, MalformedAnswer):
+            raise Failed(f"a malformed answer: {last.error}")
+        if last.error is not None:  # timeouts, refused or dropped connections
+            why = f"{type(last.error).__name__}: {printable(str(last.error), 200)}"
+        elif r.status_code in (401, 403, 404):
+            hint = ("check base_url and the model's name (the server's --served-model-name, or the path it was "
+                    "started with)" if r.status_code == 404 else "put the server's API key in the environment "
+                    "variable named by api_key_env")
+            raise RewardError(f"reward_model: {self.url}/classify refused the request ({r.status_code}: "
+                              f"{error_message(r)}); {hint}")
+        else:
+            why = f"HTTP {r.status_code}: {error_message(r)}"
+        raise Failed(f"{why} (after {out.attempts} attempts)" if last.retry else why)
 
     def _count(self, **amounts: float) -> None:
         with self._lock:
@@ -156,12 +137,10 @@ class ClassifyClient:
     def _start(self) -> None:
         """The HTTP client and worker threads, and the truncation length (``max_length``, at most the server's
         ``max_model_len``), at the first call."""
-        if self._http is None:
-            self._http = HttpClient(self.api_key, CONNECT_TIMEOUT_S)
-            self._pool = ThreadPoolExecutor(self.batch_size, thread_name_prefix="rlvr-reward-model")
+        http = self.poster.http()
         if self._truncate is None:
             try:
-                r = self._http.request("GET", f"{self.url}/v1/models", timeout_s=self.timeout_s)
+                r = http.request("GET", f"{self.url}/v1/models", timeout_s=self.timeout_s)
             except (httpx.TransportError, MalformedAnswer):
                 return  # asked again at the next call; this one truncates at max_length
             if r.status_code in (401, 403):
@@ -188,17 +167,12 @@ class ClassifyClient:
             plain = [plain_text(p, t) for p, t in zip(prompts, texts)]
             bodies = [({**common, "input": plain[i:i + self.batch_size]}, len(plain[i:i + self.batch_size]))
                       for i in range(0, len(plain), self.batch_size)]
-        results = list(self._pool.map(lambda b: self._one(*b), bodies))
+        results = self.poster.map(lambda b: self._one(*b), bodies)
         return [v for part in results for v in part]
 
     def close(self) -> None:
         """Stop the worker threads and the HTTP client (a later call starts them again)."""
-        with self._lock:
-            pool, http, self._pool, self._http = self._pool, self._http, None, None
-        if pool is not None:
-            pool.shutdown(wait=True)
-        if http is not None:
-            http.close()
+        self.poster.close()
 
     def drain_stats(self) -> dict[str, float]:
         """Since the last drain: requests sent, retries, completions scored None, mean seconds per request."""

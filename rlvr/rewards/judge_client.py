@@ -2,19 +2,18 @@
 serve``, vLLM, any provider), with a concurrency limit, a deadline per call, bounded retries with backoff, a cache and
 counters. A call that cannot be answered returns None - the judge scores it None, never 0.
 
-Retried: timeouts, dropped connections, 429 and 5xx (a Retry-After honoured, bounded to 10 s); never retried: other
-4xx. 401, 403 and 404 are the run's configuration (a wrong key, model name or URL), so they raise ``JudgeConfigError``
-instead of scoring every completion None. Every answer is read through rlvr's HTTP client: a deadline for the whole
-exchange, a bound on its size, redirects not followed, its JSON checked field by field.
+Retried (rlvr.rollout.retry): timeouts, dropped connections, garbled answers, 408, 429 and 5xx (a Retry-After
+honoured, bounded to 10 s); never retried: other 4xx. 401, 403 and 404 are the run's configuration (a wrong key,
+model name or URL), so they raise ``JudgeConfigError`` instead of scoring every completion None. Every answer is
+read through rlvr's HTTP client: a deadline for the whole exchange, a bound on its size, redirects not followed, its
+JSON checked field by field.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import hashlib
 import json
 import math
-import random
 import threading
 import time
 from collections import OrderedDict
@@ -24,11 +23,11 @@ from dataclasses import dataclass, field
 import httpx
 
 from rlvr.rewards.base import RewardError
-from rlvr.rollout.http_client import HttpClient, answer_limit, error_message, printable, read_json, retry_after
+from rlvr.rollout.http_client import answer_limit, error_message, printable
+from rlvr.rollout.retry import RetriedPoster, RetryPolicy
 from rlvr.rollout.server_errors import MalformedAnswer, PoolClosed
 
 CACHE_ENTRIES = 1 << 16  # answers kept (least recently used dropped first)
-RETRIED = (429, 500, 502, 503, 504)
 
 
 class JudgeConfigError(RewardError):
@@ -104,9 +103,10 @@ class JudgeClient:
         self.endpoint = endpoint
         self.stats = stats
         self.url = endpoint.base_url.rstrip("/") + ("/chat/completions" if endpoint.api == "chat" else "/completions")
-        self._sleep = sleep
-        self._http: HttpClient | None = None
-        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        policy = RetryPolicy(attempts=endpoint.retries + 1, backoff_s=endpoint.backoff_s,
+                             errors=(httpx.TransportError, MalformedAnswer))  # a garbled answer may be a passing fault
+        self.poster = RetriedPoster(policy, endpoint.api_key, min(10.0, endpoint.call_timeout_s), endpoint.concurrency,
+                                    "rlvr-judge", sleep)
         self._cache: OrderedDict[str, Answer] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -114,18 +114,11 @@ class JudgeClient:
         """The answer to each request body (None where none could be had), in order."""
         if not bodies:
             return []
-        with self._lock:
-            if self._http is None:
-                connect = min(10.0, self.endpoint.call_timeout_s)
-                self._http = HttpClient(self.endpoint.api_key, connect_timeout_s=connect)
-                self._pool = concurrent.futures.ThreadPoolExecutor(self.endpoint.concurrency,
-                                                                   thread_name_prefix="rlvr-judge")
-            pool = self._pool
         bodies = [{"model": self.endpoint.model, **b} for b in bodies]
         keys = [hashlib.sha256((self.url + "\0" + json.dumps(b, sort_keys=True)).encode()).hexdigest() for b in bodies]
         unique = dict(zip(keys, bodies))  # a question asked twice in one batch is asked once (a cache hit)
         self.stats.add(cache_hits=len(keys) - len(unique))
-        answers = dict(zip(unique, pool.map(self._ask, unique.keys(), unique.values())))
+        answers = dict(zip(unique, self.poster.map(self._ask, unique.keys(), unique.values())))
         return [answers[k] for k in keys]
 
     def _ask(self, key: str, body: dict) -> Answer | None:
@@ -145,37 +138,23 @@ class JudgeClient:
         return answer
 
     def _with_retries(self, body: dict) -> Answer | None:
+        """The answer to one request body, retried under the policy (None when there is none)."""
         limit = answer_limit(int(body.get("max_tokens") or 0) * max(1, int(body.get("top_logprobs") or 0)))
-        for attempt in range(self.endpoint.retries + 1):
-            if attempt:
-                self.stats.add(retries=1)
-            wait = self.endpoint.backoff_s * 2 ** attempt * (1 + 0.25 * random.random())
-            t0 = time.perf_counter()
-            try:
-                r = self._http.request("POST", self.url, timeout_s=self.endpoint.call_timeout_s, json_body=body,
-                                       max_bytes=limit)
-            except (httpx.TimeoutException, httpx.TransportError, MalformedAnswer):
-                self.stats.add(calls=1, latency_s=time.perf_counter() - t0)
-                self._sleep(wait)
-                continue
-            except PoolClosed:
-                return None
-            self.stats.add(calls=1, latency_s=time.perf_counter() - t0)
-            if r.status_code == 200:
-                try:
-                    return self._answer(read_json(r))
-                except MalformedAnswer:
-                    self._sleep(wait)  # a garbled answer may be a server's passing fault: asked again
-                    continue
-            if r.status_code in (401, 403, 404):
-                what = {401: "refused the API key (or its absence)", 403: "refused the API key",
-                        404: "does not serve that model or route"}[r.status_code]
-                raise JudgeConfigError(f"judge endpoint {self.url} {what} ({r.status_code}: {error_message(r)}); "
-                                       "check the judge's base_url, model and api_key_env")
-            if r.status_code not in RETRIED:
-                return None  # another 4xx: asking again would get the same answer
-            self._sleep(max(wait, retry_after(r) or 0.0))
-        return None
+        try:
+            out = self.poster.post(self.url, body, timeout_s=self.endpoint.call_timeout_s, max_bytes=limit,
+                                   parse=self._answer)
+        except PoolClosed:
+            return None
+        self.stats.add(calls=out.attempts, retries=out.retries, latency_s=out.seconds)
+        r = out.last.response
+        if out.last.ok:
+            return out.last.value
+        if out.last.error is None and r.status_code in (401, 403, 404):
+            what = {401: "refused the API key (or its absence)", 403: "refused the API key",
+                    404: "does not serve that model or route"}[r.status_code]
+            raise JudgeConfigError(f"judge endpoint {self.url} {what} ({r.status_code}: {error_message(r)}); "
+                                   "check the judge's base_url, model and api_key_env")
+        return None  # retries spent, or another 4xx: asking again would get the same answer
 
     def _answer(self, payload: object) -> Answer:
         """The first choice's text (and first token's top log-probs) from a (chat) completion answer, checked."""
@@ -196,12 +175,8 @@ class JudgeClient:
         return Answer(text, _first_top_logprobs(logprobs) if chat else _first_top_completion_logprobs(logprobs))
 
     def close(self) -> None:
-        with self._lock:
-            pool, http, self._pool, self._http = self._pool, self._http, None, None
-        if pool is not None:
-            pool.shutdown(wait=True)
-        if http is not None:
-            http.close()
+        """Stop the worker threads and the HTTP client (a later call starts them again)."""
+        self.poster.close()
 
 
 def _checked(pairs: list, limit: int = 64) -> tuple[tuple[str, float], ...]:

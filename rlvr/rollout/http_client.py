@@ -155,10 +155,10 @@ def error_message(r: httpx.Response) -> str:
     return printable(body)
 
 
-def retry_after(r: httpx.Response) -> float | None:
-    """Seconds a 503's Retry-After asks for, bounded to [0.1, 10] (None without a usable one)."""
+def retry_after(r: httpx.Response, most_s: float = 10.0) -> float | None:
+    """Seconds an answer's Retry-After asks for, bounded to [0.1, ``most_s``] (None without a usable one)."""
     try:
         seconds = float(r.headers.get("retry-after", ""))
     except ValueError:
         return None
-    return min(max(seconds, 0.1), 10.0) if math.isfinite(seconds) else None
+    return min(max(seconds, 0.1), most_s) if math.isfinite(seconds) else None

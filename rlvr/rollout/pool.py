@@ -6,7 +6,8 @@ the proxy between the learner and the servers, living inside the learner:
   is taken from exactly one server, so nothing is counted twice; a server that cannot be reached is marked
   dead and probed again (GET /health) every ``probe_interval_s``; when it answers it is brought back to the
   pool's current adapters (rlvr.rollout.adapter_sync) before it gets work;
-- nothing a server answers is trusted: each exchange is bounded in time and size (rlvr.rollout.http_client),
+- nothing a server answers is trusted: each exchange is bounded in time and size (rlvr.rollout.http_client; one
+  attempt runs as rlvr.rollout.retry's ``post_once`` under the pool's ``RetryPolicy``),
   and a generation answer is validated by the caller's ``parse`` (rlvr.rollout.server_answers) before anything is
   built from it; a malformed answer is counted (``answers_rejected``) and the request sent to another server;
   only when every attempt was refused or malformed does the request fail (``BadAnswerError``, naming what was
@@ -31,7 +32,8 @@ from dataclasses import dataclass, field
 import httpx
 
 from rlvr.rollout.adapter_sync import AdapterSync
-from rlvr.rollout.http_client import HttpClient, answer_limit, error_message, printable, read_json, retry_after
+from rlvr.rollout.http_client import HttpClient, answer_limit, error_message, printable
+from rlvr.rollout.retry import RetryPolicy, post_once
 from rlvr.rollout.sampler import StaleVersion
 from rlvr.rollout.server_errors import (
     BadAnswerError,
@@ -41,6 +43,7 @@ from rlvr.rollout.server_errors import (
 )
 
 log = logging.getLogger("rlvr.pool")
+SERVER_FAULTS = frozenset(range(500, 600))  # a server's fault: the request goes to another server
 
 
 @dataclass
@@ -73,7 +76,11 @@ class ServerPool:
         self.servers = [Server(u.rstrip("/")) for u in urls]
         self.http = HttpClient(api_key, connect_timeout_s)
         self.request_timeout_s = request_timeout_s
-        self.probe_interval_s, self.max_attempts = probe_interval_s, max_attempts
+        self.probe_interval_s = probe_interval_s
+        # each attempt goes at once to another server (no backoff): 5xx, dropped connections and malformed answers
+        # fail over; a 503's Retry-After (at most 10 s) is waited for once every server was tried
+        self.retry_policy = RetryPolicy(attempts=max_attempts, backoff_s=0.0, jitter=0.0, statuses=SERVER_FAULTS,
+                                        errors=(httpx.TransportError, MalformedAnswer))
         self.no_server_wait_s = no_server_wait_s
         self.resolve = resolve  # server index -> its current URL (a restarted Ray actor may have moved)
         self.stats = PoolStats()
@@ -191,7 +198,7 @@ class ServerPool:
         malformed = False
         busy_until = time.monotonic() + self.request_timeout_s  # how long busy servers may keep us waiting
         attempt = -1
-        while attempt + 1 < self.max_attempts:
+        while attempt + 1 < self.retry_policy.attempts:
             attempt += 1
             server = self._acquire(tried, cost)
             tried.add(server.url)
@@ -199,23 +206,23 @@ class ServerPool:
                 self.stats.requests += 1
                 self.stats.retries += attempt > 0
             try:
-                r = self.http.request("POST", f"{server.url}{path}", json_body=body, timeout_s=self.request_timeout_s,
-                                      max_bytes=answer_limit(cost))
-                answer = (parse or (lambda x: x))(read_json(r)) if r.status_code == 200 else None
-            except httpx.TransportError as err:  # refused, reset, deadline passed: the server is gone or stuck
-                self._mark_dead(server)
-                failures.append(f"{server.url}: {type(err).__name__}: {printable(err)}")
-                continue
-            except MalformedAnswer as err:  # a faulty (or hostile) server: ask another one
+                sent = post_once(self.http, f"{server.url}{path}", body, self.retry_policy,
+                                 timeout_s=self.request_timeout_s, max_bytes=answer_limit(cost), parse=parse)
+            finally:
+                with self._lock:
+                    server.outstanding -= cost
+            err, r = sent.error, sent.response
+            if isinstance(err, MalformedAnswer):  # a faulty (or hostile) server: ask another one
                 self._reject(server, str(err))
                 malformed = True
                 failures.append(f"{server.url}: malformed answer: {err}")
                 continue
-            finally:
-                with self._lock:
-                    server.outstanding -= cost
-            if r.status_code == 200:
-                return answer
+            if err is not None:  # refused, reset, deadline passed: the server is gone or stuck
+                self._mark_dead(server)
+                failures.append(f"{server.url}: {type(err).__name__}: {printable(err)}")
+                continue
+            if sent.ok:
+                return sent.value
             message = error_message(r)
             if r.status_code in (401, 403):
                 raise self.http.auth_error(server.url, path, r)
@@ -229,7 +236,7 @@ class ServerPool:
             if 400 <= r.status_code < 500:
                 raise ServerRequestError(f"{server.url}{path} refused the request ({r.status_code}): {message}")
             failures.append(f"{server.url}: {r.status_code} {message}")  # 5xx: another server
-            wait = retry_after(r) if r.status_code == 503 else None
+            wait = sent.retry_after_s if r.status_code == 503 else None
             if wait is not None and time.monotonic() + wait < busy_until:  # busy, not broken: not an attempt
                 with self._lock:
                     self.stats.answers_busy += 1
@@ -241,7 +248,7 @@ class ServerPool:
             if r.status_code == 503:
                 self._mark_dead(server)
         error = BadAnswerError if malformed else NoServerError
-        raise error(f"{path} failed on {self.max_attempts} attempts"
+        raise error(f"{path} failed on {self.retry_policy.attempts} attempts"
                     f"{' (no server gave a well-formed answer)' if malformed else ''}: {'; '.join(failures[-8:])}")
 
     def post_many(self, path: str, bodies: list[dict], costs: list[int],
