@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.machine import describe
 from benchmarks.report import publish
-from rlvr.config.schema import load_config
+from rlvr.config.loading import load_config
 from rlvr.models.policy import LoraSpec, load_policy, resolve_model_dir
 from rlvr.rollout import LocalSampler, SamplingParams
 from rlvr.rollout.pool import ServerPool

@@ -83,7 +83,7 @@ def _bf16(device: str) -> bool:
 def _rlvr(spec: dict, overrides: list[str], path: Path | None = None) -> tuple[dict, list[dict], object]:
     """rlvr's own training, as `rlvr train` runs it; its summary, per-step metrics (step 0, the evaluation
     before training, left out) and configuration."""
-    from rlvr.config.schema import load_config
+    from rlvr.config.loading import load_config
     from rlvr.launch import train
     from rlvr.store.metrics import read_metrics
 

@@ -30,7 +30,7 @@ def main() -> None:
 
     from benchmarks.machine import describe
     from benchmarks.report import publish
-    from rlvr.config.schema import load_config
+    from rlvr.config.loading import load_config
     from rlvr.launch import train
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})  # the head: the learner only

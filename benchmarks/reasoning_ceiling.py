@@ -53,7 +53,7 @@ def main() -> None:
     import torch
     from tqdm import tqdm
 
-    from rlvr.config.schema import load_config
+    from rlvr.config.loading import load_config
     from rlvr.models.policy import load_causal_lm
     from rlvr.run.build import build_local_sampler, load_data
 

@@ -48,7 +48,7 @@ def main() -> None:
     import torch
     from peft import PeftModel
 
-    from rlvr.config.schema import load_config
+    from rlvr.config.loading import load_config
     from rlvr.models.policy import load_causal_lm
     from rlvr.run.build import load_data
     from rlvr.tasks.jsonl import read_jsonl

@@ -68,7 +68,7 @@ VARIANT_LABELS = {"on": "checkpointing on", "off": "checkpointing off",
 
 
 def child_rlvr(mode: str, steps: int, variant: str = "on", seed: str = str(SEED)) -> dict:
-    from rlvr.config.schema import load_config
+    from rlvr.config.loading import load_config
     from rlvr.launch import train
     from rlvr.platform.allocator import in_use as allocator_in_use
     from rlvr.store.metrics import read_metrics

@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from rlvr.config.schema import RunConfig, build_config
+from rlvr.config.loading import build_config
+from rlvr.config.schema import RunConfig
 from rlvr.models.policy import ALL_LINEAR, resolve_model_dir
 from rlvr.rewards import WeightedReward
 from rlvr.rewards.base import TrainerState

@@ -9,13 +9,14 @@ import os
 import sys
 from pathlib import Path
 
-from rlvr.config.schema import ConfigError, load_config
+from rlvr.config.loading import ConfigError, load_config
 from rlvr.envs.environment import EpisodeError
 from rlvr.launch import NonFiniteError, train
 from rlvr.platform.devices import DeviceMemoryError
 from rlvr.platform.distributed import LearnerLost
 from rlvr.rewards import RewardError, reward_search_path
 from rlvr.rollout.decode_weights import PRECISIONS
+from rlvr.rollout.http_client import API_KEY_ENV
 from rlvr.rollout.server_errors import AdapterSyncError, NoServerError, ServerRequestError
 
 
@@ -172,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
                          help="a request body still arriving after this many seconds gets 408 (default %(default)s)")
     p_serve.add_argument("--api-key", default="",
                          help="require 'Authorization: Bearer KEY' on every route but /health (401 otherwise); "
-                              "when absent, the RLVR_API_KEY environment variable is used (keeps it out of ps)")
+                              f"when absent, the {API_KEY_ENV} environment variable is used (keeps it out of ps)")
     p_serve.add_argument("--allowed-adapter-roots", default="",
                          help="comma-separated local directories and URL prefixes (s3://bucket/run1) that "
                               "lora_path must lie under (symlinks resolved); default: any local directory when "

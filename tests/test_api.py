@@ -12,7 +12,7 @@ import pytest
 
 from rlvr import GRPOConfig, GRPOTrainer
 from rlvr.cli import main
-from rlvr.config.schema import load_config
+from rlvr.config.loading import load_config
 
 # A TRL quickstart in our own words: only the import line names rlvr (with `from trl import ...` it is a TRL script).
 QUICKSTART = '''

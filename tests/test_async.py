@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rlvr.config.schema import load_config
+from rlvr.config.loading import load_config
 from rlvr.launch import train
 from rlvr.rollout.server_errors import NoServerError
 from tests.helpers import assert_parts_add_up

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from rlvr.cli import main
-from rlvr.config.schema import load_config
+from rlvr.config.loading import load_config
 from rlvr.launch import train
 from rlvr.rewards import RewardError
 from rlvr.store.metrics import read_metrics
@@ -133,7 +133,7 @@ def test_plain_string_prompts_to_a_chat_model_warn_once(tiny_model_dir, tmp_path
 
 
 def test_reward_on_error_choice_is_validated():
-    from rlvr.config.schema import ConfigError
+    from rlvr.config.loading import ConfigError
 
     with pytest.raises(ConfigError, match="rewards\\[0\\].on_error must be one of raise, none; got 'ignore'"):
         load_config(None, ["rewards=[{name: format, on_error: ignore}]"])

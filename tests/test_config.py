@@ -2,16 +2,8 @@
 
 import pytest
 
-from rlvr.config.schema import (
-    PRESETS,
-    AlgoConfig,
-    ConfigError,
-    RolloutConfig,
-    RunConfig,
-    TrainConfig,
-    load_config,
-    to_dict,
-)
+from rlvr.config.loading import ConfigError, load_config, to_dict
+from rlvr.config.schema import PRESETS, AlgoConfig, RolloutConfig, RunConfig, TrainConfig
 
 
 def test_defaults_and_example_load():
@@ -108,7 +100,7 @@ def test_dapo_and_dr_grpo_settings():
 
 
 def test_resolved_config_round_trips(tmp_path):
-    from rlvr.config.schema import save_config
+    from rlvr.config.loading import save_config
 
     cfg = load_config(None, ["algo.preset=dapo", "train.steps=3"])
     save_config(cfg, tmp_path / "c.yaml")

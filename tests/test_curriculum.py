@@ -3,7 +3,7 @@ rows of other stages, deterministically and without losing its place."""
 
 import pytest
 
-from rlvr.config.schema import ConfigError, load_config
+from rlvr.config.loading import ConfigError, load_config
 from rlvr.run.curriculum import Curriculum, stage_row_ids
 from rlvr.tasks import data_order
 

@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from rlvr.config.diloco import parse_learner
-from rlvr.config.schema import load_config
+from rlvr.config.loading import load_config
 from rlvr.core.outer import bound_norm, nesterov_step, outer_gradient
 from rlvr.store.rounds import Decision, RefusedDelta, RoundBucket
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rlvr.config.schema import load_config
+from rlvr.config.loading import load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 

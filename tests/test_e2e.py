@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file
 
 from rlvr.cli import main
-from rlvr.config.schema import load_config
+from rlvr.config.loading import load_config
 from rlvr.launch import train
 from rlvr.store.metrics import read_metrics
 from tests.helpers import assert_parts_add_up

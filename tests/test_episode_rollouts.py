@@ -4,7 +4,8 @@ the episode as messages, never a tool's output as the answer; get_reward is one 
 
 import pytest
 
-from rlvr.config.schema import EnvConfig, load_config
+from rlvr.config.loading import load_config
+from rlvr.config.schema import EnvConfig
 from rlvr.envs.environment import EpisodeError, load_environment
 from rlvr.rewards import WeightedReward, completion_text
 from rlvr.rollout import SamplingParams

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from rlvr.cli import main
-from rlvr.config.schema import load_config
+from rlvr.config.loading import load_config
 from rlvr.core import LossSettings, group_advantages
 from rlvr.launch import NonFiniteError, train
 from rlvr.learn.learner import Learner

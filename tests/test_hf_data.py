@@ -6,7 +6,8 @@ import datasets
 import pytest
 
 from rlvr.cli import main
-from rlvr.config.schema import ConfigError, TaskConfig, load_config
+from rlvr.config.loading import ConfigError, load_config
+from rlvr.config.schema import TaskConfig
 from rlvr.store.metrics import read_metrics
 from rlvr.tasks import load_task, reward_columns
 from rlvr.tasks.hf import HF_SYSTEM_PROMPT, gold_answer
@@ -270,7 +271,7 @@ def test_config_validation():
 def test_eval_fraction_config_reads_back(tmp_path):
     """With task.eval_fraction the default eval_split ('test') is not read: it becomes '', so the run's config.yaml
     (which writes every key) loads again."""
-    from rlvr.config.schema import save_config
+    from rlvr.config.loading import save_config
 
     cfg = load_config(None, ["task.name=hf", "task.source=d", "task.eval_fraction=0.1",
                              "rewards=[{name: math_correct}]"])

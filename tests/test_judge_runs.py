@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from rlvr.config.schema import load_config
+from rlvr.config.loading import load_config
 from rlvr.launch import train
 from tests.judge_server import JudgeServer
 from tests.test_async import ASYNC

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from rlvr.cli import main
-from rlvr.config.schema import load_config
+from rlvr.config.loading import load_config
 from rlvr.run.files import config_yaml, sent_system_prompt
 from rlvr.tasks import load_task
 from rlvr.tasks.columns import STEP_BY_STEP_SYSTEM_PROMPT

@@ -113,7 +113,7 @@ def test_a_hub_dataset_in_the_cache_loads_while_the_hub_is_unreachable(tmp_path,
     import datasets.config
     import huggingface_hub.constants
 
-    from rlvr.config.schema import load_config
+    from rlvr.config.loading import load_config
     from rlvr.tasks import load_task
 
     rows = [{"question": f"What is {a} + 1?", "answer": f"so #### {a + 1}"} for a in range(4)]

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from rlvr.config.schema import ConfigError, load_config
+from rlvr.config.loading import ConfigError, load_config
 from rlvr.core import LossSettings, TokenBatch, gap_mask, importance_weight, sequence_log_ratio, stat_sums, token_loss
 from rlvr.learn.batch import StepBatch
 from rlvr.learn.learner import Learner

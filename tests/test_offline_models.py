@@ -85,7 +85,7 @@ def test_gemma3_alias_loads_and_continues_prompts():
 
 
 def test_chat_template_false_sends_plain_text_prompts(tiny_model_dir):
-    from rlvr.config.schema import load_config
+    from rlvr.config.loading import load_config
     from rlvr.run.build import load_data
 
     overrides = [f"model.name={tiny_model_dir}", "task.eval_size=10"]

@@ -12,7 +12,8 @@ import pytest
 import torch
 import yaml
 
-from rlvr.config.schema import TASKS, TaskConfig, load_config, to_yaml
+from rlvr.config.loading import load_config, to_yaml
+from rlvr.config.schema import TASKS, TaskConfig
 from rlvr.launch import train
 from rlvr.models.offline import original_name
 from rlvr.rewards import Scores

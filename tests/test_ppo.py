@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file
 
 from rlvr.cli import main
-from rlvr.config.schema import ConfigError, load_config
+from rlvr.config.loading import ConfigError, load_config
 from rlvr.launch import train
 from tests.test_e2e import _overrides
 from tests.test_resume import _records

@@ -11,7 +11,7 @@ import httpx
 import pytest
 import torch
 
-from rlvr.config.schema import load_config, to_yaml
+from rlvr.config.loading import load_config, to_yaml
 from rlvr.learn.batch import StepBatch
 from rlvr.learn.forward import completion_logprobs
 from rlvr.models.policy import LoraSpec, add_lora, load_causal_lm

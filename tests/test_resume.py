@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlvr.config.schema import load_config
+from rlvr.config.loading import load_config
 from rlvr.launch import train
 
 ROOT = Path(__file__).resolve().parent.parent

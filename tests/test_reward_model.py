@@ -149,7 +149,7 @@ def test_config_and_trl_forms(rm_dir, tiny_model_dir, tmp_path):
 
 
 def test_a_run_trains_on_the_reward_model(rm_dir, tiny_model_dir, tmp_path):
-    from rlvr.config.schema import load_config
+    from rlvr.config.loading import load_config
     from rlvr.launch import train
 
     out = tmp_path / "run"

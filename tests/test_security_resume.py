@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from rlvr.config.schema import ConfigError, build_config, config_changes, load_config, load_yaml
+from rlvr.config.loading import ConfigError, build_config, config_changes, load_config, load_yaml
 from rlvr.launch import train
 from rlvr.run.resume_checks import ResumeError, check_loop_state
 from tests.test_resume import ROOT, _overrides

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from rlvr.config.schema import load_config
+from rlvr.config.loading import load_config
 from rlvr.learn.sharding import clip_sharded_gradients
 from rlvr.platform.distributed import World
 from rlvr.run.learners import check_learners, sharded_weights

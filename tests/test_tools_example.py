@@ -4,7 +4,7 @@ held-out evaluation with tools, and the outputs."""
 import json
 from pathlib import Path
 
-from rlvr.config.schema import load_config
+from rlvr.config.loading import load_config
 from rlvr.launch import train
 from rlvr.store.metrics import read_metrics
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from rlvr.cli import main
-from rlvr.config.schema import ConfigError, load_config, to_dict
+from rlvr.config.loading import ConfigError, load_config, to_dict
 from rlvr.launch import train
 from rlvr.store.metrics import MetricsWriter, read_metrics
 
@@ -245,7 +245,7 @@ def test_trackers_config_and_the_removed_tensorboard_switch():
 
 
 def test_a_saved_config_with_trackers_reads_back_equal(tmp_path):
-    from rlvr.config.schema import save_config
+    from rlvr.config.loading import save_config
 
     cfg = load_config(None, ["log.trackers=[trackio]", "log.run_name=x"])
     save_config(cfg, tmp_path / "config.yaml")

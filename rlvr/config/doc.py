@@ -19,7 +19,8 @@ import typing
 
 import yaml
 
-from rlvr.config.schema import PRESETS, ConfigError, RunConfig, to_dict
+from rlvr.config.loading import ConfigError, to_dict
+from rlvr.config.schema import PRESETS, RunConfig
 
 YAML_KEYS = {"asynchronous": "async"}  # field names that differ from the key written in YAML and overrides
 

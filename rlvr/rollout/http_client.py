@@ -17,6 +17,8 @@ import httpx
 
 from rlvr.rollout.server_errors import MalformedAnswer, PoolClosed, ServerAuthError
 
+API_KEY_ENV = "RLVR_API_KEY"  # where rlvr serve, the servers a run starts and the pool find the API key by default
+
 SMALL_ANSWER_BYTES = 1 << 20  # /health, /v1/models, /stats, adapter loads, error bodies
 
 
@@ -107,10 +109,10 @@ class HttpClient:
     def auth_error(self, url: str, path: str, r: httpx.Response) -> ServerAuthError:
         """The error for a 401 / 403 from ``url``: it says where the key comes from."""
         hint = ("the server does not accept the pool's API key: give the servers and the pool the same key (the "
-                "pool reads it from the environment variable named by rollout.api_key_env, default RLVR_API_KEY)"
+                f"pool reads it from the environment variable named by rollout.api_key_env, default {API_KEY_ENV})"
                 if self.api_key else
                 "the server requires an API key and the pool sent none: put the key in the environment variable "
-                "named by rollout.api_key_env (default RLVR_API_KEY)")
+                f"named by rollout.api_key_env (default {API_KEY_ENV})")
         return ServerAuthError(f"{url}{path} refused the request ({r.status_code}: {error_message(r)}); {hint}")
 
     def close(self) -> None:

@@ -17,7 +17,8 @@ import numpy as np
 import torch
 import yaml
 
-from rlvr.config.schema import ARITHMETIC_SYSTEM_PROMPT, RunConfig, TaskConfig, to_dict
+from rlvr.config.loading import to_dict
+from rlvr.config.schema import ARITHMETIC_SYSTEM_PROMPT, RunConfig, TaskConfig
 from rlvr.learn.collected import Collected
 from rlvr.models.offline import OFFLINE_MODELS, original_name
 

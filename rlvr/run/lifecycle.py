@@ -18,7 +18,8 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from rlvr.config.schema import RunConfig, config_changes, to_dict, to_yaml
+from rlvr.config.loading import config_changes, to_dict, to_yaml
+from rlvr.config.schema import RunConfig
 from rlvr.learn.collected import Collected
 from rlvr.learn.learner import Learner, team_of
 from rlvr.learn.sharding import SHARDED_HEAP_THRESHOLD, shard_weights, shards, whole_state_dict

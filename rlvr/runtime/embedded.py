@@ -25,6 +25,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlvr.rollout.http_client import API_KEY_ENV
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -65,9 +67,9 @@ class EmbeddedServers:
         self.model, self.threads, self.run_dir, self.restarts_allowed = model, threads, run_dir, restarts
         self.max_loras = max_loras
         self.env = dict(os.environ if env is None else env)
-        self.env.pop("RLVR_API_KEY", None)  # the servers get this run's key, or none
+        self.env.pop(API_KEY_ENV, None)  # the servers get this run's key, or none
         if api_key:
-            self.env["RLVR_API_KEY"] = api_key
+            self.env[API_KEY_ENV] = api_key
         if any("," in r for r in (*adapter_roots, *adapter_protocols)):
             raise ValueError(f"rlvr serve takes adapter roots as a comma-separated list: {adapter_roots} cannot be "
                              "passed (use a bucket path without commas)")

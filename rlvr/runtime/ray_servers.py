@@ -20,6 +20,8 @@ import json
 import os
 from pathlib import Path
 
+from rlvr.rollout.http_client import API_KEY_ENV
+
 
 def _actor_class():
     import ray
@@ -47,7 +49,7 @@ def _actor_class():
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind((bind, 0))
             self._url = f"http://{node if bind in ('0.0.0.0', '') else bind}:{sock.getsockname()[1]}"
-            app = create_app(engine, model, api_key=os.environ.get("RLVR_API_KEY", ""))
+            app = create_app(engine, model, api_key=os.environ.get(API_KEY_ENV, ""))
             server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
             threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True).start()
 
@@ -92,7 +94,7 @@ class RayServers:
                      os.environ.get("RLVR_CACHE") else None)
             self._started_ray = True
         options = {"num_cpus": self.threads, "max_restarts": self.restarts, "max_task_retries": -1,
-                   "runtime_env": {"env_vars": {"RLVR_API_KEY": self.api_key or ""}}}
+                   "runtime_env": {"env_vars": {API_KEY_ENV: self.api_key or ""}}}
         if self.device.startswith("cuda"):  # Ray hands the actor one GPU of its own, visible to it as cuda:0
             options["num_gpus"] = 1
         if _loopback(self.host):  # a loopback server is only reachable from its own node: the learner's

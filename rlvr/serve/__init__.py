@@ -6,6 +6,7 @@ import socket
 import sys
 from dataclasses import replace
 
+from rlvr.rollout.http_client import API_KEY_ENV
 from rlvr.serve.admission import DEFAULT_QUEUED_ROWS
 from rlvr.serve.engine import DEFAULT_PREFIX_CACHE_MB, Engine
 from rlvr.serve.lora_modules import parse_lora_modules, refuse_adapter_as_model
@@ -52,7 +53,7 @@ def serve(model: str, host: str = "127.0.0.1", port: int = 8000, max_loras: int 
     import uvicorn
 
     if api_key is None:
-        api_key = os.environ.get("RLVR_API_KEY", "")
+        api_key = os.environ.get(API_KEY_ENV, "")
     if api_key:
         check_api_key(api_key)
     if max_body_mb <= 0 or body_timeout_s <= 0:

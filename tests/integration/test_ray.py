@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from rlvr.config.schema import load_config
+from rlvr.config.loading import load_config
 from tests.test_async import _records, _trained_uids
 from tests.test_e2e import _overrides
 

@@ -13,7 +13,7 @@ import httpx
 import pytest
 import torch
 
-from rlvr.config.schema import load_config
+from rlvr.config.loading import load_config
 from rlvr.learn.batch import StepBatch
 from rlvr.learn.forward import completion_logprobs
 from rlvr.models.policy import load_policy, resolve_model_dir

@@ -99,7 +99,7 @@ def test_math_task_from_the_cli(tiny_model_dir, tmp_path):
 def test_extra_eval_set_of_a_jsonl_task_reads_like_its_eval_path(tmp_path):
     """eval.extra_path with a JSONL task: the rows come through the task's column map (the question column and
     the step-by-step system message, GSM8K's answer format); any other task refuses it."""
-    from rlvr.config.schema import load_config
+    from rlvr.config.loading import load_config
     from rlvr.tasks import load_extra_eval
 
     extra = tmp_path / "extra.jsonl"
