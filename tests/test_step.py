@@ -308,6 +308,7 @@ OBJECTIVE_KNOBS = {  # each objective and loss term through the whole step
     "sapo": {"objective": "sapo", "beta": 0.1},
     "luspo": {"objective": "gspo", "aggregation": "sequence_sum"},
     "entropy_bonus": {"entropy_coef": 0.05, "aggregation": "token_sum_constant"},
+    "entropy_bonus_rows_without_advantage": {"entropy_coef": 0.05},  # beta 0: zero-advantage rows still get the bonus
     "top_entropy": {"top_entropy_quantile": 0.5, "beta": 0.1},
     "top_entropy_rows_without_gradient": {"top_entropy_quantile": 0.5},
 }
@@ -322,8 +323,9 @@ def test_each_objective_step_equals_naive_reference(tokenizer, knobs):
 
     base = make_model(len(tokenizer))
     batch = _batch(base, tokenizer, temperature=0.8, prompts=SHARED_PREFIX)
-    if knobs == "top_entropy_rows_without_gradient":  # beta = 0: rows with advantage 0 are not computed, yet their
-        batch.adv[::2] = 0.0  # tokens count towards the step's entropy threshold
+    if knobs.endswith("rows_without_gradient") or knobs.endswith("rows_without_advantage"):
+        batch.adv[::2] = 0.0  # beta = 0: rows with advantage 0 carry no policy gradient, yet their tokens count
+        # towards the step's entropy threshold, and the entropy bonus still reaches them
     base = base.double()
     settings = LossSettings(**{"beta": 0.0, **OBJECTIVE_KNOBS[knobs]})
     model, naive = copy.deepcopy(base), copy.deepcopy(base)
