@@ -55,9 +55,6 @@ NO_EVAL_DATASET_EVAL_SIZE = 100  # training prompts measured before and after wh
 _HINTS = {
     "model_init_kwargs": "rlvr loads the model from its directory in fp32, or bf16 under LoRA on a bf16 GPU "
                          "(bf16=True runs it under bf16 autocast)",
-    "use_adaptive_entropy": "rlvr's entropy bonus has a fixed coefficient (entropy_coef)",
-    "off_policy_mask_threshold": "rlvr's trust region for stale samples is algo.gap_mask (DPPO) in a YAML config",
-    "use_bias_correction_kl": "rlvr's KL is the plain k3 estimator (DeepSeekMath), not multiplied by the ratio",
     "vllm_mode": "rlvr samples in process, or on rollout servers (rlvr serve or vLLM) with rollout.backend=server "
                  "in a YAML config (docs/concepts/rollout_servers.md)",
     "generation_kwargs": "rlvr's sampling knobs are temperature, top_p, top_k and max_completion_length",
@@ -101,13 +98,42 @@ class GRPOConfig:
     num_generations: int = 8
     """G, completions per prompt (rollout.group_size); at least 2."""
     max_completion_length: int = 256
-    """Completion length cap in tokens (rollout.max_new_tokens)."""
+    """Completion length cap in tokens (rollout.max_new_tokens). rlvr's default: TRL 1.16's is 512 (docs/api.md)."""
     max_prompt_length: int | None = None
     """None: prompts are not cut (a prompt that leaves no room for the completion in the model's context is an error
-    naming the row). A number: every prompt of both datasets must fit it, else an error naming the row; TRL would
-    cut such a prompt from the left, rlvr never cuts prompts."""
+    naming the row). A number: every prompt of both datasets must fit it, else an error naming the row (rlvr never
+    cuts prompts; TRL 1.16 has no such field)."""
     beta: float = 0.0
     """KL coefficient against the starting model (algo.beta; k3 estimator, as TRL)."""
+    use_bias_correction_kl: bool = True
+    """TRL's default: each token's KL estimate multiplied by the ratio pi_theta / pi_old, with its gradient
+    (algo.kl_ratio_weighted; rlvr's YAML default is the plain estimator). No effect with beta=0."""
+    off_policy_mask_threshold: float | None = None
+    """None only: TRL's sequence mask for stale vLLM samples; rlvr samples on-policy here (for stale samples:
+    algo.gap_mask in a YAML config)."""
+    use_adaptive_entropy: bool = False
+    """False only: the entropy bonus has the fixed coefficient entropy_coef (entropy_coef_min, entropy_coef_max,
+    entropy_coef_delta and entropy_target, which only the adaptive bonus reads, are accepted and unused)."""
+    entropy_coef_min: float = 0.0
+    """Read by use_adaptive_entropy only (refused): accepted, unused."""
+    entropy_coef_max: float = 1.0
+    """Read by use_adaptive_entropy only (refused): accepted, unused."""
+    entropy_coef_delta: float = 0.005
+    """Read by use_adaptive_entropy only (refused): accepted, unused."""
+    entropy_target: float = 0.2
+    """Read by use_adaptive_entropy only (refused): accepted, unused."""
+    vespo_k_pos: float = 2.0
+    """Read by loss_type='vespo' only (refused): accepted, unused."""
+    vespo_lambda_pos: float = 3.0
+    """Read by loss_type='vespo' only (refused): accepted, unused."""
+    vespo_k_neg: float = 3.0
+    """Read by loss_type='vespo' only (refused): accepted, unused."""
+    vespo_lambda_neg: float = 2.0
+    """Read by loss_type='vespo' only (refused): accepted, unused."""
+    steps_per_generation: int | None = None
+    """None or gradient_accumulation_steps only: rlvr generates once per optimizer step (TRL's default)."""
+    generation_batch_size: int | None = None
+    """None or per_device_train_batch_size x gradient_accumulation_steps only (TRL's default)."""
     epsilon: float = 0.2
     """Lower clip of the ratio: ratio >= 1 - epsilon (algo.eps_low)."""
     epsilon_high: float | None = None
@@ -663,6 +689,7 @@ def _run_config(a: GRPOConfig, model_name: str, lora: dict | None, n_train: int,
                     "top_k": a.top_k or 0, "max_new_tokens": a.max_completion_length},
         "algo": {"name": "grpo", "preset": "grpo", "scale": scale_name(a.scale_rewards), **_objective(a),
                  "dual_clip": float(a.delta or 0.0), "beta": float(a.beta), "kl_estimator": "k3",
+                 "kl_ratio_weighted": bool(a.use_bias_correction_kl),
                  "entropy_coef": float(a.entropy_coef), "top_entropy_quantile": float(a.top_entropy_quantile),
                  "reward_aggregation": a.multi_objective_aggregation,
                  "ref_sync_steps": a.ref_model_sync_steps if a.sync_ref_model else 0,

@@ -284,10 +284,9 @@ def test_datasets_checked(tiny_model_dir, tmp_path):
 # --------------------------------------------------------------------------- what is refused
 
 TRL_FIELDS_NOT_SUPPORTED = [
-    "vllm_mode", "vllm_server_base_url", "use_adaptive_entropy", "model_init_kwargs", "off_policy_mask_threshold",
-    "vespo_k_pos", "use_bias_correction_kl", "min_p", "repetition_penalty", "generation_kwargs", "num_generations_eval",
-    "cast_lm_head_to_fp32", "steps_per_generation", "generation_batch_size",
-    "log_unique_prompts", "deepspeed", "fsdp", "lr_scheduler_kwargs", "torch_compile",
+    "vllm_mode", "vllm_server_base_url", "model_init_kwargs", "min_p", "repetition_penalty", "generation_kwargs",
+    "num_generations_eval", "cast_lm_head_to_fp32", "log_unique_prompts", "deepspeed", "fsdp", "lr_scheduler_kwargs",
+    "torch_compile",
 ]
 
 
@@ -304,8 +303,18 @@ REFUSED_VALUES = {
     "loss_type": "vespo", "scale_rewards": "mean", "fp16": True, "use_vllm": True, "lr_scheduler_type": "cosine",
     "optim": "adamw_8bit", "adam_beta2": 0.99, "num_completions_to_print": 2, "save_strategy": "best",
     "eval_strategy": "best", "report_to": "mlflow", "shuffle_dataset": False, "push_to_hub": True, "max_steps": 0,
-    "num_generations": 1, "delta": 0.5, "top_p": 0.0,
+    "num_generations": 1, "delta": 0.5, "top_p": 0.0, "off_policy_mask_threshold": 0.5, "use_adaptive_entropy": True,
+    "steps_per_generation": 4, "generation_batch_size": 3, "use_bias_correction_kl": "yes",
 }
+
+
+def test_trl_loss_fields_are_accepted_at_rlvr_s_own_behaviour():
+    """A TRL field is refused only where its value asks for what rlvr does not do: at TRL's defaults (or a value
+    meaning rlvr's behaviour) each is accepted, and use_bias_correction_kl maps to algo.kl_ratio_weighted."""
+    GRPOConfig(off_policy_mask_threshold=None, use_adaptive_entropy=False, vespo_k_pos=2.0, entropy_target=0.2,
+               steps_per_generation=2, gradient_accumulation_steps=2, generation_batch_size=16,
+               per_device_train_batch_size=8)
+    assert GRPOConfig().use_bias_correction_kl is True  # TRL 1.16's default
 
 
 @pytest.mark.parametrize("name", sorted(REFUSED_VALUES))
@@ -334,6 +343,8 @@ def test_objective_fields_mapping(tiny_model_dir, tmp_path):
              ref_model_sync_steps=4, ref_model_mixup_alpha=1.0)
     assert (a.reward_aggregation, a.ref_sync_steps, a.ref_mixup_alpha) == ("normalize_then_sum", 4, 1.0)
     assert algo(beta=0.04).ref_sync_steps == 0  # sync_ref_model=False: the reference stays the starting model
+    assert algo(beta=0.04).kl_ratio_weighted is True  # TRL's use_bias_correction_kl default
+    assert algo(beta=0.04, use_bias_correction_kl=False).kl_ratio_weighted is False
     with pytest.raises(ValueError, match="sync_ref_model=True: refreshes the KL reference, which beta=0 does not"):
         GRPOConfig(sync_ref_model=True)
     with pytest.raises(ValueError, match="epsilon_high=None: loss_type='cispo' reads it as the absolute cap"):

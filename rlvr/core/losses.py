@@ -8,8 +8,9 @@ tokens that are trained (the loss mask).
 
 Notes on departures and choices:
 - The KL term is added per token to the policy term before aggregation (as DeepSeekMath writes it), not to the
-  reward; it is neither importance-weighted nor masked (TRL adds it after its masks too). TRL 1.16 multiplies its
-  KL by the ratio by default (use_bias_correction_kl); rlvr keeps the plain estimator.
+  reward; it is neither importance-weighted nor masked (TRL adds it after its masks too). ``kl_ratio_weighted``
+  multiplies it by the ratio pi_theta / pi_prox (``kl_ratio``), as TRL 1.16 does by default
+  (use_bias_correction_kl); off, the plain estimator (rlvr's config default).
 - ``w`` is the off-policy importance weight and ``keep`` the trust-region and top-entropy masks
   (rlvr/core/off_policy.py); no gradient flows through either.
 - ``aggregation`` fixes how per-token losses become one number. Every mode divides by a normaliser computed once
@@ -51,6 +52,15 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: KLEstimato
     raise ValueError(f"kl_estimator must be one of {KL_ESTIMATORS}, got {estimator!r}")
 
 
+def kl_ratio(x: TokenBatch, prox: torch.Tensor, sequence: bool) -> torch.Tensor:
+    """pi_theta / pi_prox per token [N, T], with the gradient of log pi_theta; ``sequence``: the length-normalised
+    sequence ratio exp(mean_t log ratio) per completion, [N, 1] (TRL's coef_1 before any clamp)."""
+    log_ratio = x.logp - prox.detach()
+    if sequence:
+        log_ratio = (log_ratio * x.mask).sum(-1, keepdim=True) / x.mask.sum(-1, keepdim=True).clamp(min=1)
+    return torch.exp(log_ratio)
+
+
 def token_loss(x: TokenBatch, s: LossSettings) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Per-token loss  keep * w * objective(x) + beta * KL,  [N, T] (see the module docstring).
 
@@ -83,6 +93,8 @@ def token_loss(x: TokenBatch, s: LossSettings) -> tuple[torch.Tensor, dict[str, 
             raise ValueError("beta != 0 needs ref_logp")
         kl = kl_penalty(x.logp, x.ref_logp, s.kl_estimator)
         stats["kl"] = kl.detach()
+        if s.kl_ratio_weighted:
+            kl = kl * kl_ratio(x, prox, s.objective == "gspo")
         loss = loss + s.beta * kl
     return loss, stats
 

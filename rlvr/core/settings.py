@@ -41,6 +41,11 @@ class LossSettings:
     """KL coefficient; 0 skips the reference forward entirely (the grpo preset sets 0.04)."""
     kl_estimator: KLEstimator = "k3"
     """k1, k2 or k3 (Schulman's estimators of KL(policy || reference))."""
+    kl_ratio_weighted: bool = False
+    """Multiply each token's KL estimate by the ratio pi_theta / pi_prox, with its gradient (the length-normalised
+    sequence ratio under gspo): TRL's use_bias_correction_kl, which makes the estimate unbiased for tokens sampled
+    from the proximal policy; on-policy the ratio is 1 but its gradient adds KL x grad log pi. false: the plain
+    estimator, as DeepSeekMath's GRPO."""
     entropy_coef: float = 0.0
     """Entropy bonus: the loss minus entropy_coef x the mean entropy of the step's trained tokens (the same meaning
     under every aggregation, as TRL's entropy_coef); 0: off."""

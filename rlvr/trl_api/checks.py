@@ -121,6 +121,21 @@ def check_config(a: Any) -> None:
     if not isinstance(a.ref_model_sync_steps, int) or isinstance(a.ref_model_sync_steps, bool) \
             or a.ref_model_sync_steps < 1:
         raise refuse("ref_model_sync_steps", a.ref_model_sync_steps, "must be an int >= 1")
+    if not isinstance(a.use_bias_correction_kl, bool):
+        raise refuse("use_bias_correction_kl", a.use_bias_correction_kl, "must be True or False")
+    if a.off_policy_mask_threshold is not None:
+        raise refuse("off_policy_mask_threshold", a.off_policy_mask_threshold,
+                     "rlvr's trust region for stale samples is algo.gap_mask (DPPO) in a YAML config; None only here")
+    if a.use_adaptive_entropy is not False:
+        raise refuse("use_adaptive_entropy", a.use_adaptive_entropy, "rlvr's entropy bonus has a fixed coefficient "
+                                                                      "(entropy_coef); False only")
+    if a.steps_per_generation not in (None, a.gradient_accumulation_steps):
+        raise refuse("steps_per_generation", a.steps_per_generation, "rlvr generates once per optimizer step: None "
+                                                                      "or gradient_accumulation_steps")
+    if a.generation_batch_size not in (None, a.per_device_train_batch_size * a.gradient_accumulation_steps):
+        raise refuse("generation_batch_size", a.generation_batch_size, "rlvr generates one optimizer step's batch: "
+                                                                        "None or per_device_train_batch_size x "
+                                                                        "gradient_accumulation_steps")
     if not is_finite_number(a.entropy_coef) or a.entropy_coef < 0:
         raise refuse("entropy_coef", a.entropy_coef, "must be a number >= 0")
     if not is_finite_number(a.top_entropy_quantile) or not 0 < a.top_entropy_quantile <= 1:
@@ -211,6 +226,11 @@ IGNORED_FIELDS: dict[str, tuple[tuple, str]] = {
     "save_safetensors": ((True,), "rlvr always saves safetensors"),
     "gradient_checkpointing_kwargs": ((None, {"use_reentrant": False}), "rlvr checkpoints with use_reentrant=False"),
     "ddp_find_unused_parameters": ((None,), "rlvr's learners sum gradients themselves, without DDP"),
+    # TRL's own fields that only a refused setting reads (loss_type='vespo', use_adaptive_entropy=True)
+    **{name: ((default,), "only loss_type='vespo' reads it") for name, default in (
+        ("vespo_k_pos", 2.0), ("vespo_lambda_pos", 3.0), ("vespo_k_neg", 3.0), ("vespo_lambda_neg", 2.0))},
+    **{name: ((default,), "only use_adaptive_entropy=True reads it") for name, default in (
+        ("entropy_coef_min", 0.0), ("entropy_coef_max", 1.0), ("entropy_coef_delta", 0.005), ("entropy_target", 0.2))},
 }
 
 

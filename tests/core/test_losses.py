@@ -130,3 +130,43 @@ def test_policy_loss_adds_beta_times_kl():
     assert stats["tokens"] == 2
     with pytest.raises(ValueError, match="needs ref_logp"):
         policy_loss(TokenBatch(logp=logp, behaviour_logp=logp, adv=adv, mask=mask.float()), settings, 2.0, 2.0)
+
+
+def test_ratio_weighted_kl_adds_kl_times_the_score_on_policy():
+    """kl_ratio_weighted (TRL's use_bias_correction_kl): per token beta * k3 * pi/pi_prox. On-policy the ratio is 1,
+    so the loss is unchanged, and its gradient adds beta * k3 * d logp to the plain estimator's beta * (1 - e^x),
+    x = ref - logp: d/dlogp [k3 * exp(logp - logp.detach())] = (1 - e^x) + k3."""
+    from rlvr.core import token_loss
+
+    logp = torch.tensor([[-1.0, -2.0]], dtype=torch.float64, requires_grad=True)
+    ref = torch.tensor([[-1.5, -1.0]], dtype=torch.float64)
+    zeros = torch.zeros(1, 2, dtype=torch.float64)
+    ones = torch.ones(1, 2, dtype=torch.float64)
+
+    def loss_and_grad(weighted: bool):
+        x = TokenBatch(logp=logp, behaviour_logp=logp.detach(), adv=zeros, mask=ones, ref_logp=ref)
+        loss, _ = token_loss(x, LossSettings(beta=0.5, kl_ratio_weighted=weighted, is_level="none"))
+        (grad,) = torch.autograd.grad(loss.sum(), logp)
+        return loss.detach(), grad
+
+    plain_loss, plain_grad = loss_and_grad(False)
+    loss, grad = loss_and_grad(True)
+    x = ref - logp.detach()
+    k3 = torch.expm1(x) - x
+    assert torch.allclose(loss, plain_loss) and torch.allclose(loss, 0.5 * k3)
+    assert torch.allclose(plain_grad, 0.5 * (1 - torch.exp(x)))
+    assert torch.allclose(grad, 0.5 * (1 - torch.exp(x) + k3))
+
+
+def test_ratio_weighted_kl_uses_the_sequence_ratio_under_gspo():
+    """Under gspo the weight is exp(mean_t log(pi/pi_prox)) per completion, the same for its every token."""
+    from rlvr.core.losses import kl_ratio
+
+
+    logp = torch.tensor([[-1.0, -2.0, 0.0]], dtype=torch.float64)
+    prox = torch.tensor([[-1.2, -1.6, -5.0]], dtype=torch.float64)
+    mask = torch.tensor([[1.0, 1.0, 0.0]], dtype=torch.float64)
+    x = TokenBatch(logp=logp, behaviour_logp=prox, adv=torch.zeros_like(logp), mask=mask)
+    expected = torch.exp(torch.tensor((0.2 - 0.4) / 2, dtype=torch.float64))  # the masked token does not count
+    assert torch.allclose(kl_ratio(x, prox, sequence=True), expected.expand(1, 1))
+    assert torch.allclose(kl_ratio(x, prox, sequence=False), torch.exp(logp - prox))
