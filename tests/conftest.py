@@ -83,22 +83,3 @@ def sample_tiny(model, tokenizer, prompts, group_size, params, seed=0, eos_every
 
     model.generation_config.eos_token_id = list(range(0, len(tokenizer), eos_every)) if eos_every else 2
     return sample_groups(model, tokenizer, prompts, group_size, params, torch.Generator().manual_seed(seed), version)
-
-
-# Files whose tests run model-written code in the sandbox: its slots' uids are the same in every process (their
-# process limits and leak checks are per uid), so under pytest-xdist these files share one worker, one at a time.
-SANDBOX_FILES = {"tests/envs/test_environment.py", "tests/envs/test_python_tool.py", "tests/envs/test_tools.py",
-                 "tests/test_checkpoint.py", "tests/test_config.py", "tests/test_episode_rollouts.py",
-                 "tests/test_outputs.py", "tests/test_tools_example.py", "tests/verifiers/test_code_formats.py",
-                 "tests/verifiers/test_humaneval.py", "tests/verifiers/test_math_verifier.py",
-                 "tests/verifiers/test_memcg.py", "tests/verifiers/test_sandbox.py",
-                 "tests/verifiers/test_tasks_and_rewards.py"}
-
-
-def pytest_collection_modifyitems(config, items):
-    """Under ``--dist loadgroup`` a file's tests stay on one worker (its module fixtures start once), and the
-    sandbox files share one."""
-    root = config.rootpath
-    for item in items:
-        path = item.path.relative_to(root).as_posix()
-        item.add_marker(pytest.mark.xdist_group("sandbox" if path in SANDBOX_FILES else path))

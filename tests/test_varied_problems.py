@@ -1,6 +1,7 @@
 """The varied word-problem grammar: every answer re-derived here from the question's text by a reader built
 from the lexicon (each clause must read one way), training rows free of held-out settings and phrasings."""
 
+import functools
 import re
 
 import pytest
@@ -41,6 +42,7 @@ def _regex(template: str, where: dict) -> re.Pattern:
     return re.compile(text + "$", re.IGNORECASE)
 
 
+@functools.cache  # a story's patterns are the same for each of its problems
 def _patterns(story: str) -> list[tuple[str, bool, re.Pattern]]:
     """(kind, held?, pattern) of every phrasing that could appear in a problem of ``story``."""
     out = []
