@@ -97,8 +97,8 @@ class GRPOConfig:
     """AdamW learning rate after the warmup (train.lr)."""
     num_generations: int = 8
     """G, completions per prompt (rollout.group_size); at least 2."""
-    max_completion_length: int = 256
-    """Completion length cap in tokens (rollout.max_new_tokens). rlvr's default: TRL 1.16's is 512 (docs/api.md)."""
+    max_completion_length: int = 512
+    """Completion length cap in tokens (rollout.max_new_tokens), TRL 1.16's default; also Dr. GRPO's constant."""
     max_prompt_length: int | None = None
     """None: prompts are not cut (a prompt that leaves no room for the completion in the model's context is an error
     naming the row). A number: every prompt of both datasets must fit it, else an error naming the row (rlvr never

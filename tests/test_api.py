@@ -184,7 +184,7 @@ def _cfg(model_dir, tmp_path, rows=CHAT_ROWS, eval_rows=None, peft_config=None, 
 def test_field_mapping(tiny_model_dir, tmp_path):
     c = _cfg(tiny_model_dir, tmp_path)  # TRL's defaults: 8 completions a step, G=8, 3 epochs, lr 1e-6, seed 42
     assert (c.rollout.group_size, c.train.prompts_per_step, c.train.micro_batch_size) == (8, 1, 8)
-    assert (c.train.steps, c.train.lr, c.train.seed, c.rollout.max_new_tokens) == (18, 1e-6, 42, 256)
+    assert (c.train.steps, c.train.lr, c.train.seed, c.rollout.max_new_tokens) == (18, 1e-6, 42, 512)
     assert (c.train.checkpoint_every, c.train.keep_last, c.eval.every) == (500, 1, 0)
     assert (c.algo.aggregation, c.algo.beta, c.algo.num_iterations) == ("token_mean", 0.0, 1)
 
@@ -452,3 +452,26 @@ def test_tools_and_environment_factory_train_and_rerun_from_the_cli(tiny_long_mo
 def test_agent_arguments_are_checked():
     with pytest.raises(ValueError, match="max_tool_calling_iterations"):
         GRPOConfig(max_tool_calling_iterations=-1)
+
+
+# TRL 1.16.0's GRPOConfig defaults for every field rlvr presents as TRL's (read off trl/trainer/grpo_config.py and
+# transformers' TrainingArguments); a default of rlvr's own would be listed with its reason in docs/api.md.
+TRL_1_16_DEFAULTS = {
+    "learning_rate": 1e-6, "num_generations": 8, "max_completion_length": 512, "beta": 0.0, "epsilon": 0.2,
+    "epsilon_high": None, "delta": None, "loss_type": "dapo", "importance_sampling_level": "token",
+    "sapo_temperature_pos": 1.0, "sapo_temperature_neg": 1.05, "multi_objective_aggregation": "sum_then_normalize",
+    "sync_ref_model": False, "ref_model_mixup_alpha": 0.6, "ref_model_sync_steps": 512, "entropy_coef": 0.0,
+    "top_entropy_quantile": 1.0, "scale_rewards": "group", "num_iterations": 1, "mask_truncated_completions": False,
+    "reward_weights": None, "temperature": 1.0, "top_p": 1.0, "top_k": 0, "use_bias_correction_kl": True,
+    "off_policy_mask_threshold": None, "use_adaptive_entropy": False, "entropy_coef_min": 0.0, "entropy_coef_max": 1.0,
+    "entropy_coef_delta": 0.005, "entropy_target": 0.2, "vespo_k_pos": 2.0, "vespo_lambda_pos": 3.0,
+    "vespo_k_neg": 3.0, "vespo_lambda_neg": 2.0, "steps_per_generation": None, "generation_batch_size": None,
+    "max_tool_calling_iterations": None, "per_device_train_batch_size": 8, "gradient_accumulation_steps": 1,
+}
+
+
+def test_every_default_presented_as_trls_is_trl_1_16s():
+    args = GRPOConfig()
+    differs = {name: (getattr(args, name), trl) for name, trl in TRL_1_16_DEFAULTS.items()
+               if getattr(args, name) != trl}
+    assert not differs, f"rlvr's default differs from TRL 1.16's: {differs}"
