@@ -4,7 +4,6 @@ batch, clipping that bites, micro-batch accumulation and activation checkpointin
 checkpoints hold whole tensors, so the job resumes exactly with two learners or with one process."""
 
 import shutil
-import sys
 
 import pytest
 import torch
@@ -13,10 +12,13 @@ from rlvr.config.loading import load_config
 from rlvr.learn.sharding import clip_sharded_gradients
 from rlvr.platform.distributed import World
 from rlvr.run.learners import check_learners, sharded_weights
-from tests.test_distributed import TORCHRUN, _overrides, _records, _run, _same_rows, _weights
+from tests.test_distributed import FULL, SINGLE, TORCHRUN, Job, _overrides, _records, _run, _same_rows, _weights, shared
 
-# mu = 2 (a frozen proximal pass, then two steps on the batch) and a gradient norm (~0.75) above the clip
-SHARDED = ["algo.num_iterations=2", "train.max_grad_norm=0.3"]
+__all__ = ["shared"]  # the session's shared runs (tests/test_distributed.py): the one-process references
+
+# mu = 2 (a frozen proximal pass, then two steps on the batch) and a gradient norm (~0.75) above the clip; the same
+# run as test_two_ranks_train_what_one_process_trains[full], whose one-process reference this file shares
+SHARDED = FULL
 
 
 def _close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
@@ -33,33 +35,41 @@ def _resume_from_step_2(done, out) -> None:
         shutil.rmtree(out / name, ignore_errors=True) if (out / name).is_dir() else (out / name).unlink(missing_ok=True)
 
 
-def test_sharded_full_fine_tuning_trains_and_resumes_as_one_process(tiny_model_dir, tmp_path):
-    one, two = tmp_path / "one", tmp_path / "two"
+def test_sharded_full_fine_tuning_trains_and_resumes_as_one_process(tiny_model_dir, tmp_path, shared):
+    two = tmp_path / "two"
     config = ["examples/demo.yaml"]
-    single = _run([sys.executable, "-m", "rlvr", "train", *config, *_overrides(tiny_model_dir, one, False), *SHARDED])
-    assert single.returncode == 0, single.stderr[-3000:]
+    reference = shared(SINGLE, tiny_model_dir, False, *SHARDED)  # one process ignores the sharding: shared
     job = _run([*TORCHRUN, "-m", "rlvr", "train", *config, *_overrides(tiny_model_dir, two, False), *SHARDED])
+    single, one = reference.result(), reference.out
+    assert single.returncode == 0, single.stderr[-3000:]
     assert job.returncode == 0, job.stderr[-3000:]
     _close(_weights(one, False), _weights(two, False))
     _same_rows(_records(one), _records(two))
     _same_rows(_records(one, "samples.jsonl"), _records(two, "samples.jsonl"))
     assert any(r["update/grad_norm"] > 0.3 for r in _records(two)[1:])  # the clip bit
-    for name, launcher in (("again", TORCHRUN), ("alone", [sys.executable])):  # two learners, then one process
+    resumptions = {}  # two learners and one process at once (each on its own copy): one core each
+    try:
+        for name, launcher in (("alone", SINGLE), ("again", TORCHRUN)):
+            _resume_from_step_2(two, tmp_path / name)
+            resumptions[name] = Job([*launcher, "-m", "rlvr", "train", *config,
+                                     *_overrides(tiny_model_dir, tmp_path / name, False), *SHARDED, "resume=auto"])
+    finally:
+        resumed = {name: job.result() for name, job in resumptions.items()}
+    for name in ("again", "alone"):  # two learners, then one process
         out = tmp_path / name
-        _resume_from_step_2(two, out)
-        resumed = _run([*launcher, "-m", "rlvr", "train", *config, *_overrides(tiny_model_dir, out, False), *SHARDED,
-                        "resume=auto"])
-        assert resumed.returncode == 0 and "(step 2)" in resumed.stdout, resumed.stderr[-3000:]
+        assert resumed[name].returncode == 0 and "(step 2)" in resumed[name].stdout, resumed[name].stderr[-3000:]
         _close(_weights(two, False), _weights(out, False))
         _same_rows(_records(two), _records(out))
 
 
-def test_a_sharded_frozen_base_under_lora_trains_what_one_process_trains(tiny_model_dir, tmp_path):
-    one, two = tmp_path / "one", tmp_path / "two"
+def test_a_sharded_frozen_base_under_lora_trains_what_one_process_trains(tiny_model_dir, tmp_path, shared):
+    two = tmp_path / "two"
     args = ["examples/demo.yaml", "train.shard_weights=true"]
-    single = _run([sys.executable, "-m", "rlvr", "train", *args, *_overrides(tiny_model_dir, one, True)])
-    assert single.returncode == 0, single.stderr[-3000:]
+    # one process ignores train.shard_weights: the reference is the session's one-process LoRA run
+    reference = shared(SINGLE, tiny_model_dir, True)
     job = _run([*TORCHRUN, "-m", "rlvr", "train", *args, *_overrides(tiny_model_dir, two, True)])
+    single, one = reference.result(), reference.out
+    assert single.returncode == 0, single.stderr[-3000:]
     assert job.returncode == 0, job.stderr[-3000:]
     _close(_weights(one, True), _weights(two, True))
     _same_rows(_records(one), _records(two))

@@ -107,10 +107,18 @@ class Collectives:
 
     def close(self) -> None:
         """Leave the job: a barrier first (ranks tearing down at different times abort gloo), then destroy the
-        process group if this object created it."""
+        process group if this object created it.
+
+        The barrier is gloo's monitored one (a send and a receive in this thread, under the same timeout), not
+        ``dist.barrier``: gloo runs that on a worker thread holding the collectives still in flight when it started
+        (FSDP's last all-gathers), and the worker lets go of them - tensors whose release takes the GIL - only after
+        this thread has returned. The process group outlives destroy_process_group under sharded weights (FSDP's
+        state keeps it), so a learner that exits at once could start finalizing Python first; the worker then
+        cannot take the GIL, Python ends the thread inside a C++ destructor and the learner aborts (SIGABRT,
+        "terminate called without an active exception")."""
         if self.world.size > 1 and dist.is_initialized():
             with self.answering("leaving the job"):
-                dist.barrier(group=self.cpu_group)
+                dist.monitored_barrier(group=self.cpu_group, timeout=timedelta(seconds=self.timeout_s))
             if self.owned:
                 dist.destroy_process_group()
                 self.owned = False
