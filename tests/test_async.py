@@ -5,8 +5,7 @@ learner resumes by publishing its checkpoint's adapter before any rollout, and d
 import json
 import os
 import signal
-import subprocess
-import sys
+import threading
 import time
 from pathlib import Path
 
@@ -17,9 +16,17 @@ from rlvr.launch import train
 from rlvr.rollout.server_errors import NoServerError
 from tests.helpers import assert_parts_add_up
 from tests.test_e2e import _overrides
+from tests.test_resume import (
+    _tail,
+    fork_server,  # noqa: F401 (an autouse module fixture: the fork server starts early)
+    join_forked,
+    start_forked_train,
+    train_killed,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
-ASYNC = ["async.enabled=true", "async.servers=2", "async.max_staleness=1", "eval.every=0", "rollout.server_wait_s=60"]
+ASYNC = ["async.enabled=true", "async.servers=2", "async.max_staleness=1", "eval.every=0", "rollout.server_wait_s=60",
+         "log.trackers=[]", "log.plot=false"]  # no tensorboard / matplotlib to import and write: not tested here
 
 
 def _records(run: Path, name="metrics.jsonl") -> list[dict]:
@@ -70,61 +77,73 @@ def test_async_run_trains_logs_and_leaves_nothing_running(tiny_model_dir, tmp_pa
     assert not any(_alive(pid) for pid in _server_pids(out))
 
 
-def _run_cli(args, env=None):
-    return subprocess.Popen([sys.executable, "-m", "rlvr", "train", "examples/demo.yaml", *args], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, **(env or {})})
+def _train_killing_a_server(overrides: list[str], out: Path, after_records: int, server: int) -> None:
+    """Train in this process (no learner start-up) while a thread SIGKILLs started server ``server`` once the run
+    has logged ``after_records`` records; the run must end well, and the kill must have happened mid-run."""
+    killed, finished = threading.Event(), threading.Event()
+
+    def kill() -> None:
+        deadline = time.monotonic() + 120
+        metrics = out / "metrics.jsonl"
+        while not finished.is_set() and time.monotonic() < deadline:
+            if metrics.is_file() and metrics.read_text().count("\n") >= after_records:  # whole records only
+                os.kill(_server_pids(out)[server], signal.SIGKILL)
+                killed.set()
+                return
+            time.sleep(0.1)
+
+    killer = threading.Thread(target=kill, daemon=True)
+    killer.start()
+    try:
+        train(load_config(ROOT / "examples" / "demo.yaml", overrides))
+    finally:
+        finished.set()
+        killer.join()
+    assert killed.is_set(), f"the run ended (or took 120 s) before logging {after_records} records"
 
 
-def _kill_a_server_mid_run(proc, out: Path, after_records: int, server: int) -> None:
-    """SIGKILL started server ``server`` once the run has logged ``after_records`` records; the run must end well."""
-    deadline = time.monotonic() + 120
-    while len(_records(out)) < after_records:
-        assert proc.poll() is None, proc.stdout.read()[-3000:]
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
-    os.kill(_server_pids(out)[server], signal.SIGKILL)
-    output, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 0, output[-3000:]
-
-
-def test_killed_servers_are_restarted_and_no_group_is_lost_or_trained_twice(tiny_model_dir, tmp_path):
+def test_killed_servers_are_restarted_and_no_group_is_lost_or_trained_twice(tiny_model_dir, tmp_path, monkeypatch):
     """One server dies in its 3rd adapter load (injected), the other is SIGKILLed mid-run: both restart, rejoin
-    with the current adapter, and training goes on."""
+    with the current adapter, and training goes on. The learner runs in this process; the servers it starts inherit
+    RLVR_FAULT (adapter_load is a point of `rlvr serve` only)."""
     out = tmp_path / "run"
-    args = _overrides(tiny_model_dir, out) + ASYNC + ["train.steps=14", "log.progress=false"]
-    _kill_a_server_mid_run(_run_cli(args, {"RLVR_FAULT": "adapter_load@3"}), out, after_records=6, server=1)
+    args = _overrides(tiny_model_dir, out) + ASYNC + ["train.steps=6", "log.progress=false"]
+    monkeypatch.setenv("RLVR_FAULT", "adapter_load@3")
+    _train_killing_a_server(args, out, after_records=4, server=1)  # after step 3: steps 4-6 go on without it
+    monkeypatch.delenv("RLVR_FAULT")
     last = _records(out)[-1]
     # both restarted; the early one is back in the pool with the current adapter. The SIGKILLed one rejoins once
     # it has loaded and the pool's next probe (every 5 s) finds it: measured 4 to 20+ s on 2 busy cores, which
     # may be after the run's last step, so it is not asserted.
     assert last["async/servers_restarted"] >= 2 and last["sampler/servers_revived"] >= 1
     uids = _trained_uids(out)
-    assert len(uids) == 14 * 2 and len(set(uids)) == len(uids)  # no group trained twice
+    assert len(uids) == 6 * 2 and len(set(uids)) == len(uids)  # no group trained twice
     assert not any(_alive(pid) for pid in _server_pids(out))
 
 
-def test_a_killed_learner_resumes_after_republishing_its_adapter(tiny_model_dir, tmp_path):
-    out = tmp_path / "run"
-    args = _overrides(tiny_model_dir, out) + ASYNC + ["train.steps=6", "train.checkpoint_every=2", "log.progress=false"]
-    crashed = _run_cli(args, {"RLVR_FAULT": "after_update@5"})
-    output, _ = crashed.communicate(timeout=300)
-    assert crashed.returncode == -signal.SIGKILL, output[-3000:]
+def test_a_killed_learner_resumes_after_republishing_its_adapter(tiny_model_dir, tmp_path, capsys):
+    """The learner, a forked process (tests/test_resume.py: train_killed), is SIGKILLed after step 2's update
+    (checkpoint: step 1); the resume runs in this process (it reads only what the killed one left on disk). Neither
+    starts an interpreter."""
+    out, log = tmp_path / "run", tmp_path / "killed.log"
+    args = _overrides(tiny_model_dir, out) + ASYNC + ["train.steps=3", "train.checkpoint_every=1", "log.progress=false"]
+    assert train_killed(args, "after_update@2", log) == -signal.SIGKILL, _tail(log)
     pids = _server_pids(out)
     deadline = time.monotonic() + 15
     while any(_alive(p) for p in pids):  # the servers die with their learner
         assert time.monotonic() < deadline, "orphaned rollout servers"
         time.sleep(0.1)
-    resumed = _run_cli(args + ["resume=auto"])
-    output, _ = resumed.communicate(timeout=300)
-    assert resumed.returncode == 0, output[-3000:]
-    assert "resuming from" in output and "step-00000004" in output
+    capsys.readouterr()
+    train(load_config(ROOT / "examples" / "demo.yaml", args + ["resume=auto"]))
+    output = capsys.readouterr().out
+    assert "resuming from" in output and "step-00000001" in output
     records = _records(out)
-    assert [r["step"] for r in records] == list(range(7))
+    assert [r["step"] for r in records] == list(range(4))
     # the first step after the resume trained on rollouts of the restored weights: same version, tiny log-prob gap
-    assert records[5]["rollout/staleness_max"] == 0 and records[5]["update/logp_gap"] < 1e-3
+    assert records[2]["rollout/staleness_max"] == 0 and records[2]["update/logp_gap"] < 1e-3
     uids = _trained_uids(out)
-    assert len(uids) == 12 and len(set(uids)) == 12
+    assert len(uids) == 6 and len(set(uids)) == 6
+    assert not any(_alive(pid) for pid in _server_pids(out))
 
 
 def test_no_reachable_server_is_a_clear_error_in_bounded_time(tiny_model_dir, tmp_path):
@@ -133,32 +152,35 @@ def test_no_reachable_server_is_a_clear_error_in_bounded_time(tiny_model_dir, tm
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    wait_s = 1  # rollout.server_wait_s
     cfg = load_config(None, _overrides(tiny_model_dir, tmp_path / "run") + [
-        "async.enabled=true", f"rollout.servers=[{dead}]", "rollout.server_wait_s=2"])
+        "async.enabled=true", f"rollout.servers=[{dead}]", f"rollout.server_wait_s={wait_s}"])
     started = time.monotonic()
-    with pytest.raises(NoServerError, match="not ready after 2 s"):
+    with pytest.raises(NoServerError, match=f"not ready after {wait_s} s"):
         train(cfg)
-    assert time.monotonic() - started < 30
+    assert time.monotonic() - started < wait_s + 28  # the wait and the run's set-up (slack for 2 busy cores)
 
 
 def test_all_servers_dying_mid_run_stops_the_run_with_an_error(tiny_model_dir, tmp_path):
-    out = tmp_path / "run"
+    """`rlvr train` in a forked process (tests/test_resume.py: start_forked_train): one error line, exit status 2."""
+    out, log, wait_s = tmp_path / "run", tmp_path / "run.log", 1  # rollout.server_wait_s: the learner's wait
     args = _overrides(tiny_model_dir, out) + [
-        "async.enabled=true", "async.servers=2", "async.server_restarts=0", "rollout.server_wait_s=3",
-        "train.steps=500", "eval.every=0", "log.progress=false"]
-    proc = _run_cli(args)
+        "async.enabled=true", "async.servers=2", "async.server_restarts=0", f"rollout.server_wait_s={wait_s}",
+        "train.steps=500", "eval.every=0", "log.progress=false", "log.trackers=[]", "log.plot=false"]
+    proc = start_forked_train(args, "", log)
     deadline = time.monotonic() + 120
-    while len(_records(out)) < 3:
-        assert proc.poll() is None, proc.stdout.read()[-3000:]
+    while len(_records(out)) < 2:  # step 1 logged
+        assert proc.is_alive(), _tail(log)
         assert time.monotonic() < deadline
         time.sleep(0.1)
     killed = time.monotonic()
     for pid in _server_pids(out):
         os.kill(pid, signal.SIGKILL)
-    output, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 2, output[-3000:]
+    assert join_forked(proc, timeout=120) == 2, _tail(log)
+    output = log.read_text()
     assert "rlvr: error:" in output and "rollout server" in output and "reachable" in output
-    assert time.monotonic() - killed < 60
+    assert f"reachable for {wait_s} s" in output
+    assert time.monotonic() - killed < wait_s + 57  # the wait, then the shutdown (slack for 2 busy cores)
 
 
 def test_embedded_servers_need_the_runs_key_and_load_only_from_its_bucket(tiny_model_dir, tmp_path):
@@ -208,10 +230,10 @@ def test_the_learners_wait_for_groups_has_a_deadline(tiny_model_dir, tokenizer, 
     fake = FaultyServer(len(tokenizer), "hang_sampling")  # evaluation (greedy) is answered, sampling hangs
     try:
         cfg = load_config(None, _overrides(tiny_model_dir, tmp_path / "run") + [
-            "async.enabled=true", f"rollout.servers=[{fake.url}]", "async.learner_wait_s=3", "eval.every=0",
+            "async.enabled=true", f"rollout.servers=[{fake.url}]", "async.learner_wait_s=1", "eval.every=0",
             "rollout.server_wait_s=10"])
         started = time.monotonic()
-        with pytest.raises(NoServerError, match=r"step 1: no scored group came from the rollout servers for 3 s "
+        with pytest.raises(NoServerError, match=r"step 1: no scored group came from the rollout servers for 1 s "
                                                 r"\(async.learner_wait_s\): \d+ requests sent, 0 answers rejected"):
             train(cfg)
         assert time.monotonic() - started < 60  # the request deadline (600 s) is far off
@@ -222,17 +244,18 @@ def test_the_learners_wait_for_groups_has_a_deadline(tiny_model_dir, tokenizer, 
 
 def test_async_episodes_with_a_killed_server_lose_no_group_and_train_none_twice(tiny_long_model_dir, tmp_path):
     """env.factory on the asynchronous runtime: one dispatch is one group of episodes; a server SIGKILLed mid-run
-    is restarted and every group is trained exactly once, with the environments' rewards and episode metrics."""
+    is restarted and every group is trained exactly once, with the environments' rewards and episode metrics.
+    The learner runs in this process."""
     out = tmp_path / "run"
     args = _overrides(tiny_long_model_dir, out) + ASYNC + [
-        "train.steps=8", "log.progress=false", "env.factory=tests.helpers:Notebook", "env.max_turns=2",
+        "train.steps=6", "log.progress=false", "env.factory=tests.helpers:Notebook", "env.max_turns=2",
         "env.max_episode_tokens=64",
         "rewards=[{name: 'tests.helpers:length_reward'}, {name: 'tests.helpers:environments_reward'}]"]
-    _kill_a_server_mid_run(_run_cli(args), out, after_records=4, server=0)
+    _train_killing_a_server(args, out, after_records=3, server=0)  # after step 2: steps 3-6 go on without it
     records = _records(out)[1:]
     assert records[-1]["async/servers_restarted"] >= 1
     uids = _trained_uids(out)
-    assert len(uids) == 8 * 2 and len(set(uids)) == len(uids)  # no group lost, none trained twice
+    assert len(uids) == 6 * 2 and len(set(uids)) == len(uids)  # no group lost, none trained twice
     for r in records:
         assert r["rollout/reward/tests.helpers:environments_reward_mean"] == 1.0
         assert "rollout/reward/Notebook_mean" in r and r["episode/turns_mean"] >= 1

@@ -4,9 +4,7 @@ are exactly the documented update of the deltas the round decided, learners end 
 learner's delta is dropped and it catches up, a learner joins mid-run, a hostile delta is refused or bounded."""
 
 import json
-import os
-import subprocess
-import sys
+import threading
 import time
 from pathlib import Path
 
@@ -18,6 +16,13 @@ from rlvr.config.diloco import parse_learner
 from rlvr.config.loading import load_config
 from rlvr.core.outer import bound_norm, nesterov_step, outer_gradient
 from rlvr.store.rounds import Decision, RefusedDelta, RoundBucket
+from tests.test_resume import (
+    _tail,
+    fork_server,  # noqa: F401 (an autouse module fixture: the fork server starts early)
+    join_forked,
+    start_forked_train,
+    train_killed,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -120,32 +125,27 @@ def test_a_round_is_decided_once_and_a_forged_decision_is_refused(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------- real learners
-def _args(out: Path, bucket: Path, learner: str, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "rlvr", "train", "examples/demo.yaml", f"output_dir={out}",
-            "model.lora=true", "model.lora_r=4", "task.eval_size=4", "rollout.group_size=4", "rollout.max_new_tokens=6",
-            "train.prompts_per_step=2", "train.micro_batch_size=8", "train.steps=4", "train.checkpoint_every=2",
+def _overrides(out: Path, bucket: Path, learner: str, *extra: str) -> list[str]:
+    return [f"output_dir={out}", "model.lora=true", "model.lora_r=4", "task.eval_size=4", "rollout.group_size=4",
+            "rollout.max_new_tokens=6", "train.prompts_per_step=2", "train.micro_batch_size=8", "train.steps=4",
+            "train.checkpoint_every=2",
             "train.threads=1", "algo.beta=0", "train.lr=1e-3", "eval.every=0", "log.progress=false",
             "log.trackers=[]", "log.plot=false", "rewards=[{name: 'tests.helpers:length_reward'}]",
             f"diloco.learner={learner}", f"diloco.bucket={bucket}", "diloco.inner_steps=2", *extra]
 
 
-def _start(model_dir: Path, out: Path, bucket: Path, learner: str, *extra: str,
-           env: dict | None = None) -> subprocess.Popen:
-    return subprocess.Popen([*_args(out, bucket, learner, f"model.name={model_dir}", *extra)], cwd=ROOT,
-                            env={**os.environ, **(env or {})},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+def _train_here(model_dir: Path, out: Path, bucket: Path, learner: str, *extra: str) -> dict:
+    """A learner (`rlvr train examples/demo.yaml` with these settings) run in this process (no interpreter start-up);
+    torch's thread count restored after (train.threads=1 sets it). Learners that are processes of their own:
+    tests/test_resume.py, start_forked_train."""
+    from rlvr.launch import train
 
-
-def _finish(*jobs: subprocess.Popen, timeout: float = 300) -> None:
+    threads = torch.get_num_threads()
     try:
-        for job in jobs:
-            _, stderr = job.communicate(timeout=timeout)
-            assert job.returncode == 0, stderr[-3000:]
+        return train(load_config(ROOT / "examples" / "demo.yaml",
+                                 _overrides(out, bucket, learner, f"model.name={model_dir}", *extra)))
     finally:
-        for job in jobs:
-            if job.poll() is None:
-                os.killpg(job.pid, 9)
-                job.communicate()
+        torch.set_num_threads(threads)
 
 
 def _outer(run: Path) -> dict:
@@ -179,9 +179,17 @@ def _adapter(run: Path) -> dict[str, torch.Tensor]:
 
 
 def test_two_learners_take_the_documented_outer_steps_and_end_equal(tiny_model_dir, tmp_path):
-    bucket = tmp_path / "bucket"
-    jobs = [_start(tiny_model_dir, tmp_path / f"l{k}", bucket, f"{k}/2") for k in range(2)]
-    _finish(*jobs)
+    """Learner 1 is a forked `rlvr train` process (tests/test_resume.py: start_forked_train), learner 0 runs in this
+    process meanwhile: no interpreter start-up."""
+    bucket, log = tmp_path / "bucket", tmp_path / "l1.log"
+    other = start_forked_train(_overrides(tmp_path / "l1", bucket, "1/2", f"model.name={tiny_model_dir}"), "", log)
+    try:
+        _train_here(tiny_model_dir, tmp_path / "l0", bucket, "0/2")
+    except BaseException:
+        other.kill()  # it would wait for learner 0's deltas (diloco.round_timeout_s)
+        other.join()
+        raise
+    assert join_forked(other) == 0, _tail(log)
     decisions = _replay(bucket, 2)
     assert [(d.round, d.members, d.reason) for d in decisions] == [(1, (0, 1), "all"), (2, (0, 1), "all")]
     a, b = _adapter(tmp_path / "l0"), _adapter(tmp_path / "l1")
@@ -193,21 +201,27 @@ def test_two_learners_take_the_documented_outer_steps_and_end_equal(tiny_model_d
 
 
 def test_a_slow_learner_is_dropped_and_catches_up_and_a_late_one_joins(tiny_model_dir, tmp_path):
-    """Learners 0 and 1 of 3 both start round 1; learner 1 publishes its delta 15 s late, so learner 0 closes the
+    """Learners 0 and 1 of 3 both start round 1; learner 1 publishes its delta 10 s late, so learner 0 closes the
     round alone at the timeout, and round 2 too; learner 1's delta is dropped (counted) and it goes on from the newest
-    shared weights. Learner 2 starts after both ended: it joins from the newest shared weights."""
-    bucket, timeout = tmp_path / "bucket", "diloco.round_timeout_s=2"
-    slow = _start(tiny_model_dir, tmp_path / "slow", bucket, "1/3", timeout,
-                  env={"RLVR_FAULT": "diloco_delta@1:sleep15"})
-    deadline = time.monotonic() + 120
-    while not (tmp_path / "slow" / "diloco.json").is_file():  # it has joined round 1
-        assert slow.poll() is None and time.monotonic() < deadline, slow.communicate()[1][-2000:]
-        time.sleep(0.1)
-    fast = _start(tiny_model_dir, tmp_path / "fast", bucket, "0/3", timeout)
-    _finish(fast, slow)
+    shared weights. Learner 2 starts after both ended: it joins from the newest shared weights.
+    Learner 1 is a forked process (tests/test_resume.py: start_forked_train); learners 0 and 2 run in this process,
+    so learner 0 closes round 1 within its model load, two steps and the 2 s timeout of learner 1 joining, with no
+    interpreter start-up in between (that start-up, up to 15 s on 2 busy cores, used to outlast a 15 s delay)."""
+    bucket, timeout, log = tmp_path / "bucket", "diloco.round_timeout_s=2", tmp_path / "slow.log"
+    slow = start_forked_train(_overrides(tmp_path / "slow", bucket, "1/3", f"model.name={tiny_model_dir}", timeout),
+                              "diloco_delta@1:sleep10", log)
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "slow" / "diloco.json").is_file():  # it has joined round 1
+            assert slow.is_alive() and time.monotonic() < deadline, _tail(log)
+            time.sleep(0.1)
+        _train_here(tiny_model_dir, tmp_path / "fast", bucket, "0/3", timeout)
+    finally:
+        code = join_forked(slow)
+    assert code == 0, _tail(log)
     assert _outer(tmp_path / "fast")["late"] == 0 and _outer(tmp_path / "slow")["late"] == 1
     joined_at = max(int(p.stem) for p in (bucket / "rounds").glob("*.json"))
-    _finish(_start(tiny_model_dir, tmp_path / "late", bucket, "2/3", timeout))
+    _train_here(tiny_model_dir, tmp_path / "late", bucket, "2/3", timeout)
     assert sorted(int(p.name[1:]) for p in (bucket / "learner-0002").iterdir()) == [joined_at + 1, joined_at + 2]
     decisions = _replay(bucket, 3)  # every round, the joiner's included, is the documented step from the last
     assert [d.members for d in decisions[:2]] == [(0,), (0,)] and decisions[-1].members == (2,)
@@ -217,20 +231,32 @@ def test_a_slow_learner_is_dropped_and_catches_up_and_a_late_one_joins(tiny_mode
 
 def test_a_hostile_delta_is_refused_and_an_outsized_one_bounded(tiny_model_dir, tmp_path):
     """Learner 0 runs; 'learners' 1 and 2 are files planted in the bucket for round 1: a delta holding NaN (refused,
-    never applied) and a delta a thousand times too large (scaled to diloco.max_delta_norm)."""
-    bucket = tmp_path / "bucket"
-    real = _start(tiny_model_dir, tmp_path / "l0", bucket, "0/3", "diloco.round_timeout_s=3", "train.steps=2",
-                  "diloco.max_delta_norm=0.05")
-    deadline = time.monotonic() + 120
-    while not (bucket / "global" / "v00000000" / "manifest.json").is_file():
-        assert real.poll() is None and time.monotonic() < deadline
-        time.sleep(0.1)
-    like = load_file(str(bucket / "global" / "v00000000" / "adapter_model.safetensors"))
-    poisoned = {k: torch.full_like(v, float("nan")) for k, v in like.items()}
-    huge = {k: torch.full_like(v, 1000.0) for k, v in like.items()}
-    for k, tensors in ((1, poisoned), (2, huge)):
-        RoundBucket(str(bucket), k, 3).publish_delta(1, tensors, {})
-    _finish(real)
+    never applied) and a delta a thousand times too large (scaled to diloco.max_delta_norm). Learner 0 runs in this
+    process; a thread plants the files once it has published round 0's shared weights."""
+    bucket, planted, finished = tmp_path / "bucket", threading.Event(), threading.Event()
+
+    def plant() -> None:
+        deadline = time.monotonic() + 120
+        while not (bucket / "global" / "v00000000" / "manifest.json").is_file():
+            if finished.is_set() or time.monotonic() > deadline:
+                return
+            time.sleep(0.1)
+        like = load_file(str(bucket / "global" / "v00000000" / "adapter_model.safetensors"))
+        poisoned = {k: torch.full_like(v, float("nan")) for k, v in like.items()}
+        huge = {k: torch.full_like(v, 1000.0) for k, v in like.items()}
+        for k, tensors in ((1, poisoned), (2, huge)):
+            RoundBucket(str(bucket), k, 3).publish_delta(1, tensors, {})
+        planted.set()
+
+    planter = threading.Thread(target=plant, daemon=True)
+    planter.start()
+    try:
+        _train_here(tiny_model_dir, tmp_path / "l0", bucket, "0/3", "diloco.round_timeout_s=3", "train.steps=2",
+                    "diloco.max_delta_norm=0.05")
+    finally:
+        finished.set()
+        planter.join()
+    assert planted.is_set()
     outer = _outer(tmp_path / "l0")
     assert outer["refused"] >= 1 and outer["bounded"] >= 1
     (decision,) = _replay(bucket, 3, bound=0.05)
@@ -240,15 +266,16 @@ def test_a_hostile_delta_is_refused_and_an_outsized_one_bounded(tiny_model_dir, 
 def test_a_learner_killed_inside_a_round_resumes_where_it_was(tiny_model_dir, tmp_path):
     """A lone learner (K = 1: every round closes at once) is SIGKILLed after step 3, inside round 2; resumed from its
     step-2 checkpoint, it keeps the checkpoint's weights, takes round 2 from the shared weights after round 1, and
-    ends on the weights of a run that was never killed."""
+    ends on the weights of a run that was never killed. The killed learner is a forked process (tests/test_resume.py:
+    train_killed); the uninterrupted run and the resume run in this process (the resume reads only what the killed
+    one left on disk)."""
     args = ["train.checkpoint_every=1"]
-    _finish(_start(tiny_model_dir, tmp_path / "whole", tmp_path / "bucket-whole", "0/1", *args))
-    out, bucket = tmp_path / "killed", tmp_path / "bucket-killed"
-    killed = _start(tiny_model_dir, out, bucket, "0/1", *args, env={"RLVR_FAULT": "after_update@3"})
-    killed.communicate(timeout=300)
-    assert killed.returncode == -9 and json.loads((out / "diloco.json").read_text()) == {"round": 2,
-                                                                                       "round_start_step": 2}
-    _finish(_start(tiny_model_dir, out, bucket, "0/1", *args, "resume=auto"))
+    _train_here(tiny_model_dir, tmp_path / "whole", tmp_path / "bucket-whole", "0/1", *args)
+    out, bucket, log = tmp_path / "killed", tmp_path / "bucket-killed", tmp_path / "killed.log"
+    code = train_killed(_overrides(out, bucket, "0/1", f"model.name={tiny_model_dir}", *args), "after_update@3", log)
+    assert code == -9, _tail(log)
+    assert json.loads((out / "diloco.json").read_text()) == {"round": 2, "round_start_step": 2}
+    _train_here(tiny_model_dir, out, bucket, "0/1", *args, "resume=auto")
     a, b = _adapter(tmp_path / "whole"), _adapter(out)
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert [d.members for d in _replay(bucket, 1)] == [(0,), (0,)]

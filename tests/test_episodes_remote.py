@@ -4,6 +4,7 @@ killed mid-episode moves the next turn to another server and no episode is lost 
 
 import threading
 
+import pytest
 import torch
 
 from rlvr.learn.batch import StepBatch
@@ -15,7 +16,7 @@ from rlvr.rollout.pool import ServerPool
 from rlvr.rollout.remote_sampler import RemoteSampler
 from rlvr.store.bucket import AdapterBucket
 from tests.serving import ServerProcess
-from tests.test_remote import _trainer
+from tests.test_remote import _start_together, _trainer
 
 PROMPTS = [[{"role": "user", "content": "3 + 4 ="}], [{"role": "user", "content": "12 * 9 ="}]]
 LIMITS = EpisodeLimits(max_turns=3, max_episode_tokens=200)
@@ -31,6 +32,26 @@ class Answering:
     def step(self, text, timeout_s):
         self.seen.append(text)
         return ["42"] if len(self.seen) <= 2 else []
+
+
+@pytest.fixture(scope="module")
+def module_servers(tiny_model_dir):
+    """Started together: a server with the default flags (``shared``) and one that keeps no prefix cache."""
+    procs = _start_together(tiny_model_dir, (), ("--prefix-cache-mb", "0"))
+    yield procs
+    for p in procs:
+        p.stop()
+
+
+@pytest.fixture
+def shared(module_servers):
+    """One `rlvr serve` (default flags) for every test here that only sends it requests: the server of the first
+    test, the healthy partner of the killed one, the prefix-caching one; the adapters a test leaves on it are
+    unloaded after it."""
+    yield module_servers[0]
+    for server in module_servers:
+        for name in server.get("/stats").json()["adapters"]:
+            assert server.post("/v1/unload_lora_adapter", {"lora_name": name}).status_code == 200
 
 
 def _ids(tokenizer):
@@ -52,18 +73,13 @@ def _check_stream(got, envs):
         assert mask[0] == 1 and switches == 2 * (len(env.seen) - 1) - (0 if mask[-1] == 1 else 1)
 
 
-def test_episodes_over_rlvr_serve_carry_the_trainers_logprobs(tiny_model_dir, tokenizer, tmp_path):
-    server = ServerProcess(tiny_model_dir).wait_ready()
-    try:
-        model = _trainer(tiny_model_dir)
-        remote = _remote([server.url], model, tokenizer, tmp_path)
-        envs = [Answering() for _ in range(4)]
-        got = remote.sample_episodes(_ids(tokenizer), envs, 2, STOP, seed=5, limits=LIMITS)
-        again = remote.sample_episodes(_ids(tokenizer), [Answering() for _ in range(4)], 2, STOP, seed=5,
-                                       limits=LIMITS)
-        remote.close()
-    finally:
-        server.stop()
+def test_episodes_over_rlvr_serve_carry_the_trainers_logprobs(tiny_model_dir, tokenizer, tmp_path, shared):
+    model = _trainer(tiny_model_dir)
+    remote = _remote([shared.url], model, tokenizer, tmp_path)
+    envs = [Answering() for _ in range(4)]
+    got = remote.sample_episodes(_ids(tokenizer), envs, 2, STOP, seed=5, limits=LIMITS)
+    again = remote.sample_episodes(_ids(tokenizer), [Answering() for _ in range(4)], 2, STOP, seed=5, limits=LIMITS)
+    remote.close()
     g = got.groups
     assert torch.equal(g.completion_ids, again.groups.completion_ids)  # every turn seeded: the same episodes
     _check_stream(got, envs)
@@ -80,9 +96,8 @@ def test_episodes_over_rlvr_serve_carry_the_trainers_logprobs(tiny_model_dir, to
     assert (g.behaviour_logp[~sampled] == 0).all()
 
 
-def test_a_server_killed_mid_episode_moves_the_turn_elsewhere(tiny_model_dir, tokenizer, tmp_path):
-    slow = ServerProcess(tiny_model_dir, "--batch-wait-ms", "1500").wait_ready()
-    fast = ServerProcess(tiny_model_dir).wait_ready()
+def test_a_server_killed_mid_episode_moves_the_turn_elsewhere(tiny_model_dir, tokenizer, tmp_path, shared):
+    slow, fast = ServerProcess(tiny_model_dir, "--batch-wait-ms", "1500").wait_ready(), shared
     try:
         model = _trainer(tiny_model_dir)
         sampler = _remote([slow.url, fast.url], model, tokenizer, tmp_path)
@@ -98,36 +113,37 @@ def test_a_server_killed_mid_episode_moves_the_turn_elsewhere(tiny_model_dir, to
         sampler.close()
     finally:
         slow.stop()
-        fast.stop()
 
 
 
 
-def test_a_servers_prefix_store_feeds_only_each_turns_new_tokens(tiny_model_dir, tokenizer, tmp_path):
+def test_a_servers_prefix_store_feeds_only_each_turns_new_tokens(tiny_model_dir, tokenizer, tmp_path, shared,
+                                                                  module_servers):
     """The same seeded episodes from a server that keeps completions' caches (the default) and from one that keeps
     none: the same tokens, log-probs to float rounding; the first continued every later turn from its store, which
-    an adapter load empties."""
-    kept, plain = ServerProcess(tiny_model_dir), ServerProcess(tiny_model_dir, "--prefix-cache-mb", "0")
-    try:
-        kept.wait_ready(), plain.wait_ready()
-        model = _trainer(tiny_model_dir)
-        got = {}
-        for name, server in (("kept", kept), ("plain", plain)):
-            remote = _remote([server.url], model, tokenizer, tmp_path / name)
-            got[name] = remote.sample_episodes(_ids(tokenizer), [Answering() for _ in range(4)], 2, STOP, seed=5,
-                                               limits=LIMITS)
-            if name == "kept":
-                stats = kept.get("/stats").json()
-                remote.sync(1)  # a new adapter version: nothing held may be continued under it
-                after_load = kept.get("/stats").json()
-            remote.close()
-        assert "prefix_hits" not in plain.get("/stats").json()
-    finally:
-        kept.stop(), plain.stop()
+    an adapter load empties. Both are the module's servers; the keeping one is shared, its counters compared before
+    and after (loading this test's adapter empties what earlier tests left in its store)."""
+    kept, plain = shared, module_servers[1]
+    model = _trainer(tiny_model_dir)
+    got = {}
+    for name, server in (("kept", kept), ("plain", plain)):
+        remote = _remote([server.url], model, tokenizer, tmp_path / name)
+        if name == "kept":
+            start = kept.get("/stats").json()
+            assert start["prefix_cache_bytes"] == 0  # the adapter load emptied the store
+        got[name] = remote.sample_episodes(_ids(tokenizer), [Answering() for _ in range(4)], 2, STOP, seed=5,
+                                           limits=LIMITS)
+        if name == "kept":
+            stats = kept.get("/stats").json()
+            remote.sync(1)  # a new adapter version: nothing held may be continued under it
+            after_load = kept.get("/stats").json()
+        remote.close()
+    assert "prefix_hits" not in plain.get("/stats").json()
     a, b = got["kept"].groups, got["plain"].groups
     assert torch.equal(a.completion_ids, b.completion_ids) and got["kept"].stats.turns == got["plain"].stats.turns
     torch.testing.assert_close(a.behaviour_logp, b.behaviour_logp, atol=1e-5, rtol=0)
     later_turns = sum(t - 1 for t in got["kept"].stats.turns)
-    assert later_turns > 0 and stats["prefix_hits"] == later_turns  # every later turn continued its episode's cache
-    assert stats["prefix_reused_tokens"] > 0 and stats["prefix_cache_bytes"] > 0
+    # every later turn continued its episode's cache
+    assert later_turns > 0 and stats["prefix_hits"] - start["prefix_hits"] == later_turns
+    assert stats["prefix_reused_tokens"] > start["prefix_reused_tokens"] and stats["prefix_cache_bytes"] > 0
     assert after_load["prefix_cache_bytes"] == 0

@@ -6,6 +6,7 @@ import json
 import socket
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -44,14 +45,65 @@ def _trainer(model_dir, seed=0):
     return model
 
 
+def _start_together(model_dir, *flags: tuple[str, ...]) -> list[ServerProcess]:
+    """`rlvr serve` processes with these flags, started at once (their start-ups overlap) and ready; if one fails,
+    those that started are stopped."""
+    with ThreadPoolExecutor(len(flags)) as ex:
+        futures = [ex.submit(ServerProcess, model_dir, *f) for f in flags]
+    started = [f.result() for f in futures if f.exception() is None]
+    try:
+        for f in futures:
+            f.result()  # raises the first start-up failure
+        for server in started:
+            server.wait_ready()
+    except BaseException:
+        for server in started:
+            server.stop()
+        raise
+    return started
+
+
 @pytest.fixture(scope="module")
-def servers(tiny_model_dir):
-    procs = [ServerProcess(tiny_model_dir, "--batch-wait-ms", "20") for _ in range(2)]
-    for p in procs:
-        p.wait_ready()
+def module_servers(tiny_model_dir):
+    """The module's shared servers, started together: two that answer (``servers``) and a stuck one (``stuck``)."""
+    procs = _start_together(tiny_model_dir, ("--batch-wait-ms", "20"), ("--batch-wait-ms", "20"),
+                            ("--batch-wait-ms", "2500"))  # the stuck one's requests sit there 2.5 s
     yield procs
     for p in procs:
         p.stop()
+
+
+@pytest.fixture(scope="module")
+def servers(module_servers):
+    return module_servers[:2]
+
+
+@pytest.fixture
+def fast(servers):
+    """The module's second server as the healthy partner of a server a test starts for itself (to kill, stall or
+    restart): it only answers requests, so one process serves every such test. The adapters a test leaves on the
+    module's servers are unloaded after it (other tests check which adapters those servers hold)."""
+    yield servers[1]
+    for server in servers:
+        _unload_all(server)
+
+
+def _unload_all(server) -> None:
+    for name in _stats(server)["adapters"]:
+        assert post(server.url, "/v1/unload_lora_adapter", {"lora_name": name}).status_code == 200
+
+
+@pytest.fixture
+def stuck(module_servers):
+    """A server that holds every request 2.5 s, longer than the tests' request timeout (1 s): one process for the
+    tests that time out on it (it is never killed). After each, it is idle again (the held request answered) and
+    holds no adapters."""
+    stuck_server = module_servers[2]
+    yield stuck_server
+    deadline = time.monotonic() + 30
+    while _stats(stuck_server)["queued_completions"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    _unload_all(stuck_server)
 
 
 def _stats(server) -> dict:
@@ -103,11 +155,11 @@ def test_versions_get_their_own_names_and_old_ones_are_unloaded(servers, tiny_mo
     sampler.close()
 
 
-def test_a_killed_server_mid_request_is_retried_elsewhere(tiny_model_dir, tokenizer, tmp_path):
+def test_a_killed_server_mid_request_is_retried_elsewhere(tiny_model_dir, tokenizer, tmp_path, fast):
     slow = ServerProcess(tiny_model_dir, "--batch-wait-ms", "1500").wait_ready()  # requests sit there 1.5 s
-    fast = ServerProcess(tiny_model_dir).wait_ready()
     try:
         model = _trainer(tiny_model_dir)
+        before = _stats(fast)["requests"]  # the shared server's count so far
         sampler = _sampler([slow.url, fast.url], model, tokenizer, tmp_path)
         sampler.sync(0)
         killer = threading.Timer(0.7, slow.kill)  # while the slow server holds its requests
@@ -116,32 +168,23 @@ def test_a_killed_server_mid_request_is_retried_elsewhere(tiny_model_dir, tokeni
         killer.join()
         assert groups.num_groups == 4 and groups.completion_ids.shape[0] == 12  # every prompt once, none twice
         assert sampler.pool.stats.servers_lost == 1 and sampler.pool.stats.retries >= 1
-        assert _stats(fast)["requests"] == 4  # its own two, and the two the killed server held
+        assert _stats(fast)["requests"] - before == 4  # its own two, and the two the killed server held
         sampler.close()
     finally:
         slow.stop()
-        fast.stop()
 
 
-def test_a_timed_out_request_is_retried_on_another_server(tiny_model_dir, tokenizer, tmp_path):
-    stuck = ServerProcess(tiny_model_dir, "--batch-wait-ms", "3000").wait_ready()
-    fast = ServerProcess(tiny_model_dir).wait_ready()
-    try:
-        sampler = _sampler([stuck.url, fast.url], _trainer(tiny_model_dir), tokenizer, tmp_path,
-                           request_timeout_s=1.0)
-        sampler.sync(0)
-        groups = sampler.sample(PROMPTS[:2], 2, PARAMS, seed=3)
-        assert groups.num_groups == 2 and sampler.pool.stats.retries >= 1
-        sampler.close()
-    finally:
-        stuck.stop()
-        fast.stop()
+def test_a_timed_out_request_is_retried_on_another_server(tiny_model_dir, tokenizer, tmp_path, fast, stuck):
+    sampler = _sampler([stuck.url, fast.url], _trainer(tiny_model_dir), tokenizer, tmp_path, request_timeout_s=1.0)
+    sampler.sync(0)
+    groups = sampler.sample(PROMPTS[:2], 2, PARAMS, seed=3)
+    assert groups.num_groups == 2 and sampler.pool.stats.retries >= 1
+    sampler.close()
 
 
-def test_a_dead_server_is_probed_and_rejoins_with_the_current_adapter(tiny_model_dir, tokenizer, tmp_path):
+def test_a_dead_server_is_probed_and_rejoins_with_the_current_adapter(tiny_model_dir, tokenizer, tmp_path, fast):
     port = _free_port()
-    flaky = ServerProcess(tiny_model_dir, "--port", str(port)).wait_ready()
-    steady = ServerProcess(tiny_model_dir).wait_ready()
+    flaky, steady = ServerProcess(tiny_model_dir, "--port", str(port)).wait_ready(), fast
     try:
         sampler = _sampler([flaky.url, steady.url], _trainer(tiny_model_dir), tokenizer, tmp_path)
         sampler.sync(0)
@@ -157,24 +200,21 @@ def test_a_dead_server_is_probed_and_rejoins_with_the_current_adapter(tiny_model
         sampler.close()
     finally:
         flaky.stop()
-        steady.stop()
 
 
-def test_adapter_load_is_all_or_nothing(servers, tiny_model_dir, tokenizer, tmp_path):
-    full = ServerProcess(tiny_model_dir, "--max-loras", "1").wait_ready()
-    try:
-        bucket = AdapterBucket(tmp_path / "bucket")
-        blocker = bucket.publish_adapter(_trainer(tiny_model_dir, seed=1), 1)
-        r = post(full.url, "/v1/load_lora_adapter", {"lora_name": "blocker", "lora_path": blocker.url})
+def test_adapter_load_is_all_or_nothing(servers, tiny_model_dir, tokenizer, tmp_path, fast):
+    full = fast  # the shared server (--max-loras 4, the default) filled with blockers; `fast` unloads them after
+    bucket = AdapterBucket(tmp_path / "bucket")
+    blocker = bucket.publish_adapter(_trainer(tiny_model_dir, seed=1), 1)
+    for k in range(4):
+        r = post(full.url, "/v1/load_lora_adapter", {"lora_name": f"blocker-{k}", "lora_path": blocker.url})
         assert r.status_code == 200
-        pool = ServerPool([servers[0].url, full.url])
-        published = bucket.publish_adapter(_trainer(tiny_model_dir, seed=2), 2)
-        with pytest.raises(AdapterSyncError, match="did not load everywhere.*max-loras 1"):
-            pool.load_adapter("policy-v2", published.url)
-        assert "policy-v2" not in _stats(servers[0])["adapters"] and "policy-v2" not in pool.adapters
-        pool.close()
-    finally:
-        full.stop()
+    pool = ServerPool([servers[0].url, full.url])
+    published = bucket.publish_adapter(_trainer(tiny_model_dir, seed=2), 2)
+    with pytest.raises(AdapterSyncError, match="did not load everywhere.*max-loras 4"):
+        pool.load_adapter("policy-v2", published.url)
+    assert "policy-v2" not in _stats(servers[0])["adapters"] and "policy-v2" not in pool.adapters
+    pool.close()
 
 
 def test_all_servers_dead_is_a_clear_error_in_bounded_time(tiny_model_dir, tokenizer, tmp_path):
@@ -197,7 +237,8 @@ def test_sync_loop_trains_with_generation_on_servers(servers, tiny_model_dir, tm
 
     out = tmp_path / "run"
     cfg = load_config(None, _overrides(tiny_model_dir, out) + [
-        "rollout.backend=server", f"rollout.servers=[{servers[0].url}, {servers[1].url}]", "train.steps=3"])
+        "rollout.backend=server", f"rollout.servers=[{servers[0].url}, {servers[1].url}]", "train.steps=3",
+        "log.trackers=[]", "log.plot=false"])
     summary = train(cfg)
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert summary["steps"] == 3 and len(records) == 4
@@ -212,31 +253,25 @@ def test_sync_loop_trains_with_generation_on_servers(servers, tiny_model_dir, tm
         load_config(None, ["rollout.backend=server", "rollout.servers=[http://x]", "model.lora=false"])
 
 
-def test_a_server_that_was_away_drops_the_versions_it_missed_the_unload_of(tiny_model_dir, tokenizer, tmp_path):
+def test_a_server_that_was_away_drops_the_versions_it_missed_the_unload_of(tiny_model_dir, tokenizer, tmp_path,
+                                                                            fast, stuck):
     """A stuck server (its request timed out) is marked dead but keeps running with its adapters; while it is
     away the pool moves on two versions. When it is probed back, it unloads what the pool dropped meanwhile and
     loads what it lacks, so it never piles up adapters up to --max-loras."""
-    stuck = ServerProcess(tiny_model_dir, "--batch-wait-ms", "2500").wait_ready()
-    fast = ServerProcess(tiny_model_dir).wait_ready()
-    try:
-        sampler = _sampler([stuck.url, fast.url], _trainer(tiny_model_dir), tokenizer, tmp_path,
-                           request_timeout_s=1.0)
-        sampler.sync(0)
-        sampler.sync(1)
-        assert sorted(_stats(stuck)["adapters"]) == ["policy-v0", "policy-v1"]
-        sampler.sample(PROMPTS[:2], 2, PARAMS, seed=3)  # the stuck server times out: marked dead
-        assert [s.alive for s in sampler.pool.servers] == [False, True]
-        sampler.sync(2)
-        sampler.sync(3)  # v0 and v1 unloaded from the live server only
-        assert sorted(_stats(stuck)["adapters"]) == ["policy-v0", "policy-v1"]
-        time.sleep(3)  # the stuck request finishes; the probe interval (0.5 s) has passed
-        sampler.sync(4)  # probes the server back (syncing it to v2, v3), then loads v4 everywhere, drops v2
-        assert sampler.pool.servers[0].alive and sampler.pool.stats.servers_revived == 1
-        assert sorted(_stats(stuck)["adapters"]) == ["policy-v3", "policy-v4"]
-        sampler.close()
-    finally:
-        stuck.stop()
-        fast.stop()
+    sampler = _sampler([stuck.url, fast.url], _trainer(tiny_model_dir), tokenizer, tmp_path, request_timeout_s=1.0)
+    sampler.sync(0)
+    sampler.sync(1)
+    assert sorted(_stats(stuck)["adapters"]) == ["policy-v0", "policy-v1"]
+    sampler.sample(PROMPTS[:2], 2, PARAMS, seed=3)  # the stuck server times out: marked dead
+    assert [s.alive for s in sampler.pool.servers] == [False, True]
+    sampler.sync(2)
+    sampler.sync(3)  # v0 and v1 unloaded from the live server only
+    assert sorted(_stats(stuck)["adapters"]) == ["policy-v0", "policy-v1"]
+    time.sleep(3)  # the stuck request (held 2.5 s) finishes; the probe interval (0.5 s) has passed
+    sampler.sync(4)  # probes the server back (syncing it to v2, v3), then loads v4 everywhere, drops v2
+    assert sampler.pool.servers[0].alive and sampler.pool.stats.servers_revived == 1
+    assert sorted(_stats(stuck)["adapters"]) == ["policy-v3", "policy-v4"]
+    sampler.close()
 
 
 def test_the_pool_against_a_server_with_an_api_key(tiny_model_dir, tokenizer, tmp_path, monkeypatch):

@@ -1,6 +1,8 @@
 """Exact resume: SIGKILL at several points, resume=auto, and the run matches an uninterrupted one bit for bit."""
 
 import json
+import multiprocessing
+import multiprocessing.forkserver
 import os
 import signal
 import subprocess
@@ -40,38 +42,137 @@ def _cli(args, fault=None, **kw):
     return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, check=False, **kw)
 
 
-@pytest.fixture(scope="module")
-def reference_runs(tiny_model_dir, tmp_path_factory):
+# `rlvr train` runs that a test kills, interrupts or watches fail go to processes forked from a server process that
+# has rlvr, torch and the model code imported: each runs the command's own function (rlvr.cli.main: argument
+# parsing, errors as one line and exit status 2, an interrupt as 128 + the signal) in a process of its own that dies
+# as the command dies, without the interpreter start-up and the allocator's re-execution of `python -m rlvr`
+# (about 5 s on 2 busy cores, most of a short run's time; test_kill_and_resume_matches_uninterrupted keeps one case
+# that runs the command itself). Forking from the server, which has run nothing, is safe where forking this process
+# (threads, OpenMP pools) is not. tests/test_async.py and tests/test_diloco.py use these too.
+FORKSERVER_PRELOAD = ["tests.test_resume", "rlvr.cli", "peft", "transformers.models.llama.modeling_llama"]
+
+
+def _forked_rlvr(argv: list[str], fault: str, log: str) -> None:
+    """In the forked process: output to ``log``, RLVR_FAULT=fault, then `rlvr ARGV`; its status is the process's."""
+    import threading
+
+    import tqdm
+
+    from rlvr.cli import main
+
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1), os.dup2(fd, 2)
+    # tqdm's default lock holds a multiprocessing semaphore, which a SIGKILLed process never releases: the shared
+    # resource tracker would warn about it when the test session ends
+    tqdm.tqdm.set_lock(threading.RLock())
+    os.environ["RLVR_FAULT"] = fault
+    sys.exit(main(argv))
+
+
+def start_fork_server() -> multiprocessing.context.BaseContext:
+    """The fork server's context; the server is started (once per session) if it is not running: it imports
+    FORKSERVER_PRELOAD in the background, so a module starts it early (fork_server, below) and its first forked run
+    does not wait for that."""
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(FORKSERVER_PRELOAD)  # applies when the server starts
+    multiprocessing.forkserver.ensure_running()
+    return ctx
+
+
+@pytest.fixture(scope="module", autouse=True)
+def fork_server():
+    start_fork_server()
+
+
+def start_forked_train(overrides: list[str], fault: str, log: Path,
+                       config: Path = ROOT / "examples" / "demo.yaml") -> multiprocessing.Process:
+    """Start `rlvr train CONFIG OVERRIDES` with RLVR_FAULT=fault in a forked process, its output in ``log``."""
+    argv = ["train", str(config), *overrides]
+    proc = start_fork_server().Process(target=_forked_rlvr, args=(argv, fault, str(log)), daemon=True)
+    proc.start()
+    return proc
+
+
+def join_forked(proc: multiprocessing.Process, timeout: float = 300) -> int:
+    """Its exit code (-9: SIGKILLed) once it has ended; killed after ``timeout`` seconds (then the code says so)."""
+    proc.join(timeout)
+    if proc.exitcode is None:
+        proc.kill()
+        proc.join()
+    return proc.exitcode
+
+
+def train_killed(overrides: list[str], fault: str, log: Path, **kw) -> int:
+    """`rlvr train` in a forked process that RLVR_FAULT=fault SIGKILLs; its exit code (-9 expected)."""
+    return join_forked(start_forked_train(overrides, fault, log, **kw))
+
+
+def _tail(log: Path) -> str:
+    return log.read_text(errors="replace")[-2000:] if log.is_file() else ""
+
+
+def _train_here(overrides: list[str]) -> dict:
+    """``rlvr train`` in this process (no interpreter start-up): what the CLI runs, torch's thread count restored
+    after (train.threads=1 sets it)."""
     threads = torch.get_num_threads()
-    runs = {}
     try:
-        for lora in (True, False):
-            out = tmp_path_factory.mktemp(f"reference-{lora}") / "run"
-            train(load_config(ROOT / "examples" / "demo.yaml", _overrides(tiny_model_dir, out, lora)))
-            runs[lora] = out
+        return train(load_config(ROOT / "examples" / "demo.yaml", overrides))
     finally:
         torch.set_num_threads(threads)
-    return runs
+
+
+@pytest.fixture(scope="module")
+def reference_run(tiny_model_dir, tmp_path_factory):
+    """``reference_run(lora, *extra)``: the directory of an uninterrupted run of that configuration, trained in-process
+    once per module and shared by every case that compares against it (cases differ only in their kill point)."""
+    runs: dict[tuple, Path] = {}
+
+    def run(lora: bool, *extra: str) -> Path:
+        key = (lora, *extra)
+        if key not in runs:
+            out = tmp_path_factory.mktemp(f"reference-{lora}") / "run"
+            _train_here([*_overrides(tiny_model_dir, out, lora), *extra])
+            runs[key] = out
+        return runs[key]
+
+    return run
+
+
+def _kill_and_resume(args: list[str], fault: str, how: str, capsys, log: Path) -> str:
+    """Run ``rlvr train args`` until RLVR_FAULT=fault SIGKILLs it, then resume it (resume=auto); returns what the
+    resume printed. ``cli``: both are `rlvr train` processes. ``fork``: the killed run is a forked process (see
+    start_forked_train) and the resume runs in this process (it reads only what the killed one left on disk):
+    neither starts an interpreter."""
+    if how == "cli":
+        crashed = _cli(args, fault=fault)
+        assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
+        resumed = _cli([*args, "resume=auto"])
+        assert resumed.returncode == 0, resumed.stderr[-2000:]
+        return resumed.stdout
+    assert train_killed(args[1:], fault, log, config=ROOT / args[0]) == -signal.SIGKILL, _tail(log)
+    capsys.readouterr()
+    _train_here([*args[1:], "resume=auto"])  # args[0] is the config file
+    return capsys.readouterr().out
 
 
 @pytest.mark.parametrize(
-    "lora, fault, resumes_from",
+    "lora, fault, resumes_from, how",
     [
-        (True, "after_generate@3", 2),  # mid-step: completions sampled, no update yet
-        (True, "after_update@3", 2),  # weights updated in memory, step not checkpointed
-        (True, "checkpoint_file_written@2", 1),  # torn checkpoint write: step 2 must not load
-        (False, "after_generate@3", 2),  # full fine-tuning
+        (True, "after_generate@3", 2, "cli"),  # mid-step: completions sampled, no update yet
+        (True, "after_update@3", 2, "fork"),  # weights updated in memory, step not checkpointed
+        (True, "checkpoint_file_written@2", 1, "fork"),  # torn checkpoint write: step 2 must not load
+        (False, "after_generate@3", 2, "fork"),  # full fine-tuning
     ],
 )
-def test_kill_and_resume_matches_uninterrupted(tiny_model_dir, tmp_path, reference_runs, lora, fault, resumes_from):
+def test_kill_and_resume_matches_uninterrupted(tiny_model_dir, tmp_path, reference_run, capsys, lora, fault,
+                                               resumes_from, how):
+    """The killed run is always a process of its own, SIGKILLed at the fault point; one case runs and resumes it
+    with the `rlvr train` command, the others fork it and resume in this process (no interpreter start-ups)."""
     out = tmp_path / "run"
     args = ["examples/demo.yaml", *_overrides(tiny_model_dir, out, lora)]
-    crashed = _cli(args, fault=fault)
-    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
-    resumed = _cli([*args, "resume=auto"])
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert f"resuming from {out / 'checkpoints' / f'step-{resumes_from:08d}'}" in resumed.stdout
-    reference = reference_runs[lora]
+    printed = _kill_and_resume(args, fault, how, capsys, tmp_path / "killed.log")
+    assert f"resuming from {out / 'checkpoints' / f'step-{resumes_from:08d}'}" in printed
+    reference = reference_run(lora)
     assert _records(out, "metrics.jsonl") == _records(reference, "metrics.jsonl")
     assert _records(out, "samples.jsonl") == _records(reference, "samples.jsonl")  # prompts, token ids, rewards
     summary = json.loads((out / "summary.json").read_text())
@@ -79,17 +180,17 @@ def test_kill_and_resume_matches_uninterrupted(tiny_model_dir, tmp_path, referen
 
 
 def test_ctrl_c_checkpoints_and_exits_cleanly(tiny_model_dir, tmp_path):
-    out = tmp_path / "run"
-    args = ["examples/demo.yaml", *_overrides(tiny_model_dir, out, True), "train.steps=50", "train.checkpoint_every=0"]
-    proc = subprocess.Popen([sys.executable, "-m", "rlvr", "train", *args], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    """`rlvr train` in a forked process (start_forked_train), interrupted as Ctrl-C interrupts it."""
+    out, log = tmp_path / "run", tmp_path / "run.log"
+    overrides = [*_overrides(tiny_model_dir, out, True), "train.steps=50", "train.checkpoint_every=0"]
+    proc = start_forked_train(overrides, "", log)
     deadline = time.time() + 120
     while time.time() < deadline and not (out / "metrics.jsonl").is_file() or len(_lines(out)) < 2:
-        assert proc.poll() is None, proc.communicate()[1][-2000:]
+        assert proc.is_alive(), _tail(log)
         time.sleep(0.2)
-    proc.send_signal(signal.SIGINT)
-    stdout, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == 130, stderr[-2000:]
+    os.kill(proc.pid, signal.SIGINT)
+    assert join_forked(proc, timeout=120) == 130, _tail(log)
+    stdout = log.read_text()
     assert "interrupted; saved" in stdout and "Continue with resume=auto" in stdout
     checkpoints = sorted((out / "checkpoints").glob("step-*"))
     assert checkpoints, stdout
@@ -156,21 +257,19 @@ def test_a_corrupt_log_line_before_the_last_is_an_error_naming_it(tiny_model_dir
         train(load_config(ROOT / "examples" / "demo.yaml", base + ["train.steps=3", "resume=auto"]))
 
 
-def test_resume_with_a_refreshed_reference_matches_uninterrupted(tiny_model_dir, tmp_path):
+def test_resume_with_a_refreshed_reference_matches_uninterrupted(tiny_model_dir, tmp_path, reference_run, capsys):
     """algo.ref_sync_steps: the reference adapter (mixed at every step) is checkpointed, so a run killed after step
     2 and resumed logs the same KL and rewards as one that never stopped; without it the KL would restart from the
-    starting model."""
+    starting model. The uninterrupted run and the resume run in this process; the killed run is a forked process."""
     sync = ["algo.ref_sync_steps=1", "algo.ref_mixup_alpha=0.5"]
-    whole = tmp_path / "whole"
-    done = _cli(["examples/demo.yaml", *_overrides(tiny_model_dir, whole, True), *sync])
-    assert done.returncode == 0, done.stderr[-2000:]
-    out = tmp_path / "run"
-    args = ["examples/demo.yaml", *_overrides(tiny_model_dir, out, True), *sync]
-    crashed = _cli(args, fault="after_generate@3")
-    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
+    whole = reference_run(True, *sync)
+    out, log = tmp_path / "run", tmp_path / "killed.log"
+    overrides = [*_overrides(tiny_model_dir, out, True), *sync]
+    assert train_killed(overrides, "after_generate@3", log) == -signal.SIGKILL, _tail(log)
     assert (out / "checkpoints" / "step-00000002" / "reference.safetensors").is_file()
-    resumed = _cli([*args, "resume=auto"])
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    capsys.readouterr()
+    _train_here([*overrides, "resume=auto"])
+    assert f"resuming from {out / 'checkpoints' / 'step-00000002'}" in capsys.readouterr().out
     got, want = _records(out, "metrics.jsonl"), _records(whole, "metrics.jsonl")
     assert got == want
     assert [r["update/kl"] for r in want if "update/kl" in r][2] > 0  # the refreshed reference is in use
