@@ -39,7 +39,7 @@ def naive_update(model, batch: StepBatch, settings: LossSettings, lr: float, ref
     x = TokenBatch(logp=logp, behaviour_logp=batch.behaviour_logp.double(),
                    adv=adv[:, None] if adv.dim() == 1 else adv, mask=mask, ref_logp=ref_logp, entropy=entropy,
                    high_entropy=high_entropy)
-    normaliser = loss_normaliser(mask, settings.aggregation, max_new_tokens)
+    normaliser = loss_normaliser(mask, settings.aggregation, max_new_tokens, settings.count_untrained_rows)
     loss, sums = policy_loss(x, settings, normaliser, float(mask.sum()))
     model.zero_grad()
     loss.backward()

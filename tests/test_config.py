@@ -34,7 +34,7 @@ def test_preset_fills_knobs_and_explicit_values_win(preset):
 ALGO_DEFAULTS = {
     "objective": "ppo_clip", "eps_low": 0.2, "dual_clip": 0.0, "sapo_tau_pos": 1.0, "sapo_tau_neg": 1.05,
     "kl_estimator": "k3", "kl_ratio_weighted": False, "entropy_coef": 0.0, "top_entropy_quantile": 1.0,
-    "ratio_to": "proximal",
+    "count_untrained_rows": False, "ratio_to": "proximal",
     "is_level": "token", "is_mode": "truncate", "is_cap": 2.0, "gap_mask": 0.0, "num_iterations": 1, "adv_eps": 1e-4,
     "mask_truncated": False, "negative_scale": 1.0, "max_resample_rounds": 3,
     "reward_aggregation": "sum_then_normalize", "ref_sync_steps": 0, "ref_mixup_alpha": 0.6,

@@ -75,7 +75,8 @@ def test_a_retired_version_is_sampled_again_not_fatal():
     taken = orch.take(3, version=0)
     orch.stop()
     assert [u for g in taken.groups for u in g.uids] == [0, 1, 2]  # uid 1 failed twice as stale, then came through
-    assert orch.stats.redispatched == 2 and orch.stats.dispatched == 5
+    # 3 groups + 2 retries; the dispatcher may have sent the next prompt (max_inflight=1) before stop()
+    assert orch.stats.redispatched == 2 and orch.stats.dispatched in (5, 6)
 
 
 def test_groups_come_in_data_order_with_their_uids_and_rows():

@@ -311,6 +311,7 @@ OBJECTIVE_KNOBS = {  # each objective and loss term through the whole step
     "entropy_bonus_rows_without_advantage": {"entropy_coef": 0.05},  # beta 0: zero-advantage rows still get the bonus
     "top_entropy": {"top_entropy_quantile": 0.5, "beta": 0.1},
     "top_entropy_rows_without_gradient": {"top_entropy_quantile": 0.5},
+    "untrained_rows_counted": {"count_untrained_rows": True},  # TRL's count: rows 1 and 5 (untrained) divide too
 }
 
 
@@ -326,6 +327,8 @@ def test_each_objective_step_equals_naive_reference(tokenizer, knobs):
     if knobs.endswith(("rows_without_gradient", "rows_without_advantage")):
         batch.adv[::2] = 0.0  # beta = 0: rows with advantage 0 carry no policy gradient, yet their tokens count
         # towards the step's entropy threshold, and the entropy bonus still reaches them
+    if knobs == "untrained_rows_counted":
+        batch.loss_mask[[1, 5]] = 0
     base = base.double()
     settings = LossSettings(**{"beta": 0.0, **OBJECTIVE_KNOBS[knobs]})
     model, naive = copy.deepcopy(base), copy.deepcopy(base)

@@ -9,7 +9,7 @@ tokens that are trained (the loss mask).
 Notes on departures and choices:
 - The KL term is added per token to the policy term before aggregation (as DeepSeekMath writes it), not to the
   reward; it is neither importance-weighted nor masked (TRL adds it after its masks too). ``kl_ratio_weighted``
-  multiplies it by the ratio pi_theta / pi_prox (``kl_ratio``), as TRL 1.16 does by default
+  multiplies it by the objective's ratio pi_theta / pi_old (``kl_ratio``), as TRL 1.16 does by default
   (use_bias_correction_kl); off, the plain estimator (rlvr's config default).
 - ``w`` is the off-policy importance weight and ``keep`` the trust-region and top-entropy masks
   (rlvr/core/off_policy.py); no gradient flows through either.
@@ -52,10 +52,11 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: KLEstimato
     raise ValueError(f"kl_estimator must be one of {KL_ESTIMATORS}, got {estimator!r}")
 
 
-def kl_ratio(x: TokenBatch, prox: torch.Tensor, sequence: bool) -> torch.Tensor:
-    """pi_theta / pi_prox per token [N, T], with the gradient of log pi_theta; ``sequence``: the length-normalised
-    sequence ratio exp(mean_t log ratio) per completion, [N, 1] (TRL's coef_1 before any clamp)."""
-    log_ratio = x.logp - prox.detach()
+def kl_ratio(x: TokenBatch, old: torch.Tensor, sequence: bool) -> torch.Tensor:
+    """pi_theta / pi_old per token [N, T] (pi_old: the objective's denominator, ``TokenBatch.old_logp``), with the
+    gradient of log pi_theta; ``sequence``: the length-normalised sequence ratio exp(mean_t log ratio) per
+    completion, [N, 1] (TRL's coef_1 before any clamp)."""
+    log_ratio = x.logp - old.detach()
     if sequence:
         log_ratio = (log_ratio * x.mask).sum(-1, keepdim=True) / x.mask.sum(-1, keepdim=True).clamp(min=1)
     return torch.exp(log_ratio)
@@ -94,15 +95,17 @@ def token_loss(x: TokenBatch, s: LossSettings) -> tuple[torch.Tensor, dict[str, 
         kl = kl_penalty(x.logp, x.ref_logp, s.kl_estimator)
         stats["kl"] = kl.detach()
         if s.kl_ratio_weighted:
-            kl = kl * kl_ratio(x, prox, s.objective == "gspo")
+            kl = kl * kl_ratio(x, x.old_logp(s.ratio_to), s.objective == "gspo")
         loss = loss + s.beta * kl
     return loss, stats
 
 
-def loss_normaliser(mask: torch.Tensor, aggregation: Aggregation, max_new_tokens: int) -> float:
-    """The divisor for one optimizer step, from the loss mask of the *whole* batch. mask: [N, T]."""
+def loss_normaliser(mask: torch.Tensor, aggregation: Aggregation, max_new_tokens: int,
+                    every_row: bool = False) -> float:
+    """The divisor for one optimizer step, from the loss mask of the *whole* batch. mask: [N, T]. The per-sequence
+    aggregations count the rows with a trained token, or, with ``every_row``, all N (TRL's count)."""
     lengths = mask.sum(dim=-1)
-    sequences = int((lengths > 0).sum())
+    sequences = mask.shape[0] if every_row else int((lengths > 0).sum())
     if aggregation in ("sequence_mean", "sequence_sum"):
         value = sequences
     elif aggregation == "token_mean":

@@ -42,9 +42,9 @@ class LossSettings:
     kl_estimator: KLEstimator = "k3"
     """k1, k2 or k3 (Schulman's estimators of KL(policy || reference))."""
     kl_ratio_weighted: bool = False
-    """Multiply each token's KL estimate by the ratio pi_theta / pi_prox, with its gradient (the length-normalised
-    sequence ratio under gspo): TRL's use_bias_correction_kl, which makes the estimate unbiased for tokens sampled
-    from the proximal policy; on-policy the ratio is 1 but its gradient adds KL x grad log pi. false: the plain
+    """Multiply each token's KL estimate by the objective's ratio pi_theta / pi_old, with its gradient (the
+    length-normalised sequence ratio under gspo): TRL's use_bias_correction_kl, which makes the estimate unbiased for
+    tokens sampled from pi_old; on-policy the ratio is 1 but its gradient adds KL x grad log pi. false: the plain
     estimator, as DeepSeekMath's GRPO."""
     entropy_coef: float = 0.0
     """Entropy bonus: the loss minus entropy_coef x the mean entropy of the step's trained tokens (the same meaning
@@ -53,6 +53,10 @@ class LossSettings:
     """Train the policy term only on the step's highest-entropy tokens, this share of them (Beyond the 80/20 rule,
     arXiv 2506.01939: 0.2); the threshold is taken over the whole step's trained tokens, as the paper does, at the
     cost of one no-gradient forward pass; the KL term stays on every token. 1: off."""
+    count_untrained_rows: bool = False
+    """Count the rows with no trained token (cut under mask_truncated, or left unscored) in the per-sequence
+    normalisers (sequence_mean, token_sum_constant, sequence_sum), as TRL 1.16 does; false: only rows with a trained
+    token count, so a row the reward could not judge does not shrink the step (rlvr's choice)."""
     aggregation: Aggregation = "sequence_mean"
     """Loss aggregation: sequence_mean (GRPO), token_mean (DAPO), token_sum_constant (Dr. GRPO), sequence_sum
     (LUSPO: each sequence's token sum, averaged over sequences)."""

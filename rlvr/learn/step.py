@@ -242,7 +242,8 @@ def train_step(learner: Learner, batch: StepBatch, settings: LossSettings, optio
     micro_rows = micro_batches(batch, options.micro_batch_size, skip_zero_adv, team.groups(batch.prompt_ids.shape[0]))
     fillers = team.fillers(batch, len(micro_rows))  # what the team needs run besides this learner's rows
     chunk_tokens = chunk_for_vocab(options.chunk_tokens, backbone_and_head(model)[1].weight.shape[0])
-    normaliser = loss_normaliser(batch.loss_mask, settings.aggregation, options.max_completion_tokens)
+    normaliser = loss_normaliser(batch.loss_mask, settings.aggregation, options.max_completion_tokens,
+                                 settings.count_untrained_rows)
     step_tokens = float(batch.loss_mask.sum())
     frozen = frozen_passes(model, batch, micro_rows + fillers, settings, learner.reference, options, chunk_tokens)
     model.train()

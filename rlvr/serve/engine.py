@@ -222,7 +222,7 @@ class Engine:
         self._waiting: list[Job | AdapterJob] = []  # taken from the admission queue, not finished (engine thread)
         self.ready = threading.Event()
         self.load_error: str | None = None
-        self._cache = Path(tempfile.mkdtemp(prefix="rlvr-serve-adapters-"))
+        self._cache: Path | None = None  # adapters downloaded from a bucket: made on the first one, removed by close
         self._base = self._peft = None
         self._decode_cache = DecodeCache()  # the last batch's folded weights; emptied on every adapter change
         # recent completions' keys and values, for requests that extend them (episode turns); emptied likewise
@@ -242,7 +242,8 @@ class Engine:
         self.admission.close()
         if self._thread.is_alive():
             self._thread.join(wait_s)
-        shutil.rmtree(self._cache, ignore_errors=True)
+        if self._cache is not None:
+            shutil.rmtree(self._cache, ignore_errors=True)
 
     def check(self, job: Job) -> None:
         """Refuse (400) a request that can never run within the bounds; says which knob to lower."""
@@ -354,6 +355,8 @@ class Engine:
         except AdapterPathError:
             _log(f"refused lora_path {path[:300]!r} for {name!r}: outside {self.policy.describe()}")
             raise EngineError(NOT_ALLOWED) from None
+        if self._cache is None:
+            self._cache = Path(tempfile.mkdtemp(prefix="rlvr-serve-adapters-"))
         try:
             local = fetch_version(where, self._cache)
         except Exception as err:  # noqa: BLE001 (missing, unreadable, not matching its manifest: one answer, no oracle)

@@ -13,7 +13,8 @@ one uid and runs the checker (``harness.py``) as another:
 - processes: its own session; killing the launcher kills the PID namespace and every descendant,
   grandchildren that called ``setsid`` included. Wall-clock timeout, then SIGKILL.
 - rlimits: CPU seconds, address space, file size, open files, no core dumps, and a process-count cap
-  (RLIMIT_NPROC, enforced because the code runs as a dedicated unprivileged uid per pool slot).
+  (RLIMIT_NPROC, enforced because the code runs as a dedicated unprivileged uid per pool slot, which no other
+  sandbox on the machine uses at the same time: slot_uids.py).
 - memory: where a memory cgroup can be made (cgroup v2 with memory delegable to the trainer's cgroup's
   children, or a v1 memory hierarchy), one per slot caps the resident memory of the whole execution, tmpfs
   pages included (``Limits.slot_memory_mb``); ``Sandbox.memory_cgroup`` says which, or why there is none.
@@ -83,11 +84,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlvr.verifiers.memcg import SlotCgroups
+from rlvr.verifiers.slot_uids import SlotUids
 
 HERE = Path(__file__).resolve().parent
 JAIL = HERE / "jail.py"
 SANDBOX_FILES = {"candidate.py": str(HERE / "candidate.py"), "plain.py": str(HERE / "plain.py")}
-CHECKER_UID, CANDIDATE_UID = 61000, 62000  # pool slot k: checker uid 61000 + k, candidate uid 62000 + k
 RUNTIME_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 PACKAGE_DIRS = ("/usr/lib/python3/dist-packages", "/usr/lib/python3*/site-packages",
                 "/usr/local/lib/python3*/dist-packages", "/usr/local/lib/python3*/site-packages")
@@ -204,7 +205,11 @@ class Sandbox:
         if self._cgroups.paths and not self._can_join_cgroup():
             self._cgroups.close()  # made, but this user may not move processes into it
             self._cgroups.reason = "no memory cgroup (cannot join it); only the address-space limit holds"
+        self.uids = SlotUids(slots, claim=os.geteuid() == 0)  # as root: uids no other sandbox uses (slot_uids.py)
+        self._release_uids = weakref.finalize(self, self.uids.close)
         self.mode = self._probe(allow_unsandboxed)
+        if self.mode != "root":  # every slot runs as this user: nothing to hold
+            self.uids.close()
 
     @property
     def memory_cgroup(self) -> str:
@@ -296,7 +301,7 @@ class Sandbox:
             lim = self.limits
             setup = {"mode": mode, "root": str(workdir / "root"), "expose": self._expose, "hide": self._hide,
                      "expose_files": ["/etc/ld.so.cache"], "python": self.python, "disk_mb": lim.disk_mb,
-                     "checker_uid": CHECKER_UID + slot, "candidate_uid": CANDIDATE_UID + slot,
+                     "checker_uid": self.uids.checker(slot), "candidate_uid": self.uids.candidate(slot),
                      "sandbox_files": SANDBOX_FILES}
             full_job = {**job, "setup": setup, "output_bytes": lim.output_bytes,
                         "test_timeout_s": lim.test_timeout_s or lim.timeout_s}
@@ -383,6 +388,7 @@ class Sandbox:
     def close(self) -> None:
         self._pool.shutdown(wait=True)
         self._finalizer()  # the slots' cgroups
+        self._release_uids()
 
 
 def _terminate(proc: subprocess.Popen) -> None:

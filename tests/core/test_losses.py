@@ -113,6 +113,11 @@ def test_normaliser_ignores_excluded_rows():
     assert loss_normaliser(mask, "sequence_mean", 2) == 2
     assert loss_normaliser(mask, "token_mean", 2) == 3
     assert loss_normaliser(mask, "token_sum_constant", 2) == 4
+    # TRL's count: every row, the one without a trained token too; the token count is the same either way
+    assert loss_normaliser(mask, "sequence_mean", 2, every_row=True) == 3
+    assert loss_normaliser(mask, "sequence_sum", 2, every_row=True) == 3
+    assert loss_normaliser(mask, "token_mean", 2, every_row=True) == 3
+    assert loss_normaliser(mask, "token_sum_constant", 2, every_row=True) == 6
 
 
 def test_policy_loss_adds_beta_times_kl():

@@ -13,7 +13,7 @@ import pytest
 from rlvr.envs.environment import load_environment
 from rlvr.envs.python_tool import STARTUP_S, PythonTool
 from rlvr.envs.tools import ToolCall, ToolError, run_tool_call, tool_schema
-from rlvr.verifiers.sandbox import CANDIDATE_UID, Execution, Limits, Sandbox, SandboxUnavailable
+from rlvr.verifiers.sandbox import Execution, Limits, Sandbox, SandboxUnavailable
 
 TIMEOUT = 1.0
 SECRET = "hunter2-python-tool"
@@ -38,7 +38,7 @@ def run(tool: PythonTool, code: str) -> str:
 
 def sandbox_processes(tool: PythonTool) -> list[str]:
     """Processes still running as a slot's candidate uid (root mode; in user-namespace mode uids are shared)."""
-    uids = {str(CANDIDATE_UID + slot) for slot in range(2)}
+    uids = {str(tool.sandbox.uids.candidate(slot)) for slot in range(2)}
     left = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:

@@ -2,6 +2,7 @@
 process behind, reaches no network, no secret and no host file, and leaves the trainer untouched."""
 
 import ctypes
+import fcntl
 import json
 import os
 import platform
@@ -16,8 +17,6 @@ import pytest
 
 from rlvr.verifiers import sandbox as sandbox_module
 from rlvr.verifiers.sandbox import (
-    CANDIDATE_UID,
-    CHECKER_UID,
     Limits,
     Sandbox,
     SandboxUnavailable,
@@ -25,6 +24,7 @@ from rlvr.verifiers.sandbox import (
     io_job,
     outputs_equal,
 )
+from rlvr.verifiers.slot_uids import CANDIDATE_UID, CHECKER_UID, UID_SPAN, SlotUids, lock_dir
 
 TIMEOUT = 2.0
 SECRET = "hunter2-do-not-leak"
@@ -73,7 +73,7 @@ def _sandbox_processes(marker: str = "") -> list[str]:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        sandbox_uid = any(base <= uid < base + 100 for base in (CHECKER_UID, CANDIDATE_UID))
+        sandbox_uid = any(base <= uid < base + UID_SPAN for base in (CHECKER_UID, CANDIDATE_UID))
         if sandbox_uid or (marker and marker in cmdline and pid != str(os.getpid())):
             found.append(f"{pid}: {cmdline}")
     return found
@@ -375,3 +375,29 @@ def test_refuses_without_isolation(monkeypatch):
 )
 def test_output_comparison(got, expected, equal):
     assert outputs_equal(got, expected) is equal
+
+
+def test_two_sandboxes_in_two_processes_never_share_a_uid():
+    """Each claims its slots' uids under a lock (slot_uids.py): a second process gets other offsets while the first
+    holds its own, and a claim is freed when its holder closes it or dies."""
+    import multiprocessing
+
+    held = SlotUids(2)
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(1) as pool:
+        other = pool.apply(_claimed_offsets, (2,))
+    assert len(set(held.offsets)) == 2 and not set(held.offsets) & set(other)
+    assert {held.checker(k) - CHECKER_UID for k in range(2)} == set(held.offsets)
+    assert {held.candidate(k) - CANDIDATE_UID for k in range(2)} == set(held.offsets)
+    freed = held.offsets
+    held.close()
+    for offset in freed + other:  # free again: closed here, and released when the other process exited
+        fd = os.open(lock_dir() / f"uid-{offset}.lock", os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(fd)
+
+
+def _claimed_offsets(slots: int) -> list[int]:
+    return SlotUids(slots).offsets
