@@ -97,11 +97,16 @@ def test_a_failure_is_none_never_zero_and_counted(server):
     assert (stats["calls"], stats["retries"], stats["failures"], stats["unparsed"]) == (3, 0, 2, 1)
 
 
+@pytest.mark.parametrize("on_error", ["raise", "none"])
 @pytest.mark.parametrize("status", [401, 403, 404])
-def test_a_configuration_error_stops_the_run_with_what_to_check(server, status):
+def test_a_configuration_error_stops_the_run_with_what_to_check(server, status, on_error):
+    """Under every on_error: with on_error none the run would otherwise train on without the judge's signal."""
+    from rlvr.rewards.base import WeightedReward, score_completions
+
     server.script.append(("status", status))
+    reward = WeightedReward("judge", _judge(server), on_error=on_error)
     with pytest.raises(JudgeConfigError, match=f"{status}.*base_url, model and api_key_env"):
-        _judge(server)(["q"], ["a"])
+        score_completions([reward], ["q"], ["a"], {})
 
 
 def test_the_api_key_is_read_from_the_environment(server, monkeypatch):
@@ -118,6 +123,13 @@ def test_answers_are_cached_by_question(server):
     assert fn(["q", "other q"], ["same", "same"]) == _by_hand(["same", "same"])
     stats = fn.stats.drain()
     assert stats["calls"] == 2 and stats["cache_hits"] == 2  # a different prompt is a different question
+    # what is kept is the score, never the answer's text; an answer without a score is not kept: asked again
+    assert all(isinstance(v, float) for v in fn.client._cache.values())
+    server.script.append(("text", "It deserves a 7!"))
+    assert fn(["q"], ["new"]) == [None]
+    assert fn(["q"], ["new"]) == _by_hand(["new"])
+    stats = fn.stats.drain()
+    assert (stats["calls"], stats["cache_hits"], stats["unparsed"]) == (2, 0, 1)
 
 
 def test_at_most_concurrency_calls_are_in_flight(server):

@@ -35,8 +35,12 @@ class DilocoConfig:
     min_learners: int = 1
     """Deltas a round needs to take an outer step when it closes at the timeout."""
     max_delta_norm: float = 0.0
-    """A learner's delta is scaled down to this L2 norm before averaging (0: no bound): one poisoned learner moves
-    the average by at most max_delta_norm / K."""
+    """A learner's delta is scaled down to this L2 norm before averaging: one poisoned learner moves the average by
+    at most max_delta_norm / K. 0: the bound is max_delta_ratio x the L2 norm of the round's start weights."""
+    max_delta_ratio: float = 1.0
+    """With max_delta_norm 0, a delta's bound relative to the weights it changes: max_delta_ratio x the L2 norm of
+    the trainable parameters at the round's start (a LoRA adapter's A and B, or the whole model). An honest round
+    moves them by a small share of that (docs/concepts/diloco.md); 0 (and max_delta_norm 0): no bound at all."""
     delta_dtype: Literal[DELTA_DTYPES] = "fp32"
     """The dtype deltas travel in: fp32, or bf16 (half the bytes; the delta's rounding, not the weights')."""
     reset_optimizer: bool = False
@@ -51,7 +55,7 @@ class DilocoConfig:
     def __post_init__(self) -> None:
         check_choices(self)
         at_least(self, 1, "inner_steps", "min_learners")
-        at_least(self, 0, "max_delta_norm")
+        at_least(self, 0, "max_delta_norm", "max_delta_ratio")
         if not self.round_timeout_s > 0 or not self.outer_lr > 0 or not 0 <= self.outer_momentum < 1:
             raise ValueError("diloco needs round_timeout_s > 0, outer_lr > 0 and 0 <= outer_momentum < 1")
         if self.learner:

@@ -27,6 +27,10 @@ def delta_norm(delta: Tensors) -> float:
     return math.sqrt(sum(float(t.double().pow(2).sum()) for t in delta.values()))
 
 
+def finite(t: torch.Tensor) -> bool:
+    return bool(torch.isfinite(t).all())
+
+
 def bound_norm(delta: Tensors, max_norm: float) -> tuple[Tensors, bool]:
     """``delta`` scaled to L2 norm ``max_norm`` when larger (0: no bound); returns (delta, whether it was scaled)."""
     norm = delta_norm(delta)

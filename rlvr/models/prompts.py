@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import secrets
 from typing import Any
 
 import torch
@@ -89,3 +91,67 @@ def encode_prompts(tokenizer, prompts: list[Prompt]) -> tuple[torch.Tensor, torc
         if not ids:
             raise ValueError(f"prompt {i} is empty after tokenization: {prompts[i]!r}")
     return left_pad(encoded, tokenizer.pad_token_id)
+
+
+_SPECIAL: dict[int, tuple[Any, frozenset[int], tuple[str, ...]]] = {}  # id(tokenizer) -> (it, ids, strings)
+
+
+def special_tokens(tokenizer) -> tuple[frozenset[int], tuple[str, ...]]:
+    """The ids and strings of every special token of ``tokenizer`` (its named ones and its added special ones)."""
+    known = _SPECIAL.get(id(tokenizer))
+    if known is None or known[0] is not tokenizer:
+        ids = set(tokenizer.all_special_ids)
+        ids.update(i for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items() if t.special)
+        strings = tuple(t for t in tokenizer.convert_ids_to_tokens(sorted(ids)) if t)
+        known = _SPECIAL[id(tokenizer)] = (tokenizer, frozenset(ids), strings)
+    return known[1], known[2]
+
+
+def has_special_tokens(tokenizer, text: str) -> bool:
+    """Whether ``text`` tokenized as usual holds a special token (a string such as ``<|im_end|>`` written in it)."""
+    ids, _ = special_tokens(tokenizer)
+    return any(i in ids for i in tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def text_ids(tokenizer, text: str) -> list[int]:
+    """``text`` read as text: a special-token string in it becomes ordinary tokens."""
+    return tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"] if text else []
+
+
+def defused(tokenizer, text: str) -> str:
+    """``text`` with every special-token string in it broken by a word joiner (U+2060) after its first character."""
+    for special in special_tokens(tokenizer)[1]:
+        if special in text:
+            text = text.replace(special, special[0] + "\u2060" + special[1:])
+    return text
+
+
+def chat_token_ids(tokenizer, messages: list[dict], **template: Any) -> list[int]:
+    """Token ids of ``messages`` under the chat template (``template``: apply_chat_template's options) with every
+    message's content read as text: a special-token string written in it (``<|im_end|>``, ``<|im_start|>user``) is
+    ordinary characters, never the turn boundary it names; only what the template writes is special. Contents
+    without such strings give exactly the ids of the rendered text. With them, the template's own text and each
+    content are tokenized apart (the content with its special strings split); a template that rewrites contents
+    (trims them, drops reasoning) gets them with their special strings broken by a word joiner instead."""
+    text = tokenizer.apply_chat_template(messages, tokenize=False, **template)
+    contents = [m.get("content") if isinstance(m.get("content"), str) else None for m in messages]
+    if not any(c and has_special_tokens(tokenizer, c) for c in contents):
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+    mark = f"\ue000{secrets.token_hex(8)}"  # a private-use mark no content can predict
+    marked = [{**m, "content": f"{mark}{i}{mark}"} if c is not None else m
+              for i, (m, c) in enumerate(zip(messages, contents))]
+    pieces = re.split(f"{mark}(\\d+){mark}", tokenizer.apply_chat_template(marked, tokenize=False, **template))
+    ids: list[int] = []
+    rebuilt = []
+    for k, piece in enumerate(pieces):  # template text, content index, template text, ...
+        if k % 2:
+            rebuilt.append(contents[int(piece)])
+            ids += text_ids(tokenizer, contents[int(piece)])
+        else:
+            rebuilt.append(piece)
+            ids += tokenizer(piece, add_special_tokens=False)["input_ids"] if piece else []
+    if "".join(rebuilt) == text:
+        return ids
+    safe = [{**m, "content": defused(tokenizer, c)} if c is not None else m for m, c in zip(messages, contents)]
+    text = tokenizer.apply_chat_template(safe, tokenize=False, **template)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]

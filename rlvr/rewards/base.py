@@ -21,7 +21,8 @@ counted per function in the metrics. A batch in which no completion has a reward
 
 Failure policy, per function (``on_error``):
 - a function that raises or exceeds ``timeout_s``: ``"raise"`` (default) stops with an error naming the
-  function; ``"none"`` scores the whole batch None for that function and records the error.
+  function; ``"none"`` scores the whole batch None for that function and records the error. A
+  ``RewardConfigError`` (a judge's or reward model's endpoint answering 401, 403 or 404) stops the run either way.
 - a wrong number of values is always an error naming the function (a silent misalignment would train
   on other completions' rewards); a value that is not a real number or None is an error too, and so is a
   non-finite one: inf and NaN are refused with an error naming the function and the index. A function
@@ -62,6 +63,11 @@ class WeightedReward:
 
 class RewardError(RuntimeError):
     pass
+
+
+class RewardConfigError(RewardError):
+    """A reward's endpoint refused the run's configuration (401, 403, 404: a wrong key, model name or URL): every
+    call would fail the same way, so it stops the run under every ``on_error``."""
 
 
 @dataclass
@@ -262,6 +268,8 @@ def score_completions(
         call = lambda reward=reward, trl=trl: reward.fn(prompts=prompts, completions=completions, **columns, **trl)
         try:
             values = _call_with_timeout(call, reward.timeout_s)
+        except RewardConfigError:
+            raise  # the run's configuration: on_error none would train on with no signal from it
         except Exception as err:
             what = f"{type(err).__name__}: {err}"
             if reward.on_error != "none":

@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from rlvr.rewards.base import RewardError, plain_text
+from rlvr.rewards.base import RewardConfigError, plain_text
 from rlvr.rollout.http_client import SMALL_ANSWER_BYTES, api_key_from_env, error_message, printable, read_json, show
 from rlvr.rollout.retry import RetriedPoster, RetryPolicy
 from rlvr.rollout.server_errors import MalformedAnswer
@@ -107,7 +107,7 @@ class ClassifyClient:
             hint = ("check base_url and the model's name (the server's --served-model-name, or the path it was "
                     "started with)" if r.status_code == 404 else "put the server's API key in the environment "
                     "variable named by api_key_env")
-            raise RewardError(f"reward_model: {self.url}/classify refused the request ({r.status_code}: "
+            raise RewardConfigError(f"reward_model: {self.url}/classify refused the request ({r.status_code}: "
                               f"{error_message(r)}); {hint}")
         else:
             why = f"HTTP {r.status_code}: {error_message(r)}"
@@ -144,8 +144,8 @@ class ClassifyClient:
             except (httpx.TransportError, MalformedAnswer):
                 return  # asked again at the next call; this one truncates at max_length
             if r.status_code in (401, 403):
-                raise RewardError(f"reward_model: {self.url}/v1/models refused the request ({r.status_code}); put the "
-                                  "server's API key in the environment variable named by api_key_env")
+                raise RewardConfigError(f"reward_model: {self.url}/v1/models refused the request ({r.status_code}); "
+                                        "put the server's API key in the environment variable named by api_key_env")
             try:
                 listed = read_json(r).get("data") if r.status_code == 200 else None
             except (MalformedAnswer, AttributeError):

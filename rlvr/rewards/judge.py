@@ -18,6 +18,7 @@ What this does not stop: a judge model that follows the injected text anyway (me
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import json
@@ -184,19 +185,24 @@ class Judge:
         texts = [response_text(c, self.reads) for c in completions]
         if not self.per_group:
             bodies = [self._body(self._single(p, t, _row(columns, i))) for i, (p, t) in enumerate(zip(prompts, texts))]
-            return [self._score(a) for a in self.client.ask_all(bodies)]
+            return self.client.ask_all(bodies, self._score)
         spans = _groups(prompts, group_size)
         orders = [self._order(texts[a:b]) for a, b in spans]
         bodies = [self._body(self._group(prompts[a], [texts[a + j] for j in order], _row(columns, a)))
                   for (a, b), order in zip(spans, orders)]
         out: list[float | None] = [None] * len(texts)
-        for (a, b), order, reply in zip(spans, orders, self.client.ask_all(bodies)):
-            scores = parse_group(reply.text, b - a, self.lo, self.hi) if reply is not None else None
-            if reply is not None and scores is None:
-                self.stats.add(unparsed=1, failures=1)
+        reads = [functools.partial(self._group_scores, size=b - a) for a, b in spans]
+        for (a, b), order, scores in zip(spans, orders, self.client.ask_all(bodies, reads)):
             for j, s in zip(order, scores or [None] * (b - a)):
                 out[a + j] = s
         return out
+
+    def _group_scores(self, reply: Answer, size: int) -> list[float] | None:
+        """The ``size`` scores of a group from the judge's JSON answer."""
+        scores = parse_group(reply.text, size, self.lo, self.hi)
+        if scores is None:
+            self.stats.add(unparsed=1, failures=1)
+        return scores
 
     def _tagged(self, text: str) -> str:
         if not self.guard:

@@ -19,18 +19,20 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import httpx
 
-from rlvr.rewards.base import RewardError
+from rlvr.rewards.base import RewardConfigError
 from rlvr.rollout.http_client import answer_limit, error_message, printable
 from rlvr.rollout.retry import RetriedPoster, RetryPolicy
 from rlvr.rollout.server_errors import MalformedAnswer, PoolClosed
 
-CACHE_ENTRIES = 1 << 16  # answers kept (least recently used dropped first)
+T = TypeVar("T")
+CACHE_ENTRIES = 1 << 16  # scores kept (least recently used dropped first): each a key and at most a group's floats
 
 
-class JudgeConfigError(RewardError):
+class JudgeConfigError(RewardConfigError):
     """The judge's endpoint refused the run's configuration (401, 403, 404): every call would fail the same way."""
 
 
@@ -40,6 +42,9 @@ class Answer:
 
     text: str
     top_logprobs: tuple[tuple[str, float], ...] = ()
+
+
+Read = Callable[[Answer], T | None]  # what a judge makes of an answer (its score), None when it finds none
 
 
 @dataclass
@@ -107,21 +112,26 @@ class JudgeClient:
                              errors=(httpx.TransportError, MalformedAnswer))  # a garbled answer may be a passing fault
         self.poster = RetriedPoster(policy, endpoint.api_key, min(10.0, endpoint.call_timeout_s), endpoint.concurrency,
                                     "rlvr-judge", sleep)
-        self._cache: OrderedDict[str, Answer] = OrderedDict()
+        self._cache: OrderedDict[str, object] = OrderedDict()  # key -> what read made of its answer
         self._lock = threading.Lock()
 
-    def ask_all(self, bodies: list[dict]) -> list[Answer | None]:
-        """The answer to each request body (None where none could be had), in order."""
+    def ask_all(self, bodies: list[dict], read: Read | list[Read]) -> list[T | None]:
+        """What ``read`` (one for all, or one per body) makes of the answer to each request body (a score; None
+        where no answer could be had or ``read`` found none in it), in order. Only what ``read`` returns is cached,
+        never an answer's text (a broken endpoint's oversized replies hold no memory), and only when it is not None
+        (an unparsed answer is asked again)."""
         if not bodies:
             return []
+        reads = read if isinstance(read, list) else [read] * len(bodies)
         bodies = [{"model": self.endpoint.model, **b} for b in bodies]
         keys = [hashlib.sha256((self.url + "\0" + json.dumps(b, sort_keys=True)).encode()).hexdigest() for b in bodies]
-        unique = dict(zip(keys, bodies))  # a question asked twice in one batch is asked once (a cache hit)
+        unique = {k: (b, r) for k, b, r in zip(keys, bodies, reads)}  # a question asked twice is asked once
         self.stats.add(cache_hits=len(keys) - len(unique))
-        answers = dict(zip(unique, self.poster.map(self._ask, unique.keys(), unique.values())))
-        return [answers[k] for k in keys]
+        values = dict(zip(unique, self.poster.map(self._ask, unique.keys(), unique.values())))
+        return [values[k] for k in keys]
 
-    def _ask(self, key: str, body: dict) -> Answer | None:
+    def _ask(self, key: str, asked: tuple[dict, Read]) -> T | None:
+        body, read = asked
         with self._lock:
             if key in self._cache:
                 self._cache.move_to_end(key)
@@ -131,11 +141,13 @@ class JudgeClient:
         if answer is None:
             self.stats.add(failures=1)
             return None
-        with self._lock:
-            self._cache[key] = answer
-            if len(self._cache) > CACHE_ENTRIES:
-                self._cache.popitem(last=False)
-        return answer
+        value = read(answer)
+        if value is not None:
+            with self._lock:
+                self._cache[key] = value
+                if len(self._cache) > CACHE_ENTRIES:
+                    self._cache.popitem(last=False)
+        return value
 
     def _with_retries(self, body: dict) -> Answer | None:
         """The answer to one request body, retried under the policy (None when there is none)."""

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from rlvr.models.prompts import chat_token_ids, defused, has_special_tokens
 from rlvr.rewards.base import completion_text, plain_text
 
 SEQ_CLS = "ForSequenceClassification"
@@ -101,19 +102,18 @@ def load_classifier(path: Path, device: torch.device, dtype: torch.dtype = torch
     return model.to(device).eval().requires_grad_(False)
 
 
-def render(tokenizer: Any, prompt: Any, text: str, chat: bool) -> str:
-    """The text a reward model scores for one completion (see the module docstring)."""
+def score_ids(tokenizer: Any, prompt: Any, text: str, chat: bool, max_length: int) -> list[int]:
+    """The token ids a reward model scores for one completion (see the module docstring), its last ``max_length``
+    kept. The completion (and the prompt's messages) are read as text: a special-token string in them is never a
+    turn boundary (rlvr.models.prompts.chat_token_ids; plain text: such strings broken by a word joiner)."""
     if chat:
-        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
         messages.append({"role": "assistant", "content": text})
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
-    return plain_text(prompt, text)
-
-
-def encode(tokenizer: Any, texts: list[str], chat: bool, max_length: int) -> list[list[int]]:
-    """Token ids of each text, its last ``max_length`` kept."""
-    ids = tokenizer(texts, add_special_tokens=not chat)["input_ids"]
-    return [list(row[-max_length:]) if max_length > 0 else list(row) for row in ids]
+        ids = chat_token_ids(tokenizer, messages, add_generation_prompt=False)
+    else:
+        safe = defused(tokenizer, text) if has_special_tokens(tokenizer, text) else text
+        ids = tokenizer(plain_text(prompt, safe), add_special_tokens=True)["input_ids"]
+    return list(ids[-max_length:]) if max_length > 0 else list(ids)
 
 
 def batch_pad_id(model: nn.Module, rows: list[list[int]]) -> int:
@@ -214,8 +214,7 @@ class LocalScorer:
     def score(self, prompts: list, texts: list[str]) -> list[float | None]:
         with self._lock:
             model = self._loaded()
-            rendered = [render(self.tokenizer, p, t, self.chat) for p, t in zip(prompts, texts)]
-            rows = encode(self.tokenizer, rendered, self.chat, self.max_length) if rendered else []
+            rows = [score_ids(self.tokenizer, p, t, self.chat, self.max_length) for p, t in zip(prompts, texts)]
             present = [i for i, row in enumerate(rows) if row]
             values: list[float | None] = [None] * len(rows)
             if present:

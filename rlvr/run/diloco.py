@@ -23,7 +23,7 @@ import torch
 
 from rlvr.config.diloco import parse_learner
 from rlvr.config.schema import RunConfig
-from rlvr.core.outer import bound_norm, delta_norm, nesterov_step, outer_gradient
+from rlvr.core.outer import bound_norm, delta_norm, finite, nesterov_step, outer_gradient
 from rlvr.learn.collected import Collected
 from rlvr.learn.learner import Learner
 from rlvr.platform.faults import fault_point
@@ -49,7 +49,7 @@ class DilocoUpdate:
         self.start: dict[str, torch.Tensor] = {}  # the round's start weights (fp32), by parameter name
         self.momentum: dict[str, torch.Tensor] | None = None
         self.run: Run | None = None  # bound once the run is open (bind)
-        self.totals = dict.fromkeys(("rounds", "late", "refused", "bounded", "bytes_sent"), 0.0)  # cumulative
+        self.totals = dict.fromkeys(("rounds", "late", "refused", "refused_rounds", "bounded", "bytes_sent"), 0.0)
 
     def attach(self, model: torch.nn.Module):
         return self.inner.attach(model)
@@ -62,6 +62,8 @@ class DilocoUpdate:
         run = self.run
         if self.round < 0:
             self._join(run)
+            if self.step - self.round_start_step >= self.cfg.diloco.inner_steps:  # stopped while its round closed
+                self._close_round(run)
         stats = self.inner(learner, batch)
         self.step += 1
         if (self.step - self.round_start_step) % self.cfg.diloco.inner_steps == 0:
@@ -91,28 +93,32 @@ class DilocoUpdate:
         ok = isinstance(saved, dict) and all(type(saved.get(k)) is int for k in ("round", "round_start_step"))
         return saved if ok else {}
 
-    def _rejoin(self, run: Run, latest: int) -> None:
-        """Start round latest + 1 from the shared weights and momentum after round ``latest``."""
+    def _rejoin(self, run: Run, latest: int, start: dict | None = None, momentum: dict | None = None,
+                first: int = 1) -> None:
+        """Start round latest + 1 from the weights and momentum after round ``latest``: replayed from ``start`` (the
+        weights after round first - 1; default: the job's start) through the decided rounds (``_replay``)."""
         like = {n: p.detach() for n, p in self._params(run).items()}
-        self.start, self.momentum = self.bucket.read_state(latest, like)
+        if start is None:
+            start, momentum, first = self.bucket.read_state(0, like)[0], None, 1
+        self.start, self.momentum = self._replay(first, latest, start, momentum, like)
         self._load(run, self.start)
         self.round, self.round_start_step = latest + 1, self.step
         self._save_position(run)
 
     def _join(self, run: Run) -> None:
-        """At the first step of this process: where the job is, and whether this learner's weights are current."""
+        """At the first step of this process: where the job is (its last decided round), and whether this learner's
+        weights are current."""
         self.step = self.round_start_step = run.start
-        latest = self.bucket.latest_state()
-        if latest is None:  # a new job: one learner's start is round 0's, which every learner then loads
+        if self.bucket.latest_state() is None:  # a new job: one learner's start is round 0's, every learner's then
             if self.bucket.claim_start():
                 weights = {n: p.detach().float() for n, p in self._params(run).items()}
                 self.bucket.publish_state(0, weights, None, {"learner": self.learner, "reason": "start"})
             self.bucket.wait_for_state(0, self.cfg.diloco.round_timeout_s)
-            latest = self.bucket.latest_state()
+        latest = self.bucket.decided()
         saved = self._saved_position(run)
         if run.start and saved.get("round") == latest + 1 and run.start >= saved["round_start_step"]:
             like = {n: p.detach() for n, p in self._params(run).items()}  # resumed inside the current round
-            self.start, self.momentum = self.bucket.read_state(latest, like)
+            self.start, self.momentum = self._replay(1, latest, self.bucket.read_state(0, like)[0], None, like)
             self.round, self.round_start_step = latest + 1, saved["round_start_step"]
         else:
             self._rejoin(run, latest)
@@ -128,13 +134,32 @@ class DilocoUpdate:
             return set(range(self.learners))
         return {*previous.members, self.learner}
 
-    def _wait_for_decision(self, round_: int, like: dict[str, torch.Tensor]) -> Decision:
-        """The round's decision; made here if this learner finds the round closable first."""
+    def _wait_for_decision(self, round_: int, like: dict[str, torch.Tensor]) -> Decision | None:
+        """The round's decision; made here if this learner finds the round closable first. None when the run is
+        asked to stop (SIGTERM, Ctrl-C) while it waits: the round stays open, to be closed when the run resumes. A
+        decision that cannot be read (not JSON, not what rlvr writes, a FIFO or a link) is waited past for
+        round_timeout_s, then the round is dropped by every learner alike."""
         d = self.cfg.diloco
         published = time.monotonic()
         expected = self._expected(round_)
+        unreadable_since = None
         while True:
-            decision = self.bucket.decision(round_)
+            if self.run is not None and self.run.stop_requested:
+                return None
+            try:
+                decision = self.bucket.decision(round_)
+            except RefusedDelta as err:
+                now = time.monotonic()
+                if unreadable_since is None:
+                    unreadable_since = now
+                    print(f"rlvr: diloco: {err}; waiting diloco.round_timeout_s for a readable one", flush=True)
+                if now - unreadable_since >= d.round_timeout_s:
+                    self.totals["refused_rounds"] += 1
+                    print(f"rlvr: diloco: round {round_}'s decision stayed unreadable; the round is dropped",
+                          flush=True)
+                    return Decision(round_, (), {}, -1, "unreadable")
+                time.sleep(POLL_S)
+                continue
             if decision is not None:
                 return decision
             arrived = self.bucket.arrived(round_)
@@ -155,6 +180,67 @@ class DilocoUpdate:
                 continue
             time.sleep(POLL_S)
 
+    def _pinned_delta(self, round_: int, k: int, like: dict[str, torch.Tensor], digest: str) -> dict:
+        """Learner ``k``'s delta of ``round_``: the bytes its decision pins. While they differ (replaced or removed
+        after the decision) they are read again for up to round_timeout_s, then the run stops in one line: every
+        learner applies the pinned bytes or stops, so no two learners go on with different weights."""
+        deadline = time.monotonic() + self.cfg.diloco.round_timeout_s
+        while True:
+            try:
+                return self.bucket.read_delta(round_, k, like, self.dtype, digest)[0]
+            except RefusedDelta as err:
+                if time.monotonic() >= deadline:
+                    raise RefusedDelta(f"diloco: {err}; the round was decided on bytes this learner cannot read, so "
+                                       "it would no longer hold what the others hold. Restore that delta in "
+                                       f"{self.bucket.url}, or start a new job (another diloco.bucket)") from None
+                time.sleep(POLL_S)
+
+    def _outer_step(self, round_: int, decision: Decision, start: dict, momentum: dict | None,
+                    like: dict[str, torch.Tensor]) -> tuple[dict, dict | None, int, int]:
+        """(weights, momentum, deltas averaged, deltas bounded) after ``round_`` from ``start``: the decided deltas
+        in learner order, each bounded (diloco.max_delta_norm, else max_delta_ratio x |start|), then the Nesterov
+        step. A round without deltas, or whose step is not finite, leaves ``start`` as it was (dropped)."""
+        d = self.cfg.diloco
+        bound = d.max_delta_norm or d.max_delta_ratio * delta_norm(start)  # 0: no bound
+        deltas, bounded = [], 0
+        for k in decision.members:  # learner order: every learner sums in the same order
+            tensors, scaled = bound_norm(self._pinned_delta(round_, k, like, decision.digests[k]), bound)
+            deltas.append(tensors)
+            bounded += scaled
+        if not deltas:
+            return start, momentum, 0, 0
+        stepped = nesterov_step(start, outer_gradient(deltas), momentum, d.outer_lr, d.outer_momentum)
+        if not all(finite(t) for part in stepped for t in part.values()):  # finite deltas can overflow the sum
+            self.totals["refused_rounds"] += 1
+            print(f"rlvr: diloco: round {round_}'s outer step is not finite; the round is dropped", flush=True)
+            return start, momentum, 0, bounded
+        return *stepped, len(deltas), bounded
+
+    def _replay(self, first: int, last: int, start: dict, momentum: dict | None,
+                like: dict[str, torch.Tensor]) -> tuple[dict, dict | None]:
+        """The weights and momentum after round ``last`` from those after round first - 1: each decided round's
+        outer step computed here, as every learner took it. A published global/ version is never taken on trust:
+        one that differs from the replay is reported and ignored."""
+        for round_ in range(first, last + 1):
+            try:
+                decision = self.bucket.decision(round_)
+            except RefusedDelta:  # every learner that waited on it dropped the round
+                decision = Decision(round_, (), {}, -1, "unreadable")
+            if decision is None:
+                raise RefusedDelta(f"diloco: round {round_} has no decision in {self.bucket.url}/rounds though later "
+                                   "rounds do: the bucket was changed; start a new job (another diloco.bucket)")
+            start, momentum, _, _ = self._outer_step(round_, decision, start, momentum, like)
+        if last > 0 and last in self.bucket.global_.versions():
+            try:
+                published = self.bucket.read_state(last, like)[0]
+            except RefusedDelta:
+                published = None
+            if published is None or any(not torch.equal(published[n], start[n]) for n in start):
+                self.totals["refused"] += 1
+                print(f"rlvr: diloco: the shared weights of round {last} in {self.bucket.url}/global are not what "
+                      "its decisions give; ignored", flush=True)
+        return start, momentum
+
     def _close_round(self, run: Run) -> dict[str, float]:
         """Publish this round's delta, wait for the decision, take the outer step, start the next round."""
         d, round_ = self.cfg.diloco, self.round
@@ -166,33 +252,21 @@ class DilocoUpdate:
         t0 = time.monotonic()
         decision = self._wait_for_decision(round_, like)
         waited = time.monotonic() - t0
-        deltas, bounded = [], 0
-        for k in decision.members:  # learner order: every learner sums in the same order
-            try:
-                tensors, _ = self.bucket.read_delta(round_, k, like, self.dtype, decision.digests[k])
-            except RefusedDelta as err:
-                self.totals["refused"] += 1
-                print(f"rlvr: diloco: refused {err}", flush=True)
-                continue
-            tensors, scaled = bound_norm(tensors, d.max_delta_norm)
-            deltas.append(tensors)
-            bounded += scaled
-        if deltas:
-            weights, momentum = nesterov_step(self.start, outer_gradient(deltas), self.momentum, d.outer_lr,
-                                              d.outer_momentum)
-        else:  # closed with too few deltas: the round is dropped, every learner starts it again from its start
-            weights, momentum = self.start, self.momentum
+        if decision is None:  # stopping: the loop checkpoints this step; resumed, the round closes first
+            print(f"rlvr: diloco: stopped while waiting for round {round_}'s decision; it closes when the run "
+                  "resumes", flush=True)
+            return {"outer_wait_s": waited, "outer_round_sent_bytes": float(sent)}
+        weights, momentum, averaged, bounded = self._outer_step(round_, decision, self.start, self.momentum, like)
         if decision.closed_by == self.learner:  # one writer; the others compute the same weights themselves
             self.bucket.publish_state(round_, weights, momentum, {"members": list(decision.members),
                                                                   "reason": decision.reason})
-        late = self.learner not in decision.members
         self.totals["rounds"] += 1
-        self.totals["late"] += late
+        self.totals["late"] += self.learner not in decision.members
         self.totals["bounded"] += bounded
         self.totals["bytes_sent"] += sent
-        latest = self.bucket.latest_state()
-        if latest is not None and latest > round_:  # the others moved on while this learner was late
-            self._rejoin(run, latest)
+        latest = self.bucket.decided()
+        if latest > round_:  # the others moved on while this learner was late: replayed from here
+            self._rejoin(run, latest, weights, momentum, round_ + 1)
         else:
             self._load(run, weights)
             self.start, self.momentum = weights, momentum
@@ -200,5 +274,5 @@ class DilocoUpdate:
             self._save_position(run)
         if d.reset_optimizer:
             run.optimizer.state = defaultdict(dict)
-        return {"outer_learners": float(len(deltas)), "outer_wait_s": waited,
+        return {"outer_learners": float(averaged), "outer_wait_s": waited,
                 "outer_delta_norm": delta_norm(delta), "outer_round_sent_bytes": float(sent)}

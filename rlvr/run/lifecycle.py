@@ -182,6 +182,11 @@ class Run:
     started: float = field(default_factory=time.perf_counter)
     sampler: Sampler | None = None
     collectives: Collectives = field(default_factory=lambda: Collectives(SINGLE, torch.device("cpu")))
+    stop: stop_on_interrupt | None = None  # the loop's: an update that waits long (DiLoCo's round) reads it
+
+    @property
+    def stop_requested(self) -> bool:
+        return self.stop is not None and self.stop.requested
 
     @property
     def learner(self) -> Learner:

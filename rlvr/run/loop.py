@@ -36,6 +36,7 @@ def run_loop(run: Run, source: BatchSource, update: Update) -> dict:
     """Train from ``run.start`` to train.steps; returns the summary also written to ``summary.json``."""
     cfg = run.cfg
     with contextlib.ExitStack() as stack, stop_on_interrupt() as stop, run.writer:
+        run.stop = stop
         stack.callback(run.data.close)  # the tools' sandboxes, last
         run.sampler = source.open(run, stack)
         run.sampler.sync(run.start)  # version = optimizer steps taken; a remote sampler gets the restored weights

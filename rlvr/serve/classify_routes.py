@@ -20,6 +20,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 
+from rlvr.models.prompts import chat_token_ids, defused
 from rlvr.serve.classify_engine import ClassifyJob, activate
 from rlvr.serve.errors import Refused, error
 from rlvr.serve.handling import Serving, handle, serving
@@ -83,6 +84,25 @@ def truncated(s: Serving, req: ClassifyFields, ids: list[int]) -> list[int]:
     return ids
 
 
+def chat_row(s: Serving, req: ClassifyChatRequest) -> list[int]:
+    """The conversation's token ids, every message's content read as text (a special-token string in it is no turn
+    boundary: rlvr.models.prompts.chat_token_ids; past max_chars, or with add_special_tokens, such strings are
+    broken by a word joiner before the text is cut)."""
+    messages = [m.model_dump() for m in req.messages]
+    template = {"add_generation_prompt": req.add_generation_prompt,
+                "continue_final_message": req.continue_final_message}
+    try:
+        text = s.tokenizer.apply_chat_template(messages, tokenize=False, **template)
+        if len(text) <= s.max_chars and not req.add_special_tokens:
+            return chat_token_ids(s.tokenizer, messages, **template)
+        safe = [{**m, "content": defused(s.tokenizer, m["content"])} if isinstance(m.get("content"), str) else m
+                for m in messages]
+        text = s.tokenizer.apply_chat_template(safe, tokenize=False, **template)
+    except Exception as err:  # noqa: BLE001 (a template that rejects the messages is a bad request)
+        raise Refused(400, f"the chat template rejected the messages: {str(err)[:300]}") from None
+    return tokens(s, req, text, req.add_special_tokens)
+
+
 def tokens(s: Serving, req: ClassifyFields, text: str, special: bool) -> list[int]:
     if len(text) > s.max_chars:  # more characters than the context can hold whatever they are
         if req.truncate_prompt_tokens is None:
@@ -102,13 +122,7 @@ def prepare(s: Serving, body: bytes) -> tuple[ClassifyJob, tuple[ClassifyFields,
             raise Refused(400, "Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
         if not getattr(s.tokenizer, "chat_template", None):
             raise Refused(400, "this model's tokenizer has no chat template; send input texts instead of messages")
-        try:
-            text = s.tokenizer.apply_chat_template(
-                [m.model_dump() for m in req.messages], tokenize=False, add_generation_prompt=req.add_generation_prompt,
-                continue_final_message=req.continue_final_message)
-        except Exception as err:  # noqa: BLE001 (a template that rejects the messages is a bad request)
-            raise Refused(400, f"the chat template rejected the messages: {str(err)[:300]}") from None
-        rows = [tokens(s, req, text, req.add_special_tokens)]
+        rows = [chat_row(s, req)]
     else:
         x = req.input
         if isinstance(x, str):

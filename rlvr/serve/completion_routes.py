@@ -9,6 +9,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request
 
+from rlvr.models.prompts import chat_token_ids
 from rlvr.rollout.engine import SamplingParams
 from rlvr.serve.engine import Generation, Job
 from rlvr.serve.errors import Refused
@@ -38,10 +39,15 @@ def adapter_of(s: Serving, name: str) -> str | None:
     return name
 
 
-def tokenize(s: Serving, text: str, add_special_tokens: bool = True) -> list[int]:
+def check_length(s: Serving, text: str) -> None:
+    """Refuse (400) a text with more characters than the context can hold whatever they are, before tokenizing it."""
     if len(text) > s.max_chars:
         raise Refused(400, f"This model's maximum context length is {s.engine.max_model_len} tokens; a prompt of "
                            f"{len(text)} characters is longer than that.")
+
+
+def tokenize(s: Serving, text: str, add_special_tokens: bool = True) -> list[int]:
+    check_length(s, text)
     return s.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]
 
 
@@ -114,9 +120,13 @@ def prepare_chat(s: Serving, body: bytes) -> tuple[Job, ChatRequest]:
     messages = [m.model_dump() for m in req.messages]
     try:
         text = s.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        check_length(s, text)
+        # every content read as text: a special-token string a policy wrote in it is no turn boundary for the judge
+        prompt = chat_token_ids(s.tokenizer, messages, add_generation_prompt=True)
+    except Refused:
+        raise
     except Exception as err:  # noqa: BLE001 (a template that rejects the messages is a bad request)
         raise Refused(400, f"the chat template rejected the messages: {str(err)[:300]}") from None
-    prompt = tokenize(s, text, add_special_tokens=False)
     max_tokens = req.max_completion_tokens or req.max_tokens or s.engine.max_model_len - len(prompt)
     params = sampling(s, req, max_tokens, [len(prompt)])
     k = (req.top_logprobs or 0) if req.logprobs else 0

@@ -27,6 +27,7 @@ import hashlib
 import json
 import os
 import re
+import secrets
 import shutil
 import stat
 import tempfile
@@ -102,13 +103,30 @@ def _parse_manifest(raw: bytes, version: int, where: str) -> dict[str, tuple[int
     return entries
 
 
-def _read_local(directory: str, name: str, limit: int, where: str) -> bytes:
-    """At most ``limit`` bytes of the regular file ``directory/name``; ManifestError for a symlink that leads out of
-    ``directory`` or anything but a regular file (a FIFO would block the reader, a device never end)."""
-    real = os.path.realpath(os.path.join(directory, name))
-    if os.path.dirname(real) != os.path.realpath(directory):
-        raise ManifestError(f"{where}: {name} leads outside its version directory; publish the version again")
-    fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)  # FileNotFoundError when missing
+def inside(path: str, root: str) -> bool:
+    """Whether ``path`` (below ``root``) is where it says: no symlink on the way from ``root`` leads elsewhere."""
+    relative = os.path.relpath(path, root)
+    return relative != ".." and not relative.startswith("../") and (
+        os.path.realpath(path) == os.path.normpath(os.path.join(os.path.realpath(root), relative)))
+
+
+def local_directory(path: str, root: str) -> str:
+    """Make the directory ``path`` below ``root`` (the bucket); ManifestError if a symlink on the way leads
+    elsewhere (a writer never follows one)."""
+    os.makedirs(path, exist_ok=True)
+    if not inside(path, root):
+        raise ManifestError(f"{path} leads outside the bucket {root} (a symlink): remove it")
+    return path
+
+
+def read_local(directory: str, name: str, limit: int, where: str, root: str) -> bytes:
+    """At most ``limit`` bytes of the regular file ``directory/name``; ManifestError for a symlink on the way from
+    ``root`` (the bucket) that leads elsewhere, or anything but a regular file (a FIFO would block the reader, a
+    device never end)."""
+    path = os.path.join(directory, name)
+    if not inside(path, root):
+        raise ManifestError(f"{where}: {name} leads outside the bucket (a symlink); publish the version again")
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)  # FileNotFoundError when missing
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
@@ -117,6 +135,35 @@ def _read_local(directory: str, name: str, limit: int, where: str) -> bytes:
             return f.read(min(info.st_size + 1, limit))  # a file that grows while read is still bounded
     finally:
         os.close(fd)
+
+
+def write_local(path: str, data: bytes, root: str, exclusive: bool = False) -> bool:
+    """Write ``data`` to ``path`` below ``root`` (the bucket) without following a link: a directory on the way that
+    leads elsewhere, or a symlink, FIFO or anything but a regular file at ``path``, is refused (ManifestError); the
+    data goes to a new file beside it, renamed into place (a reader sees the old file or the new one, never half of
+    one). ``exclusive``: only if ``path`` does not exist; returns whether this call wrote it."""
+    parent = local_directory(os.path.dirname(path), root)
+    if os.path.lexists(path):
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            raise ManifestError(f"{path} is a symlink or not a regular file, which rlvr never writes: remove it")
+        if exclusive:
+            return False
+    tmp = os.path.join(parent, f".{os.path.basename(path)}.{os.getpid()}.{secrets.token_hex(6)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        if exclusive:
+            try:
+                os.link(tmp, path)  # fails if path exists, whatever it is: create-once, complete when it appears
+            except FileExistsError:
+                return False
+            return True
+        os.replace(tmp, path)
+        return True
+    finally:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
 
 
 class AdapterBucket:
@@ -138,18 +185,23 @@ class AdapterBucket:
         if set(files) != set(PAYLOAD):
             raise ValueError(f"a version holds exactly {' and '.join(PAYLOAD)}; got {sorted(files)}")
         started = time.perf_counter()
-        if self.fs.exists(self._path(version, MANIFEST)):  # republishing (a resumed run): hide the old one first
-            self.fs.rm(self._path(version, MANIFEST))
-        self.fs.makedirs(self._path(version), exist_ok=True)
-        for name, data in files.items():
-            self.fs.pipe_file(self._path(version, name), data)
         manifest = json.dumps({"version": version, "created": time.time(),
                                "files": {n: {"bytes": len(d), "sha256": _sha256(d)} for n, d in files.items()}})
-        if self.local:  # a reader must never see a half-written manifest
-            tmp = self._path(version, f".{MANIFEST}.{os.getpid()}.tmp")
-            self.fs.pipe_file(tmp, manifest.encode())
-            os.replace(tmp, self._path(version, MANIFEST))
+        if self.local:  # every file renamed into place, no link followed (write_local)
+            old = self._path(version, MANIFEST)
+            local_directory(self._path(version), self.root)
+            if os.path.lexists(old):  # republishing (a resumed run): hide the old one first
+                if not stat.S_ISREG(os.lstat(old).st_mode):
+                    raise ManifestError(f"{old} is a symlink or not a regular file, which rlvr never writes: remove it")
+                os.unlink(old)
+            for name, data in [*files.items(), (MANIFEST, manifest.encode())]:
+                write_local(self._path(version, name), data, self.root)
         else:
+            if self.fs.exists(self._path(version, MANIFEST)):
+                self.fs.rm(self._path(version, MANIFEST))
+            self.fs.makedirs(self._path(version), exist_ok=True)
+            for name, data in files.items():
+                self.fs.pipe_file(self._path(version, name), data)
             self.fs.pipe_file(self._path(version, MANIFEST), manifest.encode())
         size = sum(len(d) for d in files.values())
         return Published(version, self.version_url(version), size, time.perf_counter() - started)
@@ -181,7 +233,7 @@ class AdapterBucket:
         """At most ``limit`` bytes of one file of ``version`` (FileNotFoundError when it is missing)."""
         where = self.version_url(version)
         if self.local:
-            return _read_local(self._path(version), name, limit, where)
+            return read_local(self._path(version), name, limit, where, self.root)
         path = self._path(version, name)
         if self.fs.info(path).get("type", "file") != "file":
             raise ManifestError(f"{where}: {name} is not a file; publish the version again")

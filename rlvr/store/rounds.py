@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import time
 from dataclasses import dataclass
@@ -37,7 +36,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load, save
 
-from rlvr.store.bucket import MANIFEST, AdapterBucket, ManifestError, TornVersionError
+from rlvr.store.bucket import MANIFEST, AdapterBucket, ManifestError, TornVersionError, read_local, write_local
 
 TENSORS, RECORD = "adapter_model.safetensors", "adapter_config.json"
 MAX_DECISION_BYTES = 64 << 10
@@ -136,33 +135,46 @@ class RoundBucket:
 
     def _create_once(self, path: str, data: bytes) -> bool:
         """Create ``path`` holding ``data`` unless it exists; whether this call created it."""
+        if self.global_.local:  # complete when it appears, no link followed (rlvr.store.bucket.write_local)
+            return write_local(path, data, self.root, exclusive=True)
         self.fs.makedirs(self.rounds, exist_ok=True)
-        if self.global_.local:
-            try:
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            except FileExistsError:
-                return False
-            with os.fdopen(fd, "wb") as f:  # readers retry a record they find half written
-                f.write(data)
-            return True
         if self.fs.exists(path):
             return False
         self.fs.pipe_file(path, data)
         return True
+
+    def decided(self) -> int:
+        """Where the job is: the last round r such that rounds 1..r all have a decision file (0: none yet). A
+        global/ version beyond it has no decision behind it and is never taken."""
+        try:
+            names = self.fs.ls(self.rounds, detail=False)
+        except FileNotFoundError:
+            return 0
+        found = {int(m[1]) for m in (re.fullmatch(r"([0-9]{8})\.json", n.rstrip("/").rsplit("/", 1)[-1])
+                                     for n in names) if m}
+        last = 0
+        while last + 1 in found:
+            last += 1
+        return last
 
     def decision(self, round_: int) -> Decision | None:
         """Round ``round_``'s decision, None while there is none (or it is being written); RefusedDelta for one
         rlvr does not write."""
         path = self._decision_path(round_)
         try:
-            with self.fs.open(path, "rb") as f:
-                raw = f.read(MAX_DECISION_BYTES + 1)
+            if self.global_.local:  # a regular file inside the bucket, or refused: never a FIFO's blocking read
+                raw = read_local(self.rounds, path.rsplit("/", 1)[1], MAX_DECISION_BYTES + 1, self.url, self.root)
+            else:
+                with self.fs.open(path, "rb") as f:
+                    raw = f.read(MAX_DECISION_BYTES + 1)
         except FileNotFoundError:
             return None
+        except (ManifestError, OSError) as err:
+            raise RefusedDelta(f"round {round_}'s decision: {err}") from None
         try:
             record = json.loads(raw)
-        except ValueError:
-            return None  # being written (a learner creates it, then writes it): read again
+        except ValueError:  # a store without atomic writes may show one half written for a moment
+            raise RefusedDelta(f"round {round_}'s decision in {self.url}/rounds is not JSON") from None
         members = record.get("members") if isinstance(record, dict) else None
         digests = record.get("digests") if isinstance(record, dict) else None
         ok = (len(raw) <= MAX_DECISION_BYTES and record.get("round") == round_ and isinstance(members, list)
