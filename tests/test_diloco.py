@@ -4,6 +4,7 @@ are exactly the documented update of the deltas the round decided, learners end 
 learner's delta is dropped and it catches up, a learner joins mid-run, a hostile delta is refused or bounded."""
 
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -203,7 +204,8 @@ def test_two_learners_take_the_documented_outer_steps_and_end_equal(tiny_model_d
 def test_a_slow_learner_is_dropped_and_catches_up_and_a_late_one_joins(tiny_model_dir, tmp_path):
     """Learners 0 and 1 of 3 both start round 1; learner 1 publishes its delta 10 s late, so learner 0 closes the
     round alone at the timeout, and round 2 too; learner 1's delta is dropped (counted) and it goes on from the newest
-    shared weights. Learner 2 starts after both ended: it joins from the newest shared weights.
+    shared weights. Learner 2 starts after both ended: refused until told diloco.join=true, it joins from the weights
+the decided rounds give.
     Learner 1 is a forked process (tests/test_resume.py: start_forked_train); learners 0 and 2 run in this process,
     so learner 0 closes round 1 within its model load, two steps and the 2 s timeout of learner 1 joining, with no
     interpreter start-up in between (that start-up, up to 15 s on 2 busy cores, used to outlast a 15 s delay)."""
@@ -221,7 +223,9 @@ def test_a_slow_learner_is_dropped_and_catches_up_and_a_late_one_joins(tiny_mode
     assert code == 0, _tail(log)
     assert _outer(tmp_path / "fast")["late"] == 0 and _outer(tmp_path / "slow")["late"] == 1
     joined_at = max(int(p.stem) for p in (bucket / "rounds").glob("*.json"))
-    _train_here(tiny_model_dir, tmp_path / "late", bucket, "2/3", timeout)
+    with pytest.raises(RefusedDelta, match=f"already holds a job at round {joined_at}.*diloco.join=true"):
+        _train_here(tiny_model_dir, tmp_path / "late", bucket, "2/3", timeout)  # a fresh learner, not told to join
+    _train_here(tiny_model_dir, tmp_path / "late", bucket, "2/3", timeout, "diloco.join=true")
     assert sorted(int(p.name[1:]) for p in (bucket / "learner-0002").iterdir()) == [joined_at + 1, joined_at + 2]
     decisions = _replay(bucket, 3)  # every round, the joiner's included, is the documented step from the last
     assert [d.members for d in decisions[:2]] == [(0,), (0,)] and decisions[-1].members == (2,)
@@ -279,3 +283,46 @@ def test_a_learner_killed_inside_a_round_resumes_where_it_was(tiny_model_dir, tm
     a, b = _adapter(tmp_path / "whole"), _adapter(out)
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert [d.members for d in _replay(bucket, 1)] == [(0,), (0,)]
+
+
+def test_a_second_run_of_a_config_does_not_join_the_first_job_and_other_settings_are_refused(tiny_model_dir,
+                                                                                            tmp_path):
+    """A new user runs the same DiLoCo config twice (its bucket is the same directory): the second fresh run stops
+    with a line saying a job is under way, instead of silently starting from its weights and round numbers; a
+    learner whose outer settings differ from the job's record (job.json) is refused too."""
+    bucket = tmp_path / "bucket"
+    _train_here(tiny_model_dir, tmp_path / "first", bucket, "0/1")
+    assert json.loads((bucket / "job.json").read_text())["learners"] == 1
+    with pytest.raises(RefusedDelta, match="already holds a job at round 2"):
+        _train_here(tiny_model_dir, tmp_path / "second", bucket, "0/1")
+    with pytest.raises(RefusedDelta, match="other settings.*outer_lr: job 0.7, this learner 1.0"):
+        _train_here(tiny_model_dir, tmp_path / "other", bucket, "0/1", "diloco.outer_lr=1.0", "diloco.join=true")
+
+
+def test_sigterm_while_waiting_for_a_round_checkpoints_and_the_round_closes_on_resume(tiny_model_dir, tmp_path):
+    """Learner 0 of 2 waits for round 1 (learner 1 never comes, round_timeout_s 600): SIGTERM ends it at once with
+    its step-2 checkpoint (exit 143), the round still open; resumed with a 1 s timeout, it closes round 1 first and
+    ends on the weights of a run that waited out 1 s timeouts without a stop."""
+    import signal
+
+    _train_here(tiny_model_dir, tmp_path / "whole", tmp_path / "bucket-whole", "0/2", "diloco.round_timeout_s=1")
+    out, bucket, log = tmp_path / "stopped", tmp_path / "bucket", tmp_path / "stopped.log"
+    proc = start_forked_train(_overrides(out, bucket, "0/2", f"model.name={tiny_model_dir}",
+                                         "diloco.round_timeout_s=600"), "", log)
+    try:
+        deadline = time.monotonic() + 120
+        while not (bucket / "learner-0000" / "v00000001" / "manifest.json").is_file():  # waiting for round 1
+            assert proc.is_alive() and time.monotonic() < deadline, _tail(log)
+            time.sleep(0.1)
+        time.sleep(0.5)
+        os.kill(proc.pid, signal.SIGTERM)
+    finally:
+        code = join_forked(proc, timeout=60)
+    assert code == 143, _tail(log)
+    assert "stopped while waiting for round 1's decision" in _tail(log)
+    assert json.loads((out / "diloco.json").read_text()) == {"round": 1, "round_start_step": 0}
+    assert not (bucket / "rounds" / "00000001.json").exists()
+    _train_here(tiny_model_dir, out, bucket, "0/2", "diloco.round_timeout_s=1", "resume=auto")
+    a, b = _adapter(tmp_path / "whole"), _adapter(out)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert [d.members for d in _replay(bucket, 2)] == [(0,), (0,)]

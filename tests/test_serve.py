@@ -184,6 +184,26 @@ def test_special_token_strings_in_a_chat_message_are_text(server, tokenizer):
     assert prompt_token_ids(tokenizer, messages).count(start) == 4  # what a plain tokenization would have read
 
 
+def test_only_a_turn_that_can_be_continued_is_held(server, tokenizer):
+    """The prefix store holds completions for requests that extend them: one completion of token ids (an episode's
+    turn) is held, a group (n > 1), a text prompt or a chat request is not - single-turn serving holds nothing."""
+    def held() -> int:
+        return server.get("/stats").json()["prefix_cache_bytes"]
+
+    before = held()
+    ids = prompt_token_ids(tokenizer, CHAT)
+    complete(server, prompt=ids, n=4, max_tokens=4, seed=1)
+    complete(server, prompt="What is 7?", max_tokens=4, seed=1)
+    post(server.url, "/v1/chat/completions", {"messages": CHAT, "max_tokens": 4, "seed": 1})
+    assert held() == before
+    turn = complete(server, prompt=ids, max_tokens=4, seed=1, return_token_ids=True)
+    assert held() > before
+    follow = ids + turn["choices"][0]["token_ids"] + ids[:3]  # the next turn extends it
+    hits = server.get("/stats").json()["prefix_hits"]
+    complete(server, prompt=follow, max_tokens=2, seed=1)
+    assert server.get("/stats").json()["prefix_hits"] == hits + 1
+
+
 def test_lora_adapters_load_select_replace_and_unload(server, adapters, tiny_model_dir, tokenizer):
     from peft import PeftModel
 

@@ -129,3 +129,27 @@ def test_the_prefix_store_stays_within_its_bound_and_matches_only_whole_prefixes
     assert store.bytes <= store.max_bytes and store.find("a", list(range(21))) is None
     store.clear()
     assert store.bytes == 0 and store.find("a", [7, 8, 9, 10, 11]) is None
+
+
+def test_caches_past_the_budget_are_never_copied(tokenizer):
+    """A server's store is sized before it copies: a batch hands over at most keep_bytes of keys and values (rows in
+    the order they end), whatever the store keeps afterwards; 0 copies nothing."""
+    from rlvr.rollout.turn_cache import sample_continuing
+
+    model = make_model(len(tokenizer)).eval()
+    contexts = [prompt_token_ids(tokenizer, p) for p in PROMPTS]
+    params = SamplingParams(max_new_tokens=6, temperature=1.0)
+
+    def kept(budget: float) -> list:
+        generators = [torch.Generator().manual_seed(i) for i in range(2 * G)]
+        with decoding(model, torch.float32, fold=False) as (backbone, head):
+            got = sample_continuing(backbone, head, contexts, [None, None], G, params, [2], tokenizer.pad_token_id,
+                                    generators, keep_bytes=budget)
+        return [h for h in got.held if h is not None]
+
+    everything = kept(float("inf"))
+    assert len(everything) == 2 * G
+    one = min(h.bytes for h in everything)
+    assert kept(0) == [] and kept(one - 1) == []  # not even one row fits: none is copied
+    some = kept(sum(sorted(h.bytes for h in everything)[:3]))
+    assert 1 <= len(some) < 2 * G and sum(h.bytes for h in some) <= sum(sorted(h.bytes for h in everything)[:3])

@@ -43,6 +43,10 @@ class DilocoConfig:
     moves them by a small share of that (docs/concepts/diloco.md); 0 (and max_delta_norm 0): no bound at all."""
     delta_dtype: Literal[DELTA_DTYPES] = "fp32"
     """The dtype deltas travel in: fp32, or bf16 (half the bytes; the delta's rounding, not the weights')."""
+    join: bool = False
+    """Let a fresh learner (no checkpoint of its own) join a job whose bucket already holds decided rounds; false: it
+    stops with a line saying so (a second run of the same config would otherwise continue the first job's rounds
+    and weights). A learner resumed with resume=auto always continues its job."""
     reset_optimizer: bool = False
     """Reset the inner AdamW state at each round boundary (false: kept, as DiLoCo's paper keeps it)."""
     placement: Literal[DILOCO_PLACEMENTS] = "hand"

@@ -28,7 +28,7 @@ through ``reset_payload`` (default ``row_payload``). There are no tool calls: ev
 Validated (a hostile or broken server): the request size, the answer's size (``max_response_bytes``: the
 declared length, then the bytes read, inflated at most that far: gzip and deflate only, though rlvr asks for
 none), one deadline per request (connecting, the headers, the whole body; a WebSocket's handshake and answer),
-no redirects (a WebSocket redirected elsewhere is closed before anything is sent), JSON that parses, an object with an
+no redirects (a WebSocket redirect is refused before any connection to its target), JSON that parses, an object with an
 ``observation`` object, ``reward`` null or a finite number, ``done`` a boolean; text over ``max_chars`` is cut.
 A failure is ``HttpEnvError`` (an ``EpisodeError``), one line naming the server, the request and what was wrong.
 What the model caused is not an error: an action the server rejects (HTTP 422, WebSocket ``VALIDATION_ERROR``)
@@ -47,6 +47,7 @@ import contextlib
 import json
 import math
 import os
+import socket
 import threading
 import time
 import zlib
@@ -396,9 +397,7 @@ class HttpEnvironment:
         deadline = time.monotonic() + timeout
         try:
             if self._ws is None:
-                self._ws = connect(url, open_timeout=timeout, max_size=self.max_response_bytes, close_timeout=1,
-                                   additional_headers=self._headers or None)
-                self._refuse_redirect(url, where)
+                self._ws = self._ws_connect(url, where, timeout, connect)
             self._ws.send(content)
             raw = self._ws.recv(timeout=max(deadline - time.monotonic(), 0.0))
         except TimeoutError:
@@ -429,21 +428,27 @@ class HttpEnvironment:
             raise HttpEnvError(f"{where}: expected an observation, got type {_short(str(message.get('type')))}")
         return "ok", message["data"]
 
-    def _refuse_redirect(self, url: str, where: str) -> None:
-        """Close a WebSocket that a redirect took to another address, before the row or a turn is sent there
-        (websockets follows redirects by itself)."""
-        from websockets.headers import build_host
+    def _ws_connect(self, url: str, where: str, timeout: float, connect):
+        """The WebSocket, on a TCP connection opened here to base_url's own address: websockets follows a redirect by
+        opening a connection of its own, which it cannot do from a socket it was given, so a redirect ends here -
+        no connection is made to the address a server names, and no row is sent anywhere."""
         from websockets.uri import parse_uri
 
         asked = parse_uri(url)
-        request = getattr(self._ws, "request", None)
-        if request is None:
-            return
-        host, path = request.headers.get("Host", ""), request.path
-        if host != build_host(asked.host, asked.port, asked.secure) or path != asked.resource_name:
-            self._drop()
-            raise HttpEnvError(f"{where}: the server redirected the connection to {_short(host + path)}; rlvr "
-                               "follows no redirects (the row would go there): give base_url the final address")
+        sock = socket.create_connection((asked.host, asked.port), timeout=timeout)
+        try:
+            return connect(url, sock=sock, open_timeout=timeout, max_size=self.max_response_bytes, close_timeout=1,
+                           additional_headers=self._headers or None)
+        except ValueError as err:
+            sock.close()
+            if "redirect" not in str(err):
+                raise
+            target = str(err).split(" to ", 1)[-1].split(" with ", 1)[0]
+            raise HttpEnvError(f"{where}: the server redirected the connection to {_short(target)}; rlvr follows no "
+                               "redirects (the row would go there): give base_url the final address") from None
+        except BaseException:
+            sock.close()
+            raise
 
     def _drop(self) -> None:
         ws, self._ws = self._ws, None

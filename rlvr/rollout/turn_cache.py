@@ -22,6 +22,7 @@ between turns) - such a generation prefills whole contexts, as before.
 from __future__ import annotations
 
 import collections
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -63,10 +64,11 @@ class Continued:
 def sample_continuing(backbone: nn.Module, head: Callable, contexts: list[list[int]], held: list[Held | None],
                       group_size: int, params: SamplingParams, eos_ids: list[int], pad_id: int,
                       generators: Generators = None, stop: Callable[[list[int]], bool] | None = None,
-                      top_logprobs: int = 0, keep: bool = True) -> Continued:
+                      top_logprobs: int = 0, keep_bytes: float = math.inf) -> Continued:
     """``group_size`` completions of each context (rows ordered as generate_groups orders them), continuing from
-    ``held[i]`` where it is given (it must hold a prefix of ``contexts[i]``: ``Held.starts``); ``keep``: return
-    every row's cache for the next call."""
+    ``held[i]`` where it is given (it must hold a prefix of ``contexts[i]``: ``Held.starts``). Rows' caches are
+    returned for the next call up to ``keep_bytes`` in all, in the order the rows end (a row past the budget is not
+    copied at all; 0: none kept)."""
     window = attention_window(backbone.config)
     width = max((len(h.tokens) for h in held if h), default=0)
     fed = max(len(c) - (len(h.tokens) if h else 0) for c, h in zip(contexts, held))
@@ -82,15 +84,20 @@ def sample_continuing(backbone: nn.Module, head: Callable, contexts: list[list[i
         cache.batch_repeat_interleave(group_size)
         logits, attn, next_pos = (t.repeat_interleave(group_size, dim=0) for t in (logits, attn, next_pos))
     leaving: dict[int, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
+    budget = [keep_bytes]
 
     def hand_over(places: torch.Tensor, rows: torch.Tensor, cache, attn: torch.Tensor) -> None:
+        position = sum(layer.keys[0, :, 0].numel() * layer.keys.element_size() * 2 for layer in cache.layers)
         for place, row in zip(places.tolist(), rows.tolist()):
             columns = attn[place].nonzero().squeeze(-1)  # this row's tokens, in order
+            if len(columns) * position > budget[0]:
+                continue  # sized before it is copied: past the budget nothing is
+            budget[0] -= len(columns) * position
             leaving[row] = ([layer.keys[place].index_select(1, columns) for layer in cache.layers],
                             [layer.values[place].index_select(1, columns) for layer in cache.layers])
 
     out = decode(backbone, head, logits, cache, attn, next_pos, params, eos_ids, pad_id, generators, stop,
-                 top_logprobs, leaving=hand_over if keep else None)
+                 top_logprobs, leaving=hand_over if keep_bytes > 0 else None)
     del cache
     after: list[Held | None] = [None] * out.ids.shape[0]
     lengths = out.mask.sum(-1).tolist()

@@ -55,15 +55,16 @@ class DilocoUpdate:
         return self.inner.attach(model)
 
     def bind(self, run: Run) -> None:
-        """The opened run whose weights, directory and first step the rounds read."""
+        """The opened run whose weights, directory and first step the rounds read. A resumed learner joins now, so a
+        round its checkpoint left open closes before the first batch is sampled; a new one at its first step."""
         self.run = run
+        if run.start:
+            self._join(run)
 
     def __call__(self, learner: Learner, batch: Collected) -> dict[str, float]:
         run = self.run
         if self.round < 0:
             self._join(run)
-            if self.step - self.round_start_step >= self.cfg.diloco.inner_steps:  # stopped while its round closed
-                self._close_round(run)
         stats = self.inner(learner, batch)
         self.step += 1
         if (self.step - self.round_start_step) % self.cfg.diloco.inner_steps == 0:
@@ -105,21 +106,51 @@ class DilocoUpdate:
         self.round, self.round_start_step = latest + 1, self.step
         self._save_position(run)
 
+    def _identity(self) -> dict:
+        """What every learner of the job must share (job.json): the model and its trainable parameters, the task, and
+        what the outer step computes with."""
+        m, d = self.cfg.model, self.cfg.diloco
+        return {"model": m.name, "lora": [m.lora, m.lora_r, m.lora_alpha, sorted(m.lora_targets)] if m.lora else False,
+                "task": self.cfg.task.name, "learners": self.learners, "inner_steps": d.inner_steps,
+                "outer_lr": d.outer_lr, "outer_momentum": d.outer_momentum, "delta_dtype": d.delta_dtype,
+                "max_delta_norm": d.max_delta_norm, "max_delta_ratio": d.max_delta_ratio}
+
+    def _check_job(self, latest: int, fresh: bool) -> None:
+        """Stop in one line when the bucket's job is not this learner's: other settings, or (for a fresh learner not
+        told diloco.join=true) a job already under way; a joining learner says which job and round it joined."""
+        mine = self._identity()
+        recorded = self.bucket.job(json.loads(json.dumps(mine)))  # as JSON reads it back (lists, not tuples)
+        differ = sorted(k for k in {*mine, *recorded} if json.dumps(mine.get(k)) != json.dumps(recorded.get(k)))
+        if differ:
+            shown = "; ".join(f"{k}: job {recorded.get(k)!r}, this learner {mine.get(k)!r}" for k in differ)
+            raise RefusedDelta(f"diloco: {self.bucket.url} belongs to a job with other settings ({shown}); give this "
+                               "learner the job's settings, or use another diloco.bucket for a new job")
+        if fresh and latest >= 1:
+            if not self.cfg.diloco.join:
+                raise RefusedDelta(f"diloco: {self.bucket.url} already holds a job at round {latest}; this learner has "
+                                   "no checkpoint of its own in it. Join it with diloco.join=true, continue your own "
+                                   "run with resume=auto, or start a new job with another diloco.bucket")
+            print(f"rlvr: diloco: learner {self.learner}/{self.learners} joined the job in {self.bucket.url} at round "
+                  f"{latest + 1}", flush=True)
+
     def _join(self, run: Run) -> None:
         """At the first step of this process: where the job is (its last decided round), and whether this learner's
         weights are current."""
         self.step = self.round_start_step = run.start
+        saved = self._saved_position(run)
+        self._check_job(self.bucket.decided(), fresh=not run.start and not saved)
         if self.bucket.latest_state() is None:  # a new job: one learner's start is round 0's, every learner's then
             if self.bucket.claim_start():
                 weights = {n: p.detach().float() for n, p in self._params(run).items()}
                 self.bucket.publish_state(0, weights, None, {"learner": self.learner, "reason": "start"})
             self.bucket.wait_for_state(0, self.cfg.diloco.round_timeout_s)
         latest = self.bucket.decided()
-        saved = self._saved_position(run)
         if run.start and saved.get("round") == latest + 1 and run.start >= saved["round_start_step"]:
             like = {n: p.detach() for n, p in self._params(run).items()}  # resumed inside the current round
             self.start, self.momentum = self._replay(1, latest, self.bucket.read_state(0, like)[0], None, like)
             self.round, self.round_start_step = latest + 1, saved["round_start_step"]
+            if self.step - self.round_start_step >= self.cfg.diloco.inner_steps:  # stopped while its round closed
+                self._close_round(run)
         else:
             self._rejoin(run, latest)
 

@@ -93,7 +93,10 @@ def prepare_completion(s: Serving, body: bytes) -> tuple[Job, CompletionRequest]
     if any(not 0 <= t < vocab for ids in prompts for t in ids):
         raise Refused(400, f"prompt token ids must lie in [0, {vocab})")
     params = sampling(s, req, req.max_tokens or 16, [len(x) for x in prompts])
-    return Job(prompts, req.n, params, adapter, req.seed, req.logprobs or 0), req
+    # held for a later request to extend: one completion of token ids (an episode's turn, as rlvr's pool sends it);
+    # a group (n > 1) or a text prompt is single-turn, and holding it would only cost memory
+    hold = req.n == 1 and not isinstance(p, str) and all(not isinstance(x, str) for x in p)
+    return Job(prompts, req.n, params, adapter, req.seed, req.logprobs or 0, hold), req
 
 
 def answer_completion(s: Serving, req: CompletionRequest, gens: list[Generation]) -> dict:

@@ -99,12 +99,13 @@ class Job:
     adapter: str | None  # None: the base model
     seed: int | None = None
     top_logprobs: int = 0
+    hold: bool = False  # keep its completions for requests that extend them (an episode's turn: see prepare_completion)
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
     taken: int = 0  # prompts handed to batches so far (a large request runs in several)
     results: list[Generation] = field(default_factory=list)
 
     def key(self) -> tuple:
-        return (self.adapter, self.params, self.n, self.top_logprobs)
+        return (self.adapter, self.params, self.n, self.top_logprobs, self.hold)
 
     @property
     def rows(self) -> int:
@@ -475,13 +476,13 @@ class Engine:
         new tokens (rlvr.rollout.turn_cache), and every completion is held for the requests that extend it."""
         stop = stop_string_checker(self.tokenizer, first.params.stop)
         pad = self.tokenizer.pad_token_id
-        if self.prefixes is None:
+        if self.prefixes is None or not first.hold:
             ids, mask = left_pad(prompts, pad)  # on the CPU; to the model's device once
             return generate_groups(backbone, head, ids.to(self.device), mask.to(self.device), first.n, first.params,
                                    self.eos_ids, pad, generators, stop, first.top_logprobs)
         held = [self.prefixes.find(first.adapter, p) for p in prompts]
         got = sample_continuing(backbone, head, prompts, held, first.n, first.params, self.eos_ids, pad, generators,
-                                stop, first.top_logprobs)
+                                stop, first.top_logprobs, keep_bytes=self.prefixes.max_bytes)
         self.prefixes.reused_tokens += got.reused
         for h in got.held:
             if h is not None:

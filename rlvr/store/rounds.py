@@ -3,6 +3,7 @@
 Layout under ``diloco.bucket``::
 
     learner-0003/v00000005/   learner 3's delta of round 5 (payload, then manifest.json: rlvr.store.bucket's format)
+    job.json                  the job's identity: the settings its learners must share (created once, exclusively)
     rounds/00000005.json      round 5's decision: which learners' deltas it averaged (created once, exclusively)
     global/v00000005/         the shared weights after round 5 (for learners that join or resume)
     momentum/v00000005/       the outer optimizer's momentum after round 5
@@ -40,6 +41,7 @@ from rlvr.store.bucket import MANIFEST, AdapterBucket, ManifestError, TornVersio
 
 TENSORS, RECORD = "adapter_model.safetensors", "adapter_config.json"
 MAX_DECISION_BYTES = 64 << 10
+JOB = "job.json"  # what the job's learners must agree on, recorded by the first
 DELTA_TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}  # diloco.delta_dtype -> torch
 
 
@@ -129,6 +131,26 @@ class RoundBucket:
                            "closed_by": decision.closed_by, "reason": decision.reason}).encode()
         return self._create_once(self._decision_path(decision.round), data)
 
+    def job(self, identity: dict) -> dict:
+        """The job this bucket belongs to: ``identity`` recorded in job.json when it has none (created once,
+        exclusively), else the identity recorded there (RefusedDelta when that is not a small JSON object)."""
+        path = f"{self.root}/{JOB}"
+        self._create_once(path, json.dumps(identity, sort_keys=True).encode())
+        try:
+            if self.global_.local:
+                raw = read_local(self.root, JOB, MAX_DECISION_BYTES + 1, self.url, self.root)
+            else:
+                with self.fs.open(path, "rb") as f:
+                    raw = f.read(MAX_DECISION_BYTES + 1)
+            recorded = json.loads(raw)
+        except (ManifestError, OSError, ValueError) as err:
+            raise RefusedDelta(f"diloco: {self.url}/{JOB} is not what rlvr writes ({type(err).__name__}); remove it "
+                               "or use another diloco.bucket") from None
+        if not isinstance(recorded, dict) or len(raw) > MAX_DECISION_BYTES:
+            raise RefusedDelta(f"diloco: {self.url}/{JOB} is not what rlvr writes; remove it or use another "
+                               "diloco.bucket")
+        return recorded
+
     def claim_start(self) -> bool:
         """Whether this learner is the one that publishes the job's starting weights (created once, exclusively)."""
         return self._create_once(f"{self.rounds}/start.claim", json.dumps({"learner": self.learner}).encode())
@@ -137,7 +159,7 @@ class RoundBucket:
         """Create ``path`` holding ``data`` unless it exists; whether this call created it."""
         if self.global_.local:  # complete when it appears, no link followed (rlvr.store.bucket.write_local)
             return write_local(path, data, self.root, exclusive=True)
-        self.fs.makedirs(self.rounds, exist_ok=True)
+        self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
         if self.fs.exists(path):
             return False
         self.fs.pipe_file(path, data)
