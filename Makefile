@@ -34,9 +34,10 @@ $(VLLM_STAMP):
 demo: $(STAMP)
 	$(VENV)/bin/rlvr train examples/demo.yaml
 
+# Two pytest workers (pytest-xdist), each file's tests on one worker so module fixtures (servers) are made once.
 test: $(STAMP)
 	$(VENV)/bin/ruff check rlvr tests benchmarks examples
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadfile
 
 test-vllm: $(STAMP) $(VLLM_STAMP)
 	RLVR_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(PY) -m pytest -q tests/integration
