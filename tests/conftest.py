@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 
 import pytest
 import torch
 
 if os.environ.get("PYTEST_XDIST_WORKER"):  # make test: one worker per core, one torch thread each
     torch.set_num_threads(1)
+
+# trackio reads TRACKIO_DIR once, when first imported - and importing TRL's trainer imports it: each test process
+# gets a directory of its own before anything can, never the user's ~/.cache (tests/test_trackers.py counts runs)
+if "TRACKIO_DIR" not in os.environ:
+    os.environ["TRACKIO_DIR"] = tempfile.mkdtemp(prefix="rlvr-tests-trackio-")
+    atexit.register(shutil.rmtree, os.environ["TRACKIO_DIR"], True)
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"

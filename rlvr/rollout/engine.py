@@ -186,8 +186,8 @@ def generate_groups(
     cache.batch_repeat_interleave(group_size)
     attn = prompt_attn.repeat_interleave(group_size, dim=0)  # [B*G, P]
     next_pos = prompt_mask.long().sum(-1).repeat_interleave(group_size)  # [B*G]
-    return decode(backbone, head, logits, cache, attn, next_pos, params, eos_ids, pad_id, generator, stop,
-                  top_logprobs)
+    return decode(backbone, head, logits, cache, attn, next_pos,
+                  DecodeSpec(params, eos_ids, pad_id, generator, stop, top_logprobs))
 
 
 Leaving = Callable[[torch.Tensor, torch.Tensor, object, torch.Tensor], None]
@@ -196,26 +196,27 @@ Leaving = Callable[[torch.Tensor, torch.Tensor, object, torch.Tensor], None]
 values cover every token but the last one sampled (it was never fed back)."""
 
 
+@dataclass(frozen=True)
+class DecodeSpec:
+    """How ``decode`` draws tokens and when a row ends: ``generate_groups``'s arguments of the same names."""
+
+    params: SamplingParams
+    eos_ids: list[int]
+    pad_id: int
+    generator: Generators = None
+    stop: Callable[[list[int]], bool] | None = None
+    top_logprobs: int = 0
+
+
 @torch.no_grad()
-def decode(
-    backbone: nn.Module,
-    head: nn.Module,
-    logits: torch.Tensor,
-    cache,
-    attn: torch.Tensor,
-    next_pos: torch.Tensor,
-    params: SamplingParams,
-    eos_ids: list[int],
-    pad_id: int,
-    generator: Generators = None,
-    stop: Callable[[list[int]], bool] | None = None,
-    top_logprobs: int = 0,
-    leaving: Leaving | None = None,
-) -> SampledTokens:
+def decode(backbone: nn.Module, head: nn.Module, logits: torch.Tensor, cache, attn: torch.Tensor,
+           next_pos: torch.Tensor, spec: DecodeSpec, leaving: Leaving | None = None) -> SampledTokens:
     """Sample up to ``params.max_new_tokens`` tokens for each of n rows whose contexts are in ``cache``: ``logits``
     [n, V] are the next token's, ``attn`` [n, C] the cache's attention mask, ``next_pos`` [n] the next token's
     position. Finished rows leave the batch and the cache; ``leaving`` sees them go (episodes keep them for their
-    next turn). Arguments as ``generate_groups``'s."""
+    next turn)."""
+    params, eos_ids, pad_id, generator, stop = spec.params, spec.eos_ids, spec.pad_id, spec.generator, spec.stop
+    top_logprobs = spec.top_logprobs
     n = logits.shape[0]
     device = logits.device
     ids = torch.full((n, params.max_new_tokens), pad_id, dtype=torch.long, device=device)

@@ -31,7 +31,7 @@ from torch import nn
 
 from rlvr.models.architecture import attention_window, share_prefix_within
 from rlvr.models.prompts import left_pad
-from rlvr.rollout.engine import Generators, SampledTokens, SamplingParams, decode, prefill
+from rlvr.rollout.engine import DecodeSpec, Generators, SampledTokens, SamplingParams, decode, prefill
 from rlvr.rollout.kv_cache import preallocated_cache
 
 
@@ -96,8 +96,9 @@ def sample_continuing(backbone: nn.Module, head: Callable, contexts: list[list[i
             leaving[row] = ([layer.keys[place].index_select(1, columns) for layer in cache.layers],
                             [layer.values[place].index_select(1, columns) for layer in cache.layers])
 
-    out = decode(backbone, head, logits, cache, attn, next_pos, params, eos_ids, pad_id, generators, stop,
-                 top_logprobs, leaving=hand_over if keep_bytes > 0 else None)
+    out = decode(backbone, head, logits, cache, attn, next_pos,
+                 DecodeSpec(params, eos_ids, pad_id, generators, stop, top_logprobs),
+                 leaving=hand_over if keep_bytes > 0 else None)
     del cache
     after: list[Held | None] = [None] * out.ids.shape[0]
     lengths = out.mask.sum(-1).tolist()

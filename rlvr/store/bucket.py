@@ -158,6 +158,13 @@ def write_local(path: str, data: bytes, root: str, exclusive: bool = False) -> b
                 os.link(tmp, path)  # fails if path exists, whatever it is: create-once, complete when it appears
             except FileExistsError:
                 return False
+            except OSError:  # a file system without hard links: create it exclusively, then write it
+                try:
+                    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+                except FileExistsError:
+                    return False
+                with os.fdopen(fd, "wb") as f:  # a reader may see it half written: it retries until the timeout
+                    f.write(data)
             return True
         os.replace(tmp, path)
         return True
