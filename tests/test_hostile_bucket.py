@@ -114,8 +114,11 @@ def test_a_stop_request_ends_the_wait_with_the_round_left_open(tmp_path):
 
 # ------------------------------------------------------------------------------------------ what a learner takes
 def _two_deltas(bucket) -> Decision:
-    digests = {k: RoundBucket(str(bucket), k, 2).publish_delta(1, _delta(0.1 * (k + 1)), {}) and
-               RoundBucket(str(bucket), 0, 2).read_delta(1, k, LIKE, torch.float32)[1] for k in (0, 1)}
+    """Learners 0 and 1 publish round 1's deltas (0.1 and 0.2 everywhere); learner 1 decides on both."""
+    digests = {}
+    for k in (0, 1):
+        RoundBucket(str(bucket), k, 2).publish_delta(1, _delta(0.1 * (k + 1)), {})
+        digests[k] = RoundBucket(str(bucket), 0, 2).read_delta(1, k, LIKE, torch.float32)[1]
     decision = Decision(1, (0, 1), digests, 1, "all")
     RoundBucket(str(bucket), 1, 2).decide(decision)
     return decision
