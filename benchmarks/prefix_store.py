@@ -50,17 +50,23 @@ def _serve(code: Path, store_mb: int) -> tuple[subprocess.Popen, str]:
         raise RuntimeError("the server did not start")
     threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()  # drained: never blocks it
     deadline = time.monotonic() + 300
-    while httpx.get(f"http://{url}/health", timeout=5).status_code != 200:
-        if time.monotonic() > deadline:
+    while True:
+        try:
+            if httpx.get(f"http://{url}/health", timeout=5).status_code == 200:
+                return proc, f"http://{url}"
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline or proc.poll() is not None:
+            os.killpg(proc.pid, 9)
             raise RuntimeError("the server never became ready")
         time.sleep(0.5)
-    return proc, f"http://{url}"
 
 
 def _workload(url: str, pid: int, prompts: list[list[int]], n: int) -> dict:
-    """Peak RSS the requests add over the server at rest (MB), their wall time, and what the store holds after."""
+    """Peak RSS the requests add over the server at rest (MB), their wall time, and what they added to the store."""
     Path(f"/proc/{pid}/clear_refs").write_text("5")  # VmHWM := current RSS
     rest = _peak_mb(pid)
+    before = httpx.get(f"{url}/stats", timeout=10).json().get("prefix_cache_bytes", 0)
     body = {"max_tokens": TOKENS, "temperature": 1.0, "n": n, "return_token_ids": True}
     started = time.perf_counter()
     with ThreadPoolExecutor(len(prompts)) as pool:
@@ -68,7 +74,7 @@ def _workload(url: str, pid: int, prompts: list[list[int]], n: int) -> dict:
                                                      timeout=600), prompts))
     wall = time.perf_counter() - started
     assert all(a.status_code == 200 for a in answers), answers[0].text
-    held = httpx.get(f"{url}/stats", timeout=10).json().get("prefix_cache_bytes", 0)
+    held = httpx.get(f"{url}/stats", timeout=10).json().get("prefix_cache_bytes", 0) - before
     return {"added_mb": round(_peak_mb(pid) - rest, 1), "wall_s": round(wall, 2), "held_mb": round(held / 2**20, 2)}
 
 
@@ -106,8 +112,9 @@ def markdown(results: dict) -> str:
              f"--before {results.get('before') or 'REV'}`)")
     about = (f"SmolLM2-135M-Instruct fp32, 2 threads, {TOKENS} new tokens; groups: 4 concurrent requests of one "
              "prompt x n=8 (as rlvr's pool sends GRPO groups); turns: 32 concurrent requests of one completion of "
-             "token ids (episode turns, what the store is for). Peak = VmHWM reset before each workload; one "
-             f"`rlvr serve` per row, measured side by side in one run. Machine: {results['machine']}.")
+             "token ids (episode turns, what the store is for). Peak = VmHWM reset before each workload: what it "
+             "adds over the server at rest, the allocator's retention included; held = what it added to the store. "
+             f"One `rlvr serve` per row, measured side by side in one run. Machine: {results['machine']}.")
     return "\n".join(["<!-- prefix_store:start -->", title, "", about, "", *lines, "", "<!-- prefix_store:end -->"])
 
 
