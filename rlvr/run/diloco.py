@@ -15,6 +15,7 @@ and the step it started at, so a resumed learner knows whether its checkpoint is
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections import defaultdict
@@ -26,6 +27,7 @@ from rlvr.config.schema import RunConfig
 from rlvr.core.outer import bound_norm, delta_norm, finite, nesterov_step, outer_gradient
 from rlvr.learn.collected import Collected
 from rlvr.learn.learner import Learner
+from rlvr.models.policy import resolve_model_dir
 from rlvr.platform.faults import fault_point
 from rlvr.run.lifecycle import Run, Update
 from rlvr.store.rounds import DELTA_TORCH_DTYPES, Decision, RefusedDelta, RoundBucket
@@ -107,10 +109,13 @@ class DilocoUpdate:
         self._save_position(run)
 
     def _identity(self) -> dict:
-        """What every learner of the job must share (job.json): the model and its trainable parameters, the task, and
-        what the outer step computes with."""
+        """What every learner of the job must share (job.json): the model (its config.json's digest, so the same model
+        at another path on another machine agrees), its trainable parameters, the task, and what the outer step
+        computes with."""
         m, d = self.cfg.model, self.cfg.diloco
-        return {"model": m.name, "lora": [m.lora, m.lora_r, m.lora_alpha, sorted(m.lora_targets)] if m.lora else False,
+        config = resolve_model_dir(m.name) / "config.json"
+        model = hashlib.sha256(config.read_bytes()).hexdigest()[:16] if config.is_file() else m.name
+        return {"model": model, "lora": [m.lora, m.lora_r, m.lora_alpha, sorted(m.lora_targets)] if m.lora else False,
                 "task": self.cfg.task.name, "learners": self.learners, "inner_steps": d.inner_steps,
                 "outer_lr": d.outer_lr, "outer_momentum": d.outer_momentum, "delta_dtype": d.delta_dtype,
                 "max_delta_norm": d.max_delta_norm, "max_delta_ratio": d.max_delta_ratio}

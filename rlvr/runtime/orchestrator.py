@@ -106,8 +106,13 @@ class Orchestrator:
 
     def pending_uids(self) -> list[int]:
         """Uids dispatched (or due to be) and not yet trained: what a checkpoint must remember."""
+        return self.position()[1]
+
+    def position(self) -> tuple[int, list[int]]:
+        """(cursor, pending uids) read together: a prompt dispatched meanwhile is in both or in neither, so a
+        checkpoint never loses one nor trains one twice."""
         with self._lock:
-            return sorted(self._pending)
+            return self.cursor, sorted(self._pending)
 
     def _next_uid(self) -> int:
         with self._lock:

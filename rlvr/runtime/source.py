@@ -161,7 +161,8 @@ class AsyncSource:
         return out
 
     def state(self) -> dict:
-        return {"cursor": self.orchestrator.cursor, "pending": self.orchestrator.pending_uids()}
+        cursor, pending = self.orchestrator.position()
+        return {"cursor": cursor, "pending": pending}
 
 
 def async_metrics(taken: Taken, before: dict, now: dict, busy: dict, now_busy: dict, wall_s: float) -> dict:

@@ -64,8 +64,10 @@ def listener():
     server.close()
 
 
-def _sandbox_processes(marker: str = "") -> list[str]:
-    """Processes that still run as a sandbox uid, or whose command line holds ``marker``."""
+def _sandbox_processes(marker: str = "", box: Sandbox | None = None) -> list[str]:
+    """Processes that still run as a sandbox uid (``box``'s own, when given: other sandboxes on the machine, a
+    parallel test worker's say, run as others), or whose command line holds ``marker``."""
+    own = {f(k) for k in range(len(box.uids.offsets)) for f in (box.uids.checker, box.uids.candidate)} if box else None
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -73,7 +75,8 @@ def _sandbox_processes(marker: str = "") -> list[str]:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        sandbox_uid = any(base <= uid < base + UID_SPAN for base in (CHECKER_UID, CANDIDATE_UID))
+        sandbox_uid = uid in own if own is not None else any(base <= uid < base + UID_SPAN
+                                                             for base in (CHECKER_UID, CANDIDATE_UID))
         if sandbox_uid or (marker and marker in cmdline and pid != str(os.getpid())):
             found.append(f"{pid}: {cmdline}")
     return found
@@ -126,7 +129,7 @@ def test_attack_fails_fast_and_leaves_nothing(sandbox, name):
     run, score, elapsed = _hostile(sandbox, ATTACKS[name])
     assert score == 0.0, (name, run)
     assert elapsed < TIMEOUT + 1.0, (name, elapsed)
-    assert not _sandbox_processes("RLVR-MARKER"), name  # gone when run() returns, not eventually
+    assert not _sandbox_processes("RLVR-MARKER", sandbox), name  # gone when run() returns, not eventually
     assert len(run.stdout) <= sandbox.limits.output_bytes
 
 
