@@ -3,27 +3,13 @@ loads and unloads (what a path may be: rlvr.serve.security), and a success is an
 
 from __future__ import annotations
 
-from typing import Annotated
-
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter
 from fastapi.responses import PlainTextResponse
 
 from rlvr.serve.engine import AdapterJob
 from rlvr.serve.errors import Refused
-from rlvr.serve.handling import Serving, handle, serving
+from rlvr.serve.handling import Serving, post_route
 from rlvr.serve.request_models import LoadLoraRequest, UnloadLoraRequest, parse
-
-router = APIRouter()
-
-
-@router.post("/v1/load_lora_adapter")
-async def load_lora(request: Request, s: Annotated[Serving, Depends(serving)]):
-    return await handle(s, request, prepare_load, plain)
-
-
-@router.post("/v1/unload_lora_adapter")
-async def unload_lora(request: Request, s: Annotated[Serving, Depends(serving)]):
-    return await handle(s, request, prepare_unload, plain)
 
 
 def prepare_load(s: Serving, body: bytes) -> tuple[AdapterJob, None]:
@@ -39,3 +25,8 @@ def prepare_unload(s: Serving, body: bytes) -> tuple[AdapterJob, None]:
 
 def plain(s: Serving, req: None, message: str) -> PlainTextResponse:
     return PlainTextResponse(message)
+
+
+router = APIRouter()
+post_route(router, "/v1/load_lora_adapter", prepare_load, plain)
+post_route(router, "/v1/unload_lora_adapter", prepare_unload, plain)

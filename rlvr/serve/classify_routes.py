@@ -17,13 +17,13 @@ import time
 import uuid
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from rlvr.models.prompts import chat_token_ids, defused
 from rlvr.serve.classify_engine import ClassifyJob, activate
 from rlvr.serve.errors import Refused, error
-from rlvr.serve.handling import Serving, handle, serving
+from rlvr.serve.handling import Serving, post_route
 from rlvr.serve.request_models import ChatMessage, parse
 
 router = APIRouter()  # a classifier's server
@@ -50,11 +50,6 @@ class ClassifyChatRequest(ClassifyFields):
     add_generation_prompt: bool = False
     continue_final_message: bool = False
     add_special_tokens: bool = False
-
-
-@router.post("/classify")
-async def classify(request: Request, s: Annotated[Serving, Depends(serving)]):
-    return await handle(s, request, prepare, respond)
 
 
 def request_of(body: bytes) -> ClassifyInputRequest | ClassifyChatRequest:
@@ -173,3 +168,7 @@ for _path in ("/v1/completions", "/v1/chat/completions", "/v1/load_lora_adapter"
 async def refuse_classify():
     return error(404, "this server serves a causal LM (text generation): POST /classify needs a sequence-"
                       "classification model (rlvr serve DIR of an AutoModelForSequenceClassification)")
+
+
+router = APIRouter()
+post_route(router, "/classify", prepare, respond)

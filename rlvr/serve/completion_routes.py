@@ -5,29 +5,16 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Annotated
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter
 
 from rlvr.models.prompts import chat_token_ids
 from rlvr.rollout.engine import SamplingParams
 from rlvr.serve.engine import Generation, Job
 from rlvr.serve.errors import Refused
-from rlvr.serve.handling import Serving, handle, serving
+from rlvr.serve.handling import Serving, post_route
 from rlvr.serve.request_models import ChatRequest, CompletionRequest, SamplingFields, parse
 from rlvr.serve.streaming import chat_stream, completion_stream
-
-router = APIRouter()
-
-
-@router.post("/v1/completions")
-async def completions(request: Request, s: Annotated[Serving, Depends(serving)]):
-    return await handle(s, request, prepare_completion, answer_completion)
-
-
-@router.post("/v1/chat/completions")
-async def chat(request: Request, s: Annotated[Serving, Depends(serving)]):
-    return await handle(s, request, prepare_chat, answer_chat)
 
 
 def adapter_of(s: Serving, name: str) -> str | None:
@@ -194,3 +181,8 @@ def chat_logprobs(tok, tokens: list[int], g: Generation, j: int) -> dict:
         content.append({"token": piece, "logprob": g.logprobs[j][t], "bytes": list(piece.encode()),
                         "top_logprobs": top})
     return {"content": content}
+
+
+router = APIRouter()
+post_route(router, "/v1/completions", prepare_completion, answer_completion)
+post_route(router, "/v1/chat/completions", prepare_chat, answer_chat)

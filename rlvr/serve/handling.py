@@ -8,8 +8,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Annotated
 
-from fastapi import Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from starlette.requests import ClientDisconnect
 
@@ -127,3 +128,14 @@ async def handle(s: Serving, request: Request, prepare: Callable[[Serving, bytes
         return await off_loop(s, respond, s, req, result)
     except Refused as refused:
         return refused.response
+
+
+def post_route(router: APIRouter, path: str, prepare: Callable[[Serving, bytes], tuple[object, object]],
+               respond: Callable[[Serving, object, object], object]) -> None:
+    """Add POST ``path`` to ``router``: ``handle`` with ``prepare`` and ``respond`` (every route that runs a job on
+    the engine has this one shape)."""
+    async def endpoint(request: Request, s: Annotated[Serving, Depends(serving)]):
+        return await handle(s, request, prepare, respond)
+
+    endpoint.__name__ = endpoint.__qualname__ = path.strip("/").replace("/", "_")  # FastAPI's operation id
+    router.post(path)(endpoint)
