@@ -223,7 +223,6 @@ class Engine:
         self._waiting: list[Job | AdapterJob] = []  # taken from the admission queue, not finished (engine thread)
         self.ready = threading.Event()
         self.load_error: str | None = None
-        self._cache: Path | None = None  # adapters downloaded from a bucket: made on the first one, removed by close
         self._base = self._peft = None
         self._decode_cache = DecodeCache()  # the last batch's folded weights; emptied on every adapter change
         # recent completions' keys and values, for requests that extend them (episode turns); emptied likewise
@@ -239,12 +238,10 @@ class Engine:
 
     def close(self, wait_s: float = 5.0) -> None:
         """Refuse new requests (503), let the engine thread end once it has run those accepted before (waiting at
-        most ``wait_s``), and remove the download cache."""
+        most ``wait_s``)."""
         self.admission.close()
         if self._thread.is_alive():
             self._thread.join(wait_s)
-        if self._cache is not None:
-            shutil.rmtree(self._cache, ignore_errors=True)
 
     def check(self, job: Job) -> None:
         """Refuse (400) a request that can never run within the bounds; says which knob to lower."""
@@ -356,14 +353,16 @@ class Engine:
         except AdapterPathError:
             _log(f"refused lora_path {path[:300]!r} for {name!r}: outside {self.policy.describe()}")
             raise EngineError(NOT_ALLOWED) from None
-        if self._cache is None:
-            self._cache = Path(tempfile.mkdtemp(prefix="rlvr-serve-adapters-"))
+        cache = Path(tempfile.mkdtemp(prefix="rlvr-serve-adapter-"))  # this download's own, removed once loaded
         try:
-            local = fetch_version(where, self._cache)
+            local = fetch_version(where, cache)
         except Exception as err:  # noqa: BLE001 (missing, unreadable, not matching its manifest: one answer, no oracle)
+            shutil.rmtree(cache, ignore_errors=True)
             _log(f"fetching {where!r} failed: {type(err).__name__}: {err}")
             raise EngineError(NOT_ALLOWED) from None
-        downloaded = "://" in where and local.resolve().is_relative_to(self._cache.resolve())
+        downloaded = "://" in where and local.resolve().is_relative_to(cache.resolve())
+        if not downloaded:  # a local version, read in place
+            shutil.rmtree(cache, ignore_errors=True)
         return local, downloaded
 
     def _load(self, name: str, path: str, inplace: bool) -> str:
@@ -395,8 +394,8 @@ class Engine:
                 _log(f"peft could not load {str(local)!r}: {type(err).__name__}: {err}")
                 raise EngineError("could not load adapter: it does not fit this model") from None
         finally:
-            if downloaded:  # its weights are in memory now (or it failed): the disk holds no old versions
-                shutil.rmtree(local, ignore_errors=True)
+            if downloaded:  # its weights are in memory now (or it failed): the disk holds no copy
+                shutil.rmtree(local.parent, ignore_errors=True)
         if replacing:
             self._drop(self._internal[name])
         self._internal[name] = internal
