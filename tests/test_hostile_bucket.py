@@ -81,13 +81,15 @@ def test_a_version_directory_linked_outside_the_bucket_is_not_read(tmp_path):
         RoundBucket(str(tmp_path / "bucket"), 0, 2).read_delta(1, 1, LIKE, torch.float32)
 
 
-@pytest.mark.parametrize("kind", ["half_written", "fifo", "link_to_fifo", "learner_9_of_2"])
+@pytest.mark.parametrize("kind", ["half_written", "json_list", "fifo", "link_to_fifo", "learner_9_of_2"])
 def test_a_decision_that_cannot_be_read_drops_the_round_at_the_timeout_never_hangs(tmp_path, kind):
     rounds = tmp_path / "bucket" / "rounds"
     rounds.mkdir(parents=True)
     path = rounds / "00000001.json"
     if kind == "half_written":
         path.write_text("{")
+    elif kind == "json_list":  # JSON, but not an object: read as one, it raised AttributeError
+        path.write_text("[1, 2]")
     elif kind == "fifo":
         os.mkfifo(path)
     elif kind == "link_to_fifo":

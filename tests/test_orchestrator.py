@@ -119,7 +119,7 @@ def test_stale_groups_are_dropped_and_their_prompts_sampled_again():
     assert taken.dropped_stale == 4 and orch.stats.redispatched == 4
     assert all(g.versions.tolist() == [2] for g in taken.groups) and taken.staleness == {0: 4}
     assert set(uids) <= {0, 1, 2, 3, 4, 5} and len(set(uids)) == 4
-    assert {0, 1, 2, 3} <= set(uids) | set(orch.pending_uids())
+    assert {0, 1, 2, 3} <= set(uids) | set(orch.position()[1])
 
 
 def test_one_version_behind_is_trained():
@@ -160,7 +160,7 @@ def test_dynamic_sampling_drops_zero_variance_groups_for_good():
     assert len(taken.groups) == 4 and all(not rows[g.row_ids[0]]["prompt"].startswith("flat") for g in taken.groups)
     assert taken.dropped_zero_variance > 0 and orch.stats.dropped_zero_variance == taken.dropped_zero_variance
     flat = [u for u in range(orch.cursor) if rows[data_order(40, 0, u, 1)[0]]["prompt"] == "flat"]
-    still_pending = set(flat) & set(orch.pending_uids())  # only those not yet taken (at most the 2 in flight)
+    still_pending = set(flat) & set(orch.position()[1])  # only those not yet taken (at most the 2 in flight)
     assert len(flat) - len(still_pending) == taken.dropped_zero_variance and len(still_pending) <= 2
 
 

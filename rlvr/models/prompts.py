@@ -126,6 +126,12 @@ def defused(tokenizer, text: str) -> str:
     return text
 
 
+def defused_messages(tokenizer, messages: list[dict]) -> list[dict]:
+    """``messages`` with each string content ``defused``."""
+    return [{**m, "content": defused(tokenizer, m["content"])} if isinstance(m.get("content"), str) else m
+            for m in messages]
+
+
 def chat_token_ids(tokenizer, messages: list[dict], **template: Any) -> list[int]:
     """Token ids of ``messages`` under the chat template (``template``: apply_chat_template's options) with every
     message's content read as text: a special-token string written in it (``<|im_end|>``, ``<|im_start|>user``) is
@@ -152,6 +158,5 @@ def chat_token_ids(tokenizer, messages: list[dict], **template: Any) -> list[int
             ids += tokenizer(piece, add_special_tokens=False)["input_ids"] if piece else []
     if "".join(rebuilt) == text:
         return ids
-    safe = [{**m, "content": defused(tokenizer, c)} if c is not None else m for m, c in zip(messages, contents)]
-    text = tokenizer.apply_chat_template(safe, tokenize=False, **template)
+    text = tokenizer.apply_chat_template(defused_messages(tokenizer, messages), tokenize=False, **template)
     return tokenizer(text, add_special_tokens=False)["input_ids"]

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from rlvr.models.prompts import chat_token_ids, defused, has_special_tokens
+from rlvr.models.prompts import chat_token_ids, defused
 from rlvr.rewards.base import completion_text, plain_text
 
 SEQ_CLS = "ForSequenceClassification"
@@ -111,8 +111,7 @@ def score_ids(tokenizer: Any, prompt: Any, text: str, chat: bool, max_length: in
         messages.append({"role": "assistant", "content": text})
         ids = chat_token_ids(tokenizer, messages, add_generation_prompt=False)
     else:
-        safe = defused(tokenizer, text) if has_special_tokens(tokenizer, text) else text
-        ids = tokenizer(plain_text(prompt, safe), add_special_tokens=True)["input_ids"]
+        ids = tokenizer(plain_text(prompt, defused(tokenizer, text)), add_special_tokens=True)["input_ids"]
     return list(ids[-max_length:]) if max_length > 0 else list(ids)
 
 

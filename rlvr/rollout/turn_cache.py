@@ -84,15 +84,16 @@ def sample_continuing(backbone: nn.Module, head: Callable, contexts: list[list[i
         cache.batch_repeat_interleave(group_size)
         logits, attn, next_pos = (t.repeat_interleave(group_size, dim=0) for t in (logits, attn, next_pos))
     leaving: dict[int, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
-    budget = [keep_bytes]
+    budget = keep_bytes
 
     def hand_over(places: torch.Tensor, rows: torch.Tensor, cache, attn: torch.Tensor) -> None:
+        nonlocal budget
         position = sum(layer.keys[0, :, 0].numel() * layer.keys.element_size() * 2 for layer in cache.layers)
         for place, row in zip(places.tolist(), rows.tolist()):
             columns = attn[place].nonzero().squeeze(-1)  # this row's tokens, in order
-            if len(columns) * position > budget[0]:
+            if len(columns) * position > budget:
                 continue  # sized before it is copied: past the budget nothing is
-            budget[0] -= len(columns) * position
+            budget -= len(columns) * position
             leaving[row] = ([layer.keys[place].index_select(1, columns) for layer in cache.layers],
                             [layer.values[place].index_select(1, columns) for layer in cache.layers])
 

@@ -102,7 +102,7 @@ class DilocoUpdate:
         weights after round first - 1; default: the job's start) through the decided rounds (``_replay``)."""
         like = {n: p.detach() for n, p in self._params(run).items()}
         if start is None:
-            start, momentum, first = self.bucket.read_state(0, like)[0], None, 1
+            start, momentum, first = self._job_start(like), None, 1
         self.start, self.momentum = self._replay(first, latest, start, momentum, like)
         self._load(run, self.start)
         self.round, self.round_start_step = latest + 1, self.step
@@ -152,7 +152,7 @@ class DilocoUpdate:
         latest = self.bucket.decided()
         if run.start and saved.get("round") == latest + 1 and run.start >= saved["round_start_step"]:
             like = {n: p.detach() for n, p in self._params(run).items()}  # resumed inside the current round
-            self.start, self.momentum = self._replay(1, latest, self.bucket.read_state(0, like)[0], None, like)
+            self.start, self.momentum = self._replay(1, latest, self._job_start(like), None, like)
             self.round, self.round_start_step = latest + 1, saved["round_start_step"]
             if self.step - self.round_start_step >= self.cfg.diloco.inner_steps:  # stopped while its round closed
                 self._close_round(run)
@@ -193,7 +193,7 @@ class DilocoUpdate:
                     self.totals["refused_rounds"] += 1
                     print(f"rlvr: diloco: round {round_}'s decision stayed unreadable; the round is dropped",
                           flush=True)
-                    return Decision(round_, (), {}, -1, "unreadable")
+                    return Decision.dropped(round_)
                 time.sleep(POLL_S)
                 continue
             if decision is not None:
@@ -252,6 +252,10 @@ class DilocoUpdate:
             return start, momentum, 0, bounded
         return *stepped, len(deltas), bounded
 
+    def _job_start(self, like: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The job's starting weights (global/v0, published once by the learner that claimed the start)."""
+        return self.bucket.read_state(0, like)[0]
+
     def _replay(self, first: int, last: int, start: dict, momentum: dict | None,
                 like: dict[str, torch.Tensor]) -> tuple[dict, dict | None]:
         """The weights and momentum after round ``last`` from those after round first - 1: each decided round's
@@ -261,7 +265,7 @@ class DilocoUpdate:
             try:
                 decision = self.bucket.decision(round_)
             except RefusedDelta:  # every learner that waited on it dropped the round
-                decision = Decision(round_, (), {}, -1, "unreadable")
+                decision = Decision.dropped(round_)
             if decision is None:
                 raise RefusedDelta(f"diloco: round {round_} has no decision in {self.bucket.url}/rounds though later "
                                    "rounds do: the bucket was changed; start a new job (another diloco.bucket)")

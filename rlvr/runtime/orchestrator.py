@@ -104,13 +104,9 @@ class Orchestrator:
         for t in self._threads:
             t.join(max(deadline - time.monotonic(), 0))
 
-    def pending_uids(self) -> list[int]:
-        """Uids dispatched (or due to be) and not yet trained: what a checkpoint must remember."""
-        return self.position()[1]
-
     def position(self) -> tuple[int, list[int]]:
-        """(cursor, pending uids) read together: a prompt dispatched meanwhile is in both or in neither, so a
-        checkpoint never loses one nor trains one twice."""
+        """(cursor, pending uids: dispatched, or due to be, and not yet trained), read together: what a checkpoint
+        must remember; a prompt dispatched meanwhile is in both or in neither, so none is lost or trained twice."""
         with self._lock:
             return self.cursor, sorted(self._pending)
 

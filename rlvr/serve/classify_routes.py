@@ -20,7 +20,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from rlvr.models.prompts import chat_token_ids, defused
+from rlvr.models.prompts import chat_token_ids, defused_messages
 from rlvr.serve.classify_engine import ClassifyJob, activate
 from rlvr.serve.errors import Refused, error
 from rlvr.serve.handling import Serving, post_route
@@ -90,9 +90,7 @@ def chat_row(s: Serving, req: ClassifyChatRequest) -> list[int]:
         text = s.tokenizer.apply_chat_template(messages, tokenize=False, **template)
         if len(text) <= s.max_chars and not req.add_special_tokens:
             return chat_token_ids(s.tokenizer, messages, **template)
-        safe = [{**m, "content": defused(s.tokenizer, m["content"])} if isinstance(m.get("content"), str) else m
-                for m in messages]
-        text = s.tokenizer.apply_chat_template(safe, tokenize=False, **template)
+        text = s.tokenizer.apply_chat_template(defused_messages(s.tokenizer, messages), tokenize=False, **template)
     except Exception as err:  # noqa: BLE001 (a template that rejects the messages is a bad request)
         raise Refused(400, f"the chat template rejected the messages: {str(err)[:300]}") from None
     return tokens(s, req, text, req.add_special_tokens)

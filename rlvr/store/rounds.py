@@ -55,7 +55,12 @@ class Decision:
     members: tuple[int, ...]  # learners whose deltas the round averages, ascending
     digests: dict[int, str]  # each member's payload SHA-256, as the decider read it
     closed_by: int
-    reason: str  # "all" | "timeout" | "too few"
+    reason: str  # "all" | "timeout" | "too few" ("unreadable": never written, see ``dropped``)
+
+    @classmethod
+    def dropped(cls, round_: int) -> Decision:
+        """What every learner takes for a round whose decision stays unreadable: no members, the round dropped."""
+        return cls(round_, (), {}, -1, "unreadable")
 
 
 def expected_bytes(like: dict[str, torch.Tensor], dtype: torch.dtype) -> int:
@@ -134,22 +139,34 @@ class RoundBucket:
     def job(self, identity: dict) -> dict:
         """The job this bucket belongs to: ``identity`` recorded in job.json when it has none (created once,
         exclusively), else the identity recorded there (RefusedDelta when that is not a small JSON object)."""
-        path = f"{self.root}/{JOB}"
-        self._create_once(path, json.dumps(identity, sort_keys=True).encode())
-        try:
-            if self.global_.local:
-                raw = read_local(self.root, JOB, MAX_DECISION_BYTES + 1, self.url, self.root)
-            else:
-                with self.fs.open(path, "rb") as f:
-                    raw = f.read(MAX_DECISION_BYTES + 1)
-            recorded = json.loads(raw)
-        except (ManifestError, OSError, ValueError) as err:
-            raise RefusedDelta(f"diloco: {self.url}/{JOB} is not what rlvr writes ({type(err).__name__}); remove it "
-                               "or use another diloco.bucket") from None
-        if not isinstance(recorded, dict) or len(raw) > MAX_DECISION_BYTES:
-            raise RefusedDelta(f"diloco: {self.url}/{JOB} is not what rlvr writes; remove it or use another "
+        self._create_once(f"{self.root}/{JOB}", json.dumps(identity, sort_keys=True).encode())
+        recorded = self._record(self.root, JOB, f"diloco: {self.url}/{JOB}")
+        if recorded is None:
+            raise RefusedDelta(f"diloco: {self.url}/{JOB} vanished as it was read; remove it or use another "
                                "diloco.bucket")
         return recorded
+
+    def _record(self, directory: str, name: str, what: str) -> dict | None:
+        """The small JSON object at ``directory/name`` (None when there is none): read bounded, as a regular file
+        inside the bucket (never a FIFO's blocking read, never through a link); RefusedDelta for anything else."""
+        try:
+            if self.global_.local:
+                raw = read_local(directory, name, MAX_DECISION_BYTES + 1, self.url, self.root)
+            else:
+                with self.fs.open(f"{directory}/{name}", "rb") as f:
+                    raw = f.read(MAX_DECISION_BYTES + 1)
+        except FileNotFoundError:
+            return None
+        except (ManifestError, OSError) as err:
+            raise RefusedDelta(f"{what}: {err}") from None
+        try:
+            record = json.loads(raw)
+        except ValueError:  # not JSON (on a store without atomic writes, perhaps one half written for a moment)
+            record = None
+        if len(raw) > MAX_DECISION_BYTES or not isinstance(record, dict):
+            raise RefusedDelta(f"{what} is not what rlvr writes (a small JSON object); remove it or use another "
+                               "diloco.bucket")
+        return record
 
     def claim_start(self) -> bool:
         """Whether this learner is the one that publishes the job's starting weights (created once, exclusively)."""
@@ -180,26 +197,14 @@ class RoundBucket:
         return last
 
     def decision(self, round_: int) -> Decision | None:
-        """Round ``round_``'s decision, None while there is none (or it is being written); RefusedDelta for one
-        rlvr does not write."""
-        path = self._decision_path(round_)
-        try:
-            if self.global_.local:  # a regular file inside the bucket, or refused: never a FIFO's blocking read
-                raw = read_local(self.rounds, path.rsplit("/", 1)[1], MAX_DECISION_BYTES + 1, self.url, self.root)
-            else:
-                with self.fs.open(path, "rb") as f:
-                    raw = f.read(MAX_DECISION_BYTES + 1)
-        except FileNotFoundError:
+        """Round ``round_``'s decision, None while there is none; RefusedDelta for one rlvr does not write (what a
+        learner waits past: rlvr.run.diloco)."""
+        record = self._record(self.rounds, self._decision_path(round_).rsplit("/", 1)[1],
+                              f"round {round_}'s decision in {self.url}/rounds")
+        if record is None:
             return None
-        except (ManifestError, OSError) as err:
-            raise RefusedDelta(f"round {round_}'s decision: {err}") from None
-        try:
-            record = json.loads(raw)
-        except ValueError:  # a store without atomic writes may show one half written for a moment
-            raise RefusedDelta(f"round {round_}'s decision in {self.url}/rounds is not JSON") from None
-        members = record.get("members") if isinstance(record, dict) else None
-        digests = record.get("digests") if isinstance(record, dict) else None
-        ok = (len(raw) <= MAX_DECISION_BYTES and record.get("round") == round_ and isinstance(members, list)
+        members, digests = record.get("members"), record.get("digests")
+        ok = (record.get("round") == round_ and isinstance(members, list)
               and all(type(k) is int and 0 <= k < self.learners for k in members) and len(set(members)) == len(members)
               and isinstance(digests, dict) and set(digests) == {str(k) for k in members}
               and all(isinstance(v, str) and re.fullmatch(r"[0-9a-f]{64}", v) for v in digests.values())
