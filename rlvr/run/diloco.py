@@ -127,7 +127,9 @@ class DilocoUpdate:
         recorded = self.bucket.job(json.loads(json.dumps(mine)))  # as JSON reads it back (lists, not tuples)
         differ = sorted(k for k in {*mine, *recorded} if json.dumps(mine.get(k)) != json.dumps(recorded.get(k)))
         if differ:
-            shown = "; ".join(f"{k}: job {recorded.get(k)!r}, this learner {mine.get(k)!r}" for k in differ)
+            # job.json is bucket content: each value shown escaped (repr) and cut, so it cannot flood the message
+            shown = "; ".join(f"{k if k in mine else repr(k)[:40]}: job {recorded.get(k)!r:.80}, this learner "
+                              f"{mine.get(k)!r:.80}" for k in differ[:8])
             raise RefusedDelta(f"diloco: {self.bucket.url} belongs to a job with other settings ({shown}); give this "
                                "learner the job's settings, or use another diloco.bucket for a new job")
         if fresh and latest >= 1:
