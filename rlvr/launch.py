@@ -4,6 +4,7 @@
     source = synchronous (rlvr/run/collect.py) | asynchronous (rlvr/runtime/source.py, async.enabled)
     update = GRPO (rlvr/learn/step.py)           | PPO with a critic (rlvr/learn/ppo.py, algo.name=ppo)
              wrapped by a DiLoCo round every H steps (rlvr/run/diloco.py, diloco.learner)
+    source, with diloco.rollouts: the learners' scored groups shared too (rlvr/run/shared_rollouts.py)
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from rlvr.run.diloco import DilocoUpdate
 from rlvr.run.lifecycle import NonFiniteError, fresh_run_dir, open_run
 from rlvr.run.loop import run_loop
 from rlvr.run.scoring import EnvironmentObjects
+from rlvr.run.shared_rollouts import SharingSource
 from rlvr.runtime.source import AsyncSource
 
 __all__ = ["NonFiniteError", "fresh_run_dir", "train"]
@@ -41,6 +43,8 @@ def train(cfg: RunConfig, rewards: list[WeightedReward] | None = None,
     diloco = DilocoUpdate(update, cfg) if cfg.diloco.learner else None  # a round every diloco.inner_steps steps
     update = diloco or update
     source = AsyncSource(cfg, advantages) if cfg.asynchronous.enabled else SyncSource(cfg, advantages)
+    if diloco is not None and cfg.diloco.rollouts != "off":  # the learners' scored groups through the bucket too
+        source = SharingSource(source, cfg)
     run = open_run(cfg, update, rewards, environment)
     if diloco is not None:
         diloco.bind(run)

@@ -11,6 +11,7 @@ from rlvr.config.checks import at_least, check_choices
 
 DELTA_DTYPES = ("fp32", "bf16")
 DILOCO_PLACEMENTS = ("hand", "ray")
+ROLLOUT_SHARING = ("off", "step", "recent")
 
 
 @dataclass(frozen=True)
@@ -22,7 +23,8 @@ class DilocoConfig:
     """Where the learners exchange deltas: a directory every learner can reach (local or shared disk) or an fsspec
     URL (s3://, gs://, ...)."""
     inner_steps: int = 16
-    """H: the steps each learner takes on its own between two exchanges (a round)."""
+    """H: the steps each learner takes on its own between two exchanges (a round); 0: the weights never meet (only
+    with diloco.rollouts, where the learners share their groups instead)."""
     outer_lr: float = 0.7
     """The outer optimizer's learning rate (Nesterov SGD on the mean delta; 1.0 with outer_momentum 0 averages).
     The paper's 0.7 / 0.9 suit H >= 16 here; at H = 4 and 1 they diverged (docs/concepts/diloco.md): average there."""
@@ -55,11 +57,32 @@ class DilocoConfig:
     OUTPUT_DIR/learner-k; diloco.bucket must be reachable from every node)."""
     learners: int = 0
     """placement ray: how many learners to place."""
+    rollouts: Literal[ROLLOUT_SHARING] = "off"
+    """Share scored groups through the bucket as well (docs/concepts/shared_rollouts.md): each learner publishes its
+    informative groups every step and trains on the peers' too, re-scoring each with its own reward functions (a
+    peer's reward is never used) and correcting it by the importance weight of algo.is_mode / is_cap. step: every
+    learner trains on every learner's groups of the step, in learner order, waiting for them (the learners draw
+    one batch of K x train.prompts_per_step prompts together and sample their shares of it; from the same weights
+    this is one learner at K times the batch, exchanging kilobytes instead of gradients); recent: its own groups
+    and up to diloco.external_groups of the peers' from their last diloco.rollout_max_age steps, without waiting
+    (SAPO-style; each learner on its own shard). off: only weights meet."""
+    external_groups: int = 0
+    """rollouts=recent: at most this many peers' groups a step (0: as many as train.prompts_per_step)."""
+    rollout_max_age: int = 2
+    """rollouts=recent: the oldest peers' groups a step takes were sampled this many steps before it."""
+    rollout_timeout_s: float = 600.0
+    """rollouts=step: seconds a step waits for the peers' groups of the step; then it trains on those that
+    arrived, and a peer that missed a step is not waited for again until it publishes one."""
 
     def __post_init__(self) -> None:
         check_choices(self)
-        at_least(self, 1, "inner_steps", "min_learners")
-        at_least(self, 0, "max_delta_norm", "max_delta_ratio")
+        at_least(self, 1, "min_learners")
+        at_least(self, 0, "inner_steps", "max_delta_norm", "max_delta_ratio", "external_groups", "rollout_max_age")
+        if not self.inner_steps and self.rollouts == "off":
+            raise ValueError("diloco.inner_steps=0 never exchanges anything without diloco.rollouts: set "
+                             "diloco.rollouts=step or recent, or inner_steps >= 1")
+        if not self.rollout_timeout_s > 0:
+            raise ValueError("diloco.rollout_timeout_s must be > 0")
         if not self.round_timeout_s > 0 or not self.outer_lr > 0 or not 0 <= self.outer_momentum < 1:
             raise ValueError("diloco needs round_timeout_s > 0, outer_lr > 0 and 0 <= outer_momentum < 1")
         if self.learner:

@@ -122,6 +122,9 @@ def _validate(cfg: RunConfig) -> None:
         if a.enabled or cfg.algo.name == "ppo":
             raise ConfigError("diloco.learner runs the synchronous GRPO loop; set async.enabled=false and a GRPO "
                               "preset")
+        if cfg.diloco.rollouts != "off" and (cfg.env.enabled or cfg.task.curriculum):
+            raise ConfigError("diloco.rollouts shares single completions of the task's rows; episodes (env.*) and "
+                              "task.curriculum are not shared yet: set diloco.rollouts=off")
     t = cfg.task
     if t.eval_fraction and t.name not in ("jsonl", "math_jsonl", "code_jsonl", "hf"):
         raise ConfigError(f"task.eval_fraction splits the rows of a file or split (jsonl tasks, hf); task.name="

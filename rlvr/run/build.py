@@ -38,6 +38,7 @@ class TaskData:
     tokenizer: object
     env_setup: EnvironmentSetup | None = None  # multi-turn episodes (env.factory, env.tools or env.url set)
     extra_rows: list[dict] = field(default_factory=list)  # eval.extra_path's held-out rows (none: [])
+    task_rows: list[dict] = field(default_factory=list)  # every training row before a DiLoCo learner's shard
 
     def close(self) -> None:
         """Release what the episodes' tools hold (nothing without episodes)."""
@@ -56,11 +57,6 @@ def load_data(cfg: RunConfig, environment: EnvironmentObjects | None = None) -> 
     """Rows, correctness check and tokenizer; prompt lengths are checked here, before any model loads, so bad
     input fails fast."""
     train_rows, eval_rows, check_name = load_task(cfg.task)
-    if cfg.diloco.learner:  # a DiLoCo learner trains its own shard: the rows whose index is k modulo K
-        from rlvr.config.diloco import parse_learner
-
-        k, learners = parse_learner(cfg.diloco.learner)
-        train_rows = train_rows[k::learners]
     extra_rows = load_extra_eval(cfg.task, cfg.eval.extra_path) if cfg.eval.extra_path else []
     if not cfg.task.chat_template:  # base models: chat messages become a plain Q:/A: transcript
         train_rows, eval_rows, extra_rows = ([{**r, "prompt": plain_text(r["prompt"])} for r in rows]
@@ -85,6 +81,14 @@ def load_data(cfg: RunConfig, environment: EnvironmentObjects | None = None) -> 
     encode = setup.prompt_ids if setup else None  # episodes: with the tools described
     train_rows, dropped_train = fit_prompts(tokenizer, train_rows, room, cfg.task.drop_long_prompts, "train",
                                             encode, budget)
+    task_rows = train_rows
+    if cfg.diloco.learner and cfg.diloco.rollouts != "step":
+        # a DiLoCo learner trains its own shard: the rows whose index (once fitted) is k modulo K; under
+        # diloco.rollouts=step the learners split each step's batch instead (rlvr/run/shared_rollouts.py)
+        from rlvr.config.diloco import parse_learner
+
+        k, learners = parse_learner(cfg.diloco.learner)
+        task_rows, train_rows = train_rows, train_rows[k::learners]
     eval_rows, dropped_eval = fit_prompts(tokenizer, eval_rows, room, cfg.task.drop_long_prompts, "eval", encode,
                                           budget)
     dropped_extra = 0
@@ -92,7 +96,7 @@ def load_data(cfg: RunConfig, environment: EnvironmentObjects | None = None) -> 
         extra_rows, dropped_extra = fit_prompts(tokenizer, extra_rows, room, cfg.task.drop_long_prompts,
                                                 "eval.extra_path", encode, budget)
     return TaskData(train_rows, eval_rows, check, dropped_train + dropped_eval + dropped_extra, model_dir, tokenizer,
-                    setup, extra_rows)
+                    setup, extra_rows, task_rows)
 
 
 def build_rewards(rewards: tuple[RewardConfig, ...]) -> list[WeightedReward]:

@@ -80,6 +80,7 @@ def collect(
     max_resample_rounds: int = 0,
     env_setup: EnvironmentSetup | None = None,
     collectives: Collectives | None = None,
+    first: int = 0,
 ) -> Collected:
     """Sample, score and compute advantages for one step.
 
@@ -88,7 +89,8 @@ def collect(
     without dynamic sampling one round, trained as it is; with it, until B informative groups are in hand or
     ``max_resample_rounds`` extra rounds were sampled. ``env_setup``: multi-turn episodes instead of
     single completions (rlvr.run.scoring). ``collectives``: one of several learners (torchrun) samples and
-    scores its share of each round and gets the whole round back (rlvr.run.learners).
+    scores its share of each round and gets the whole round back (rlvr.run.learners). ``first``: the position of
+    these rows in a batch that other learners share (diloco.rollouts=step), which seeds their completions.
     """
     world = collectives.world if collectives is not None else None
     rounds: list[Round] = []
@@ -98,7 +100,7 @@ def collect(
         row_ids = next_row_ids()
         if world is None or world.size == 1:
             round_ = sample_scored(sampler, [rows[i] for i in row_ids], group_size, params,
-                                   round_seed(seed, len(rounds)), rewards, env_setup, row_ids=row_ids)
+                                   round_seed(seed, len(rounds)), rewards, env_setup, row_ids=row_ids, first=first)
         else:
             share = world.share(len(row_ids))  # this learner's prompts of the round, a contiguous run
             mine = [row_ids[i] for i in share]
@@ -170,9 +172,18 @@ def warn_unscored(batch: Collected, step: int, warned: bool) -> bool:
     return warned or message is not None
 
 
+def round_share(num_rows: int, seed: int, position: int, share: tuple[int, int], prompts: int) -> list[int]:
+    """Learner k's rows of a round that K learners split (``share`` = (k, K)): positions [position + k B,
+    position + (k + 1) B) of the data stream, B = ``prompts`` - its contiguous share of the K B rows one learner
+    would draw there (diloco.rollouts=step)."""
+    return data_order(num_rows, seed, position + share[0] * prompts, prompts)
+
+
 class SyncSource:
     """The synchronous batch source: each step samples B prompts' groups with the run's sampler (the training
-    model in this process, or rollout servers: rollout.backend), scores them and computes their advantages."""
+    model in this process, or rollout servers: rollout.backend), scores them and computes their advantages.
+    ``share`` = (k, K): one of K learners that draw each round's K x B rows together and sample share k of them
+    (diloco.rollouts=step); every step then moves the data stream by K x B x its most rounds, on every learner."""
 
     label = ""  # the progress bar shows the preset alone
     metrics_section = "data"  # report(): the curriculum's stage
@@ -181,9 +192,15 @@ class SyncSource:
         self.cfg, self.advantages = cfg, advantages
         self.curriculum = Curriculum.of(cfg.task)
         self.stage = 0
+        self.share: tuple[int, int] | None = None
+
+    def rounds_reserved(self) -> int:
+        """Sampling rounds a step may draw (1 + algo.max_resample_rounds under dynamic sampling)."""
+        return 1 + self.cfg.algo.max_resample_rounds if self.cfg.algo.dynamic_sampling else 1
 
     def open(self, run: Run, stack: contextlib.ExitStack) -> Sampler:
-        sampler = build_sampler(self.cfg, run.model, run.data.tokenizer, run.run_dir, run.collectives.world.size)
+        learners = self.share[1] if self.share else run.collectives.world.size  # auto per-completion seeds
+        sampler = build_sampler(self.cfg, run.model, run.data.tokenizer, run.run_dir, learners)
         if run.collectives.world.size > 1 and SAMPLER_BACKENDS[self.cfg.rollout.backend].publishes_adapters:
             sampler = SharedServers(sampler, run.collectives)  # rank 0 publishes each adapter version
         stack.callback(sampler.close)
@@ -193,8 +210,13 @@ class SyncSource:
         cfg, B = self.cfg, self.cfg.train.prompts_per_step
 
         rows = run.data.train_rows
+        start, drawn = run.state["cursor"], [0]
 
         def next_row_ids() -> list[int]:
+            if self.share:  # this learner's share of the round's K x B rows
+                K = self.share[1]
+                drawn[0] += 1
+                return round_share(len(rows), cfg.train.seed, start + (drawn[0] - 1) * K * B, self.share, B)
             if self.curriculum:
                 return stage_row_ids(rows, self.curriculum.allowed(run.state), B, run.state,
                                      lambda start, n: data_order(len(rows), cfg.train.seed, start, n))
@@ -205,7 +227,10 @@ class SyncSource:
         c = collect(run.sampler, next_row_ids, rows, cfg.rollout.group_size, sampling_params(cfg.rollout),
                     run.rewards, self.advantages, seed=step_seed(cfg.train.seed, step),
                     dynamic_sampling=cfg.algo.dynamic_sampling, max_resample_rounds=cfg.algo.max_resample_rounds,
-                    env_setup=run.data.env_setup, collectives=run.collectives)
+                    env_setup=run.data.env_setup, collectives=run.collectives,
+                    first=self.share[0] * B if self.share else 0)
+        if self.share:  # every learner moves the stream alike, however many rounds it drew
+            run.state["cursor"] = start + self.share[1] * B * self.rounds_reserved()
         if self.curriculum:  # the pass rate: the first reward's mean over everything sampled this step
             first = Scores.concat([r.scores for r in c.rounds]).per_function[run.rewards[0].name]
             self.curriculum.record(run.state, float(first[~torch.isnan(first)].mean()) if (~torch.isnan(first)).any()

@@ -69,7 +69,8 @@ class DilocoUpdate:
             self._join(run)
         stats = self.inner(learner, batch)
         self.step += 1
-        if (self.step - self.round_start_step) % self.cfg.diloco.inner_steps == 0:
+        H = self.cfg.diloco.inner_steps  # 0: the weights never meet (the learners share rollouts instead)
+        if H and (self.step - self.round_start_step) % H == 0:
             stats.update(self._close_round(run))
         return {**stats, **{f"outer_{k}": v for k, v in self.totals.items()}}
 
@@ -115,10 +116,15 @@ class DilocoUpdate:
         m, d = self.cfg.model, self.cfg.diloco
         config = resolve_model_dir(m.name) / "config.json"
         model = hashlib.sha256(config.read_bytes()).hexdigest()[:16] if config.is_file() else m.name
-        return {"model": model, "lora": [m.lora, m.lora_r, m.lora_alpha, sorted(m.lora_targets)] if m.lora else False,
-                "task": self.cfg.task.name, "learners": self.learners, "inner_steps": d.inner_steps,
-                "outer_lr": d.outer_lr, "outer_momentum": d.outer_momentum, "delta_dtype": d.delta_dtype,
-                "max_delta_norm": d.max_delta_norm, "max_delta_ratio": d.max_delta_ratio}
+        identity = {"model": model, "lora": [m.lora, m.lora_r, m.lora_alpha, sorted(m.lora_targets)] if m.lora
+                    else False, "task": self.cfg.task.name, "learners": self.learners, "inner_steps": d.inner_steps,
+                    "outer_lr": d.outer_lr, "outer_momentum": d.outer_momentum, "delta_dtype": d.delta_dtype,
+                    "max_delta_norm": d.max_delta_norm, "max_delta_ratio": d.max_delta_ratio}
+        if d.rollouts != "off":  # what a shared group means: its rows, its sampling, and (step) the shared data order
+            r, t = self.cfg.rollout, self.cfg.train
+            identity["rollouts"] = [d.rollouts, r.group_size, r.max_new_tokens, r.temperature, list(r.stop),
+                                    t.prompts_per_step, t.seed if d.rollouts == "step" else None]
+        return identity
 
     def _check_job(self, latest: int, fresh: bool) -> None:
         """Stop in one line when the bucket's job is not this learner's: other settings, or (for a fresh learner not
@@ -156,7 +162,8 @@ class DilocoUpdate:
             like = {n: p.detach() for n, p in self._params(run).items()}  # resumed inside the current round
             self.start, self.momentum = self._replay(1, latest, self._job_start(like), None, like)
             self.round, self.round_start_step = latest + 1, saved["round_start_step"]
-            if self.step - self.round_start_step >= self.cfg.diloco.inner_steps:  # stopped while its round closed
+            H = self.cfg.diloco.inner_steps
+            if H and self.step - self.round_start_step >= H:  # stopped while its round closed
                 self._close_round(run)
         else:
             self._rejoin(run, latest)

@@ -1,0 +1,233 @@
+"""Learners that share scored groups through their bucket (diloco.rollouts), as well as or instead of weights.
+
+    every step:  own      = this learner's groups of the step, sampled and scored here (collect.py)
+                 publish    own's informative groups                         (rlvr/store/shared_groups.py)
+                 external = the peers' groups: rollouts=step waits for every peer's groups of this step;
+                            rollouts=recent takes those already there from the last rollout_max_age steps
+                 each external group is rebuilt from this learner's own copy of its row and re-scored by its
+                 own reward functions (the peer's rewards are only compared: ``reward_mismatch``)
+                 batch    = the informative groups of both, advantages computed here (collect.scored_batch);
+                            the update weighs every token by min(pi_theta / mu, algo.is_cap), mu the policy
+                            that sampled it (its log-probs travel with the group)
+
+Under rollouts=step the K learners draw each round's K x B rows together and sample their contiguous shares
+(collect.round_share, per-completion seeds), and every learner trains the union in learner order: from the same
+weights that is the step of one learner at K x B prompts, so the learners stay on the same weights without
+exchanging any. Zero-variance groups are never shared, and a sharing learner trains only informative groups (its
+own zero-variance fallback only when no learner has any), so that every learner trains the same batch.
+docs/concepts/shared_rollouts.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import torch
+
+from rlvr.config.diloco import parse_learner
+from rlvr.config.schema import RunConfig
+from rlvr.core import informative_groups
+from rlvr.learn.collected import Collected, Round
+from rlvr.models.prompts import encode_prompts
+from rlvr.rollout import Groups, Sampler
+from rlvr.rollout.groups import eos_token_ids, stop_string_checker
+from rlvr.run.collect import SyncSource, round_share, scored_batch
+from rlvr.run.lifecycle import Run
+from rlvr.run.scoring import score_groups
+from rlvr.store.shared_groups import GroupBucket, GroupLimits, RefusedGroups, SharedGroups
+
+POLL_S = 0.2
+KEEP_VERSIONS = 64  # steps of its own groups a learner keeps in the bucket (a resumed peer may still read them)
+
+
+class SharingSource:
+    """``inner`` (the synchronous source), with this step's groups shared and the peers' trained on."""
+
+    metrics_section = "shared"
+
+    def __init__(self, inner: SyncSource, cfg: RunConfig):
+        d = cfg.diloco
+        self.inner, self.cfg, self.mode = inner, cfg, d.rollouts
+        self.label = inner.label
+        self.learner, self.learners = parse_learner(d.learner)
+        self.bucket = GroupBucket(d.bucket, self.learner, self.learners)
+        if self.mode == "step":
+            inner.share = (self.learner, self.learners)
+        self.waiting = set(range(self.learners)) - {self.learner}  # the peers a step waits for (rollouts=step)
+        self.used: set[tuple[int, int]] = set()  # (peer, step) already trained on (rollouts=recent)
+        self.totals = dict.fromkeys(("published_groups", "external_groups", "refused", "reward_mismatch",
+                                     "rescored_flat", "missed", "bytes_sent", "bytes_received"), 0.0)
+        self.last: dict[str, float] = {}
+
+    # ------------------------------------------------------------------------------------------ the source
+    def open(self, run: Run, stack: contextlib.ExitStack) -> Sampler:
+        sampler = self.inner.open(run, stack)
+        cfg, tokenizer = self.cfg, run.data.tokenizer
+        self.rows = run.data.task_rows  # every training row: a peer's row ids index these
+        self.tokenizer, self.rewards = tokenizer, run.rewards  # what re-scores the peers' groups
+        B = cfg.train.prompts_per_step
+        self.limits = GroupLimits(max_groups=B * self.inner.rounds_reserved(), group_size=cfg.rollout.group_size,
+                                  max_tokens=cfg.rollout.max_new_tokens,
+                                  vocab=run.model.get_input_embeddings().weight.shape[0], rows=len(self.rows))
+        self.eos = set(eos_token_ids(run.model, tokenizer))
+        self.stopped = stop_string_checker(tokenizer, tuple(cfg.rollout.stop))
+        return sampler
+
+    def next(self, run: Run, step: int) -> Collected:
+        cursor = run.state["cursor"]  # where this step's rows start in the data stream (rollouts=step)
+        own = self.inner.next(run, step)
+        G = own.groups.group_size
+        mine = informative_groups(own.scores.total, G)  # [b]
+        sent = self._publish(own, mine, step)
+        t0 = time.monotonic()
+        external = self._gather(run, step, cursor)
+        waited = time.monotonic() - t0
+        batch, trained = self._combined(own, mine, external)
+        self.last = {"published_groups": float(int(mine.sum())), "external_groups": float(trained),
+                     "wait_s": waited, "sent_bytes": float(sent)}
+        self.totals["published_groups"] += int(mine.sum())
+        self.totals["external_groups"] += trained
+        self.totals["bytes_sent"] += sent
+        return batch
+
+    def report(self) -> dict[str, float]:
+        """shared/...: this step's groups published and trained from peers, the wait, and the run's totals."""
+        return {**self.last, **{f"total_{k}": v for k, v in self.totals.items()}}
+
+    def state(self) -> dict:
+        return self.inner.state()
+
+    # ----------------------------------------------------------------------------------------- publishing
+    def _global_row(self, i: int) -> int:
+        """The task-row identity of this learner's row ``i`` (its shard under rollouts=recent)."""
+        return i if self.mode == "step" else self.learner + self.learners * i
+
+    def _publish(self, own: Collected, mine: torch.Tensor, step: int) -> int:
+        """This learner's informative groups of ``step`` (none: an empty version, so no peer waits for it)."""
+        G = own.groups.group_size
+        keep = mine.nonzero().squeeze(-1).tolist()
+        groups, scores = own.groups.select(keep), own.scores.select(
+            torch.tensor([g * G + j for g in keep for j in range(G)], dtype=torch.long))
+        mask = groups.completion_mask.bool()
+        shared = SharedGroups(
+            learner=self.learner, step=step, version=int(own.groups.version.min()), group_size=G,
+            row_ids=torch.tensor([self._global_row(own.row_ids[g]) for g in keep], dtype=torch.int64),
+            completion_ids=groups.completion_ids.masked_fill(~mask, 0),
+            lengths=mask.sum(dim=1), behaviour_logp=groups.behaviour_logp.float().masked_fill(~mask, 0.0),
+            rewards=scores.total.float())
+        written = self.bucket.publish(shared)
+        if step % 16 == 0:
+            self.bucket.gc(KEEP_VERSIONS)
+        return written
+
+    # ------------------------------------------------------------------------------------------ receiving
+    def _allowed_rows(self, k: int, cursor: int) -> set[int] | None:
+        """Rows peer ``k`` may send this step: its shares of the step's rounds (rollouts=step); None: any row of its
+        shard (checked per row)."""
+        if self.mode != "step":
+            return None
+        B, K = self.cfg.train.prompts_per_step, self.learners
+        return {i for r in range(self.inner.rounds_reserved())
+                for i in round_share(len(self.rows), self.cfg.train.seed, cursor + r * K * B, (k, K), B)}
+
+    def _read(self, k: int, step: int, cursor: int) -> SharedGroups | None:
+        """Peer ``k``'s groups of ``step``, or None (refused: counted and said)."""
+        try:
+            shared, size = self.bucket.read(k, step, self.limits)
+            allowed = self._allowed_rows(k, cursor)
+            rows = shared.row_ids.tolist()
+            if any(i % self.learners != k for i in rows) if allowed is None else not set(rows) <= allowed:
+                raise RefusedGroups(f"learner {k}'s groups of step {step}: a row that is not among its prompts")
+        except RefusedGroups as err:
+            self.totals["refused"] += 1
+            print(f"rlvr: shared rollouts: refused {err}", flush=True)
+            return None
+        self.totals["bytes_received"] += size
+        return shared
+
+    def _gather(self, run: Run, step: int, cursor: int) -> list[SharedGroups]:
+        """The peers' groups this step trains on, in the order they join the batch."""
+        if self.mode == "step":
+            return self._gather_step(run, step, cursor)
+        budget = self.cfg.diloco.external_groups or self.cfg.train.prompts_per_step
+        found: list[SharedGroups] = []
+        oldest = max(step - self.cfg.diloco.rollout_max_age, 1)
+        self.used = {(k, s) for k, s in self.used if s >= oldest}
+        for s in range(step, oldest - 1, -1):  # newest first
+            for k in self.bucket.arrived(s):
+                if k == self.learner or (k, s) in self.used or sum(g.num_groups for g in found) >= budget:
+                    continue
+                self.used.add((k, s))
+                shared = self._read(k, s, cursor)
+                if shared is not None and shared.num_groups:
+                    found.append(shared)
+        return found
+
+    def _gather_step(self, run: Run, step: int, cursor: int) -> list[SharedGroups]:
+        """Every peer's groups of ``step``: waited for (rollout_timeout_s) from the peers that published the last
+        step; a peer that misses a step is waited for again once it publishes one."""
+        deadline = time.monotonic() + self.cfg.diloco.rollout_timeout_s
+        got: dict[int, SharedGroups | None] = {}
+        while True:
+            for k in self.bucket.arrived(step):
+                if k != self.learner and k not in got:
+                    got[k] = self._read(k, step, cursor)
+            if self.waiting <= set(got) or time.monotonic() >= deadline or run.stop_requested:
+                break
+            time.sleep(POLL_S)
+        missed = self.waiting - set(got)
+        if missed:
+            self.totals["missed"] += len(missed)
+            print(f"rlvr: shared rollouts: step {step} goes on without learner(s) {sorted(missed)}'s groups",
+                  flush=True)
+        self.waiting = set(got)
+        return [got[k] for k in sorted(got) if got[k] is not None and got[k].num_groups]
+
+    def _rebuilt(self, shared: SharedGroups) -> tuple[Round, torch.Tensor]:
+        """A peer's groups as this learner's own would be: prompts from its copy of the rows, texts decoded and
+        truncation found by its tokenizer, rewards from its own reward functions; and which groups are informative
+        on those rewards."""
+        tokenizer, G = self.tokenizer, self.limits.group_size
+        rows = [self.rows[i] for i in shared.row_ids.tolist()]
+        prompt_ids, prompt_mask = encode_prompts(tokenizer, [r["prompt"] for r in rows])
+        mask = shared.mask
+        tokens = [ids[m].tolist() for ids, m in zip(shared.completion_ids.long(), mask)]
+        finished = [t[-1] in self.eos or (self.stopped is not None and self.stopped(t)) for t in tokens]
+        n = len(tokens)
+        groups = Groups(
+            prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=shared.completion_ids.long(),
+            completion_mask=mask.long(), behaviour_logp=shared.behaviour_logp,
+            truncated=~torch.tensor(finished, dtype=torch.bool), texts=tokenizer.batch_decode(
+                tokens, skip_special_tokens=True), group_size=G,
+            version=torch.full((n,), shared.version, dtype=torch.long),
+            temperature=torch.full((n,), float(self.cfg.rollout.temperature)))
+        scores = score_groups(self.rewards, groups, rows)
+        claimed, ours = shared.rewards, scores.total
+        same = (claimed == ours) | (torch.isnan(claimed) & torch.isnan(ours))
+        self.totals["reward_mismatch"] += int((~same).sum())
+        informative = informative_groups(scores.total, G)
+        self.totals["rescored_flat"] += int((~informative).sum())
+        return Round(shared.row_ids.tolist(), groups, scores), informative
+
+    def _combined(self, own: Collected, mine: torch.Tensor, external: list[SharedGroups]) -> tuple[Collected, int]:
+        """The step's batch: the informative groups of this learner and of ``external`` (learner order under
+        rollouts=step; its own first under recent, up to external_groups of the peers'), and how many groups came
+        from peers. No informative group anywhere: ``own`` as it is."""
+        rebuilt = [(s.learner, *self._rebuilt(s)) for s in external]
+        if self.mode == "recent":  # at most the budget, its own groups first
+            budget = self.cfg.diloco.external_groups or self.cfg.train.prompts_per_step
+            capped = []
+            for k, round_, informative in rebuilt:
+                idx = informative.nonzero().squeeze(-1)[:max(budget, 0)]
+                budget -= idx.numel()
+                capped.append((k, round_, idx))
+            parts = [(self.learner, Round(own.row_ids, own.groups, own.scores), mine.nonzero().squeeze(-1)), *capped]
+        else:
+            parts = sorted([(self.learner, Round(own.row_ids, own.groups, own.scores), mine.nonzero().squeeze(-1)),
+                            *[(k, r, i.nonzero().squeeze(-1)) for k, r, i in rebuilt]], key=lambda p: p[0])
+        kept = [(r, idx) for _, r, idx in parts if idx.numel()]
+        if not kept:
+            return own, 0
+        trained = sum(idx.numel() for k, _, idx in parts if k != self.learner)
+        return scored_batch(own.rounds, kept, self.inner.advantages, own.time_generate_s, own.time_reward_s), trained
