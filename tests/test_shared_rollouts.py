@@ -184,3 +184,169 @@ def test_two_learners_sharing_each_step_are_one_learner_at_twice_the_batch(tiny_
         last = rows[-1]
         assert last["shared/total_refused"] == 0 and last["shared/total_reward_mismatch"] == 0
         assert last["shared/total_missed"] == 0 and last["shared/total_bytes_sent"] > 0
+
+
+# ------------------------------------------------------------------------ a peer's groups, as a learner sees them
+PROMPTS = [[{"role": "user", "content": "3 + 4 ="}], [{"role": "user", "content": "12 * 9 ="}]]
+
+
+def _peer_groups(tokenizer, forged_logp: float | None = None):
+    """Two groups a peer sampled from its own (other) policy, with forged rewards; and the receiver's model."""
+    from rlvr.rollout import SamplingParams
+    from tests.conftest import make_model, sample_tiny
+
+    behaviour = make_model(len(tokenizer), seed=0)
+    groups = sample_tiny(behaviour, tokenizer, PROMPTS, 4, SamplingParams(temperature=1.0, max_new_tokens=8), seed=5,
+                         eos_every=7, version=2)
+    mask = groups.completion_mask.bool()
+    logp = groups.behaviour_logp if forged_logp is None else torch.full_like(groups.behaviour_logp, forged_logp)
+    shared = SharedGroups(learner=1, step=3, version=2, group_size=4, row_ids=torch.tensor([0, 1]),
+                          completion_ids=groups.completion_ids.int().masked_fill(~mask, 0),
+                          lengths=mask.sum(dim=1).int(), behaviour_logp=logp.float().masked_fill(~mask, 0.0),
+                          rewards=torch.full((8,), 100.0))  # "every completion is perfect"
+    trainer = make_model(len(tokenizer), seed=0).double()
+    with torch.no_grad():  # the receiver has moved on from the peer's policy
+        for p in trainer.parameters():
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel()), dtype=p.dtype) * 0.15)
+    return shared, trainer, groups
+
+
+def _receiver(tokenizer):
+    from rlvr.rewards import WeightedReward
+    from rlvr.run.shared_rollouts import Receiver
+    from tests.helpers import length_reward
+
+    rows = [{"prompt": p} for p in PROMPTS]
+    return Receiver(rows, tokenizer, [WeightedReward("length", length_reward)],
+                    GroupLimits(max_groups=2, group_size=4, max_tokens=8, vocab=len(tokenizer), rows=2),
+                    list(range(0, len(tokenizer), 7)), (), 1.0)  # sample_tiny's EOS ids (eos_every=7)
+
+
+def _update(trainer, round_, lr=0.3):
+    """One sequence-mean step (SGD) on the rebuilt groups, with the run's advantages; the trained copy and stats."""
+    import copy
+
+    from rlvr.core import LossSettings
+    from rlvr.learn.batch import StepBatch
+    from rlvr.learn.learner import Learner
+    from rlvr.learn.step import StepOptions, train_step
+    from rlvr.run.collect import group_advantage_fn
+
+    adv = group_advantage_fn(4, "group", 1e-4, 1.0)(round_.scores).double()
+    batch = StepBatch.from_groups(round_.groups, adv)
+    model = copy.deepcopy(trainer)
+    stats = train_step(Learner(model, torch.optim.SGD(model.parameters(), lr=lr)), batch, LossSettings(),
+                       StepOptions(micro_batch_size=8, max_completion_tokens=8, max_grad_norm=0.0))
+    return model, batch, stats
+
+
+def test_external_groups_are_rescored_and_weighted_by_the_formula(tokenizer):
+    """The peer's rewards are never used: each completion is scored by the receiver's own reward (its text's length),
+    and the update weighs each token by w = min(pi_theta / mu, 2), mu the peer's log-probs - written out here."""
+    import copy
+
+    from tests.reference import naive_logprobs
+    from tests.test_off_policy import _assert_same_weights
+
+    shared, trainer, sampled = _peer_groups(tokenizer)
+    round_, informative, mismatched = _receiver(tokenizer).rebuilt(shared)
+    texts = tokenizer.batch_decode([ids[m].tolist() for ids, m in zip(shared.completion_ids.long(), shared.mask)],
+                                   skip_special_tokens=True)
+    assert round_.scores.total.tolist() == [float(len(t)) for t in texts]  # its own reward, not the claimed 100
+    assert mismatched == 8 and informative.tolist() == [len(set(map(len, texts[:4]))) > 1,
+                                                        len(set(map(len, texts[4:]))) > 1]
+    for g in range(2):  # rebuilt from its own copy of the row: the prompt the peer sampled from
+        got, peer = round_.groups, sampled
+        assert got.prompt_ids[g][got.prompt_mask[g].bool()].tolist() == \
+            peer.prompt_ids[g][peer.prompt_mask[g].bool()].tolist()
+    assert torch.equal(round_.groups.completion_mask, sampled.completion_mask)
+    assert torch.equal(round_.groups.truncated, sampled.truncated)  # found again from the tokens
+    model, batch, stats = _update(trainer, round_)
+    expected = copy.deepcopy(trainer)
+    logp = naive_logprobs(expected, batch)  # [N, T]
+    w = torch.exp(logp.detach() - batch.behaviour_logp.double()).clamp(max=2.0)
+    mask = batch.loss_mask.double()
+    per_token = -w * batch.adv[:, None] * torch.exp(logp - logp.detach())
+    loss = ((per_token * mask).sum(-1) / mask.sum(-1)).sum() / (mask.sum(-1) > 0).sum()
+    loss.backward()
+    with torch.no_grad():
+        for p in expected.parameters():
+            p -= 0.3 * p.grad
+    _assert_same_weights(model, expected)
+    assert stats["is_capped_frac"] > 0 and stats["is_weight_max"] > 2.0  # the two policies really differ
+
+
+def test_forged_log_probs_move_a_learner_no_more_than_the_cap(tokenizer):
+    """A peer that claims its tokens were nearly impossible under its policy (log-prob -50, so pi_theta / mu ~ e^50)
+    weighs them at the cap, 2: the update of a group whose every weight is exactly 2, and no more."""
+    import copy
+
+    from tests.reference import naive_logprobs
+    from tests.test_off_policy import _assert_same_weights
+
+    shared, trainer, _ = _peer_groups(tokenizer, forged_logp=-50.0)
+    round_, _, _ = _receiver(tokenizer).rebuilt(shared)
+    model, batch, stats = _update(trainer, round_)
+    assert stats["is_capped_frac"] == pytest.approx(1.0)
+    expected = copy.deepcopy(trainer)
+    logp = naive_logprobs(expected, batch)
+    mask = batch.loss_mask.double()
+    per_token = -2.0 * batch.adv[:, None] * torch.exp(logp - logp.detach())
+    loss = ((per_token * mask).sum(-1) / mask.sum(-1)).sum() / (mask.sum(-1) > 0).sum()
+    loss.backward()
+    with torch.no_grad():
+        for p in expected.parameters():
+            p -= 0.3 * p.grad
+    _assert_same_weights(model, expected)
+
+
+# --------------------------------------------------------------------------------- hostile and absent peers
+def _hostile_version(bucket: Path, step: int, rows: list[int], vocab: int, **tensors) -> None:
+    """Learner 1's groups of ``step`` as a hostile learner writes them: random tokens, every reward claimed 100."""
+    g = torch.Generator().manual_seed(step)
+    n = len(rows) * 4
+    lengths = torch.randint(1, 7, (n,), generator=g, dtype=torch.int32)
+    fields = {"row_ids": torch.tensor(rows), "completion_ids": torch.randint(3, vocab, (n, 6), generator=g,
+                                                                              dtype=torch.int32),
+              "lengths": lengths, "behaviour_logp": -torch.rand(n, 6, generator=g) - 0.1,
+              "rewards": torch.full((n,), 100.0), **tensors}
+    _write_raw(bucket, fields, {"step": step, "learner": 1, "version": step - 1, "group_size": 4}, step=step)
+
+
+def test_a_hostile_learner_is_refused_rescored_and_never_waited_on(tiny_model_dir, tokenizer, tmp_path):
+    """rollouts=recent: learner 1's step 1 claims reward 100 for every completion (re-scored: 8 mismatches, trained
+    at their real worth), its step 2 sends a prompt of learner 0's shard and its step 3 a token outside the
+    vocabulary (both refused). Learner 0 never waits for it and trains every step."""
+    bucket, V = tmp_path / "bucket", len(tokenizer)
+    _hostile_version(bucket, 1, [1, 3], V)
+    _hostile_version(bucket, 2, [1, 2], V)  # row 2 is learner 0's (2 mod 2 = 0)
+    _hostile_version(bucket, 3, [5], V, completion_ids=torch.full((4, 6), V, dtype=torch.int32))
+    _train_here(_learner(tmp_path / "l0", tiny_model_dir, bucket, 0, "diloco.rollouts=recent",
+                         "diloco.inner_steps=0", "diloco.rollout_max_age=3"))
+    rows = [r for r in _metrics(tmp_path / "l0") if "shared/external_groups" in r]
+    last = rows[-1]
+    assert len(rows) == 4 and last["shared/total_refused"] == 2 and last["shared/total_reward_mismatch"] == 8
+    assert last["shared/total_external_groups"] + last["shared/total_rescored_flat"] == 2  # step 1's two groups
+    assert rows[0]["shared/external_groups"] == last["shared/total_external_groups"]  # trained at step 1 only
+    assert all(r["shared/wait_s"] < 5 for r in rows)
+
+
+def test_a_step_goes_on_without_an_absent_learner_and_waits_for_it_no_more(tiny_model_dir, tmp_path):
+    bucket = tmp_path / "bucket"
+    _train_here(_learner(tmp_path / "l0", tiny_model_dir, bucket, 0, "diloco.rollouts=step", "diloco.inner_steps=0",
+                         "diloco.rollout_timeout_s=1"))
+    rows = [r for r in _metrics(tmp_path / "l0") if "shared/external_groups" in r]
+    assert [r["shared/total_missed"] for r in rows] == [1, 1, 1, 1]  # waited for once, at step 1
+    assert rows[0]["shared/wait_s"] >= 1 and all(r["shared/wait_s"] < 1 for r in rows[1:])
+    assert sum(r["shared/published_groups"] for r in rows) > 0 and rows[-1]["shared/total_external_groups"] == 0
+
+
+def test_learners_sharing_recent_groups_train_on_each_others(tiny_model_dir, tmp_path):
+    l0, l1 = _pair(tmp_path, tiny_model_dir, "diloco.rollouts=recent", "diloco.inner_steps=2",
+                   "diloco.outer_lr=1.0", "diloco.outer_momentum=0")
+    for run in (l0, l1):
+        last = [r for r in _metrics(run) if "shared/external_groups" in r][-1]
+        assert last["shared/total_refused"] == 0 and last["shared/total_reward_mismatch"] == 0
+        assert last["shared/total_bytes_received"] > 0 and last["update/outer_rounds"] == 2
+    a, b = _adapter(l0), _adapter(l1)
+    assert all(torch.equal(a[k], b[k]) for k in a)  # the last round's shared weights

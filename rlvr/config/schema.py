@@ -347,6 +347,9 @@ class TrainConfig:
 class EvalConfig:
     every: int = 0
     """Greedy held-out evaluation every this many steps (0: only before and after training)."""
+    on_start: bool = True
+    """Evaluate the starting weights before the first step (TRL: eval_on_start); false skips it (runs of one model
+    that differ only after step 0 need it once)."""
     batch_size: int = 64
     """Prompts per evaluation batch."""
     max_new_tokens: int = 0

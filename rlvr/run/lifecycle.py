@@ -240,7 +240,7 @@ class Run:
 
     def evaluate_before(self) -> None:
         """Held-out accuracy of the starting weights (a fresh run with held-out rows only)."""
-        if self.start == 0 and self.data.eval_rows:
+        if self.start == 0 and self.data.eval_rows and self.cfg.eval.on_start:
             self.state["eval_accuracy_before"] = self.state["eval_accuracy"] = self.evaluate()
             metrics = {ACCURACY: self.state["eval_accuracy"], "eval/dropped_prompts": self.state["dropped_prompts"]}
             self.evaluate_extra(metrics)

@@ -41,6 +41,39 @@ POLL_S = 0.2
 KEEP_VERSIONS = 64  # steps of its own groups a learner keeps in the bucket (a resumed peer may still read them)
 
 
+class Receiver:
+    """What a learner makes of a peer's groups: each rebuilt as its own would be, from its own copy of the rows
+    (``rows``: every training row of the task), its tokenizer and its reward functions."""
+
+    def __init__(self, rows: list[dict], tokenizer, rewards: list, limits: GroupLimits, eos_ids: list[int],
+                 stop: tuple[str, ...], temperature: float):
+        self.rows, self.tokenizer, self.rewards, self.limits = rows, tokenizer, rewards, limits
+        self.eos, self.stopped, self.temperature = set(eos_ids), stop_string_checker(tokenizer, stop), temperature
+
+    def rebuilt(self, shared: SharedGroups) -> tuple[Round, torch.Tensor, int]:
+        """The peer's groups as a Round of this learner's: prompts from its rows, texts decoded and truncation
+        found by its tokenizer, rewards from its reward functions (the peer's are only compared); which groups
+        are informative on those rewards [B]; and how many completions the peer claimed another reward for."""
+        tokenizer, G = self.tokenizer, self.limits.group_size
+        rows = [self.rows[i] for i in shared.row_ids.tolist()]
+        prompt_ids, prompt_mask = encode_prompts(tokenizer, [r["prompt"] for r in rows])
+        mask = shared.mask
+        tokens = [ids[m].tolist() for ids, m in zip(shared.completion_ids.long(), mask)]
+        finished = [t[-1] in self.eos or (self.stopped is not None and self.stopped(t)) for t in tokens]
+        n = len(tokens)
+        groups = Groups(
+            prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=shared.completion_ids.long(),
+            completion_mask=mask.long(), behaviour_logp=shared.behaviour_logp,
+            truncated=~torch.tensor(finished, dtype=torch.bool),
+            texts=tokenizer.batch_decode(tokens, skip_special_tokens=True), group_size=G,
+            version=torch.full((n,), shared.version, dtype=torch.long),
+            temperature=torch.full((n,), float(self.temperature)))
+        scores = score_groups(self.rewards, groups, rows)
+        claimed, ours = shared.rewards, scores.total.float()
+        same = (claimed == ours) | (torch.isnan(claimed) & torch.isnan(ours))
+        return Round(shared.row_ids.tolist(), groups, scores), informative_groups(scores.total, G), int((~same).sum())
+
+
 class SharingSource:
     """``inner`` (the synchronous source), with this step's groups shared and the peers' trained on."""
 
@@ -63,15 +96,13 @@ class SharingSource:
     # ------------------------------------------------------------------------------------------ the source
     def open(self, run: Run, stack: contextlib.ExitStack) -> Sampler:
         sampler = self.inner.open(run, stack)
-        cfg, tokenizer = self.cfg, run.data.tokenizer
+        cfg = self.cfg
         self.rows = run.data.task_rows  # every training row: a peer's row ids index these
-        self.tokenizer, self.rewards = tokenizer, run.rewards  # what re-scores the peers' groups
-        B = cfg.train.prompts_per_step
-        self.limits = GroupLimits(max_groups=B * self.inner.rounds_reserved(), group_size=cfg.rollout.group_size,
-                                  max_tokens=cfg.rollout.max_new_tokens,
-                                  vocab=run.model.get_input_embeddings().weight.shape[0], rows=len(self.rows))
-        self.eos = set(eos_token_ids(run.model, tokenizer))
-        self.stopped = stop_string_checker(tokenizer, tuple(cfg.rollout.stop))
+        limits = GroupLimits(max_groups=cfg.train.prompts_per_step * self.inner.rounds_reserved(),
+                             group_size=cfg.rollout.group_size, max_tokens=cfg.rollout.max_new_tokens,
+                             vocab=run.model.get_input_embeddings().weight.shape[0], rows=len(self.rows))
+        self.receiver = Receiver(self.rows, run.data.tokenizer, run.rewards, limits, eos_token_ids(run.model,
+                                 run.data.tokenizer), tuple(cfg.rollout.stop), cfg.rollout.temperature)
         return sampler
 
     def next(self, run: Run, step: int) -> Collected:
@@ -134,7 +165,7 @@ class SharingSource:
     def _read(self, k: int, step: int, cursor: int) -> SharedGroups | None:
         """Peer ``k``'s groups of ``step``, or None (refused: counted and said)."""
         try:
-            shared, size = self.bucket.read(k, step, self.limits)
+            shared, size = self.bucket.read(k, step, self.receiver.limits)
             allowed = self._allowed_rows(k, cursor)
             rows = shared.row_ids.tolist()
             if any(i % self.learners != k for i in rows) if allowed is None else not set(rows) <= allowed:
@@ -184,37 +215,16 @@ class SharingSource:
         self.waiting = set(got)
         return [got[k] for k in sorted(got) if got[k] is not None and got[k].num_groups]
 
-    def _rebuilt(self, shared: SharedGroups) -> tuple[Round, torch.Tensor]:
-        """A peer's groups as this learner's own would be: prompts from its copy of the rows, texts decoded and
-        truncation found by its tokenizer, rewards from its own reward functions; and which groups are informative
-        on those rewards."""
-        tokenizer, G = self.tokenizer, self.limits.group_size
-        rows = [self.rows[i] for i in shared.row_ids.tolist()]
-        prompt_ids, prompt_mask = encode_prompts(tokenizer, [r["prompt"] for r in rows])
-        mask = shared.mask
-        tokens = [ids[m].tolist() for ids, m in zip(shared.completion_ids.long(), mask)]
-        finished = [t[-1] in self.eos or (self.stopped is not None and self.stopped(t)) for t in tokens]
-        n = len(tokens)
-        groups = Groups(
-            prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=shared.completion_ids.long(),
-            completion_mask=mask.long(), behaviour_logp=shared.behaviour_logp,
-            truncated=~torch.tensor(finished, dtype=torch.bool), texts=tokenizer.batch_decode(
-                tokens, skip_special_tokens=True), group_size=G,
-            version=torch.full((n,), shared.version, dtype=torch.long),
-            temperature=torch.full((n,), float(self.cfg.rollout.temperature)))
-        scores = score_groups(self.rewards, groups, rows)
-        claimed, ours = shared.rewards, scores.total
-        same = (claimed == ours) | (torch.isnan(claimed) & torch.isnan(ours))
-        self.totals["reward_mismatch"] += int((~same).sum())
-        informative = informative_groups(scores.total, G)
-        self.totals["rescored_flat"] += int((~informative).sum())
-        return Round(shared.row_ids.tolist(), groups, scores), informative
-
     def _combined(self, own: Collected, mine: torch.Tensor, external: list[SharedGroups]) -> tuple[Collected, int]:
         """The step's batch: the informative groups of this learner and of ``external`` (learner order under
         rollouts=step; its own first under recent, up to external_groups of the peers'), and how many groups came
         from peers. No informative group anywhere: ``own`` as it is."""
-        rebuilt = [(s.learner, *self._rebuilt(s)) for s in external]
+        rebuilt = []
+        for shared in external:
+            round_, informative, mismatched = self.receiver.rebuilt(shared)
+            self.totals["reward_mismatch"] += mismatched
+            self.totals["rescored_flat"] += int((~informative).sum())
+            rebuilt.append((shared.learner, round_, informative))
         if self.mode == "recent":  # at most the budget, its own groups first
             budget = self.cfg.diloco.external_groups or self.cfg.train.prompts_per_step
             capped = []
