@@ -109,7 +109,7 @@ class DilocoUpdate:
         self.round, self.round_start_step = latest + 1, self.step
         self._save_position(run)
 
-    def _identity(self) -> dict:
+    def _identity(self, rows: list[dict]) -> dict:
         """What every learner of the job must share (job.json): the model (its config.json's digest, so the same model
         at another path on another machine agrees), its trainable parameters, the task, and what the outer step
         computes with."""
@@ -120,16 +120,19 @@ class DilocoUpdate:
                     else False, "task": self.cfg.task.name, "learners": self.learners, "inner_steps": d.inner_steps,
                     "outer_lr": d.outer_lr, "outer_momentum": d.outer_momentum, "delta_dtype": d.delta_dtype,
                     "max_delta_norm": d.max_delta_norm, "max_delta_ratio": d.max_delta_ratio}
-        if d.rollouts != "off":  # what a shared group means: its rows, its sampling, and (step) the shared data order
+        if d.rollouts != "off":
+            # what a shared group means: the rows its ids name (their digest: another task config can draw other
+            # rows), how it was sampled, and under rollouts=step the data order the learners split
             r, t = self.cfg.rollout, self.cfg.train
-            identity["rollouts"] = [d.rollouts, r.group_size, r.max_new_tokens, r.temperature, list(r.stop),
+            digest = hashlib.sha256(json.dumps(rows, sort_keys=True, default=str).encode()).hexdigest()[:16]
+            identity["rollouts"] = [d.rollouts, digest, r.group_size, r.max_new_tokens, r.temperature, list(r.stop),
                                     t.prompts_per_step, t.seed if d.rollouts == "step" else None]
         return identity
 
-    def _check_job(self, latest: int, fresh: bool) -> None:
+    def _check_job(self, latest: int, fresh: bool, rows: list[dict]) -> None:
         """Stop in one line when the bucket's job is not this learner's: other settings, or (for a fresh learner not
         told diloco.join=true) a job already under way; a joining learner says which job and round it joined."""
-        mine = self._identity()
+        mine = self._identity(rows)
         recorded = self.bucket.job(json.loads(json.dumps(mine)))  # as JSON reads it back (lists, not tuples)
         differ = sorted(k for k in {*mine, *recorded} if json.dumps(mine.get(k)) != json.dumps(recorded.get(k)))
         if differ:
@@ -151,7 +154,7 @@ class DilocoUpdate:
         weights are current."""
         self.step = self.round_start_step = run.start
         saved = self._saved_position(run)
-        self._check_job(self.bucket.decided(), fresh=not run.start and not saved)
+        self._check_job(self.bucket.decided(), fresh=not run.start and not saved, rows=run.data.task_rows)
         if self.bucket.latest_state() is None:  # a new job: one learner's start is round 0's, every learner's then
             if self.bucket.claim_start():
                 weights = {n: p.detach().float() for n, p in self._params(run).items()}
