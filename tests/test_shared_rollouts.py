@@ -339,6 +339,11 @@ def test_a_step_goes_on_without_an_absent_learner_and_waits_for_it_no_more(tiny_
     assert [r["shared/total_missed"] for r in rows] == [1, 1, 1, 1]  # waited for once, at step 1
     assert rows[0]["shared/wait_s"] >= 1 and all(r["shared/wait_s"] < 1 for r in rows[1:])
     assert sum(r["shared/published_groups"] for r in rows) > 0 and rows[-1]["shared/total_external_groups"] == 0
+    from rlvr.store.rounds import RefusedDelta
+
+    with pytest.raises(RefusedDelta, match="rollouts"):  # other questions under the same row ids: refused at join
+        _train_here(_learner(tmp_path / "l1", tiny_model_dir, bucket, 1, "diloco.rollouts=step", "diloco.inner_steps=0",
+                             "task.seed=7", "diloco.join=true"))
 
 
 def test_learners_sharing_recent_groups_train_on_each_others(tiny_model_dir, tmp_path):
