@@ -243,10 +243,7 @@ def _update(trainer, round_, lr=0.3):
 def test_external_groups_are_rescored_and_weighted_by_the_formula(tokenizer):
     """The peer's rewards are never used: each completion is scored by the receiver's own reward (its text's length),
     and the update weighs each token by w = min(pi_theta / mu, 2), mu the peer's log-probs - written out here."""
-    import copy
-
-    from tests.reference import naive_logprobs
-    from tests.test_off_policy import _assert_same_weights
+    from tests.test_off_policy import _assert_same_weights, _expected_update
 
     shared, trainer, sampled = _peer_groups(tokenizer)
     round_, informative, mismatched = _receiver(tokenizer).rebuilt(shared)
@@ -262,42 +259,28 @@ def test_external_groups_are_rescored_and_weighted_by_the_formula(tokenizer):
     assert torch.equal(round_.groups.completion_mask, sampled.completion_mask)
     assert torch.equal(round_.groups.truncated, sampled.truncated)  # found again from the tokens
     model, batch, stats = _update(trainer, round_)
-    expected = copy.deepcopy(trainer)
-    logp = naive_logprobs(expected, batch)  # [N, T]
-    w = torch.exp(logp.detach() - batch.behaviour_logp.double()).clamp(max=2.0)
-    mask = batch.loss_mask.double()
-    per_token = -w * batch.adv[:, None] * torch.exp(logp - logp.detach())
-    loss = ((per_token * mask).sum(-1) / mask.sum(-1)).sum() / (mask.sum(-1) > 0).sum()
-    loss.backward()
-    with torch.no_grad():
-        for p in expected.parameters():
-            p -= 0.3 * p.grad
-    _assert_same_weights(model, expected)
+
+    def tis(logp, mu, adv):  # [N, T]: w = min(pi_theta / mu, 2); the ratio to pi_prox = pi_theta: value 1
+        return -torch.exp(logp.detach() - mu).clamp(max=2.0) * adv * torch.exp(logp - logp.detach())
+
+    _assert_same_weights(model, _expected_update(trainer, batch, tis, lr=0.3))
     assert stats["is_capped_frac"] > 0 and stats["is_weight_max"] > 2.0  # the two policies really differ
 
 
 def test_forged_log_probs_move_a_learner_no_more_than_the_cap(tokenizer):
     """A peer that claims its tokens were nearly impossible under its policy (log-prob -50, so pi_theta / mu ~ e^50)
     weighs them at the cap, 2: the update of a group whose every weight is exactly 2, and no more."""
-    import copy
-
-    from tests.reference import naive_logprobs
-    from tests.test_off_policy import _assert_same_weights
+    from tests.test_off_policy import _assert_same_weights, _expected_update
 
     shared, trainer, _ = _peer_groups(tokenizer, forged_logp=-50.0)
     round_, _, _ = _receiver(tokenizer).rebuilt(shared)
     model, batch, stats = _update(trainer, round_)
     assert stats["is_capped_frac"] == pytest.approx(1.0)
-    expected = copy.deepcopy(trainer)
-    logp = naive_logprobs(expected, batch)
-    mask = batch.loss_mask.double()
-    per_token = -2.0 * batch.adv[:, None] * torch.exp(logp - logp.detach())
-    loss = ((per_token * mask).sum(-1) / mask.sum(-1)).sum() / (mask.sum(-1) > 0).sum()
-    loss.backward()
-    with torch.no_grad():
-        for p in expected.parameters():
-            p -= 0.3 * p.grad
-    _assert_same_weights(model, expected)
+
+    def at_the_cap(logp, mu, adv):  # every weight exactly 2
+        return -2.0 * adv * torch.exp(logp - logp.detach())
+
+    _assert_same_weights(model, _expected_update(trainer, batch, at_the_cap, lr=0.3))
 
 
 # --------------------------------------------------------------------------------- hostile and absent peers
