@@ -103,27 +103,27 @@ def report(root: Path) -> None:
         arm, seed = path.name.rsplit("-s", 1)
         if arm in ARMS and (path / "l0" / "summary.json").is_file():
             runs.setdefault(arm, {})[int(seed)] = summary(path, ARMS[arm][0])
-    lines = [f"`python benchmarks/shared_rollouts.py run ARM --seed S` for each arm and seed, then `... report`, on "
-             f"{describe()}: examples/shared_rollouts.yaml (SmolLM2-135M-Instruct + LoRA r16, two-step word problems, "
-             "a strictly binary reward: `math_correct`), 48 steps, 64 generated samples a step in every arm (one "
-             "learner 8 prompts x 8; two learners 4 x 8 each), every process one thread pinned to one core. Accuracy "
-             "is greedy on the 100 held-out stories / the 150 independent problems (0.06 / 0.013 before training); "
-             "mean over the seeds (min-max).", "",
-             "| arm | seeds | stories at 1,024 / 2,048 / 3,072 samples | independent at 3,072 | wall to 3,072 | "
-             "bytes each learner sent | a per-step all-reduce |", "|---|---|---|---|---|---|---|"]
+    lines = [(f"`python benchmarks/shared_rollouts.py run ARM --seed S` for each arm and seed, then `... report`, on "
+              f"{describe()}: examples/shared_rollouts.yaml (SmolLM2-135M-Instruct + LoRA r16, two-step word "
+              "problems, a strictly binary reward: `math_correct`), 48 steps, 64 generated samples a step in every arm "
+              "(one learner 8 prompts x 8; two learners 4 x 8 each), every process one thread pinned to one core. "
+              "Accuracy is greedy on the 100 held-out stories / the 150 independent problems (0.06 / 0.013 before "
+              "training); mean over the seeds (min-max)."), "",
+             ("| arm | seeds | stories at 1,024 / 2,048 / 3,072 samples | independent at 3,072 | wall to 3,072 | "
+              "bytes each learner sent | a per-step all-reduce |"), "|---|---|---|---|---|---|---|"]
     for arm, seeds in runs.items():
-        at = lambda key, step: [c[key] for s in seeds.values() for c in s["curve"] if c["step"] == step]  # noqa: E731
+        def at(key: str, step: int, seeds: dict = seeds) -> list[float]:
+            return [c[key] for s in seeds.values() for c in s["curve"] if c["step"] == step]
+
         stories = " / ".join(_spread(at("stories", st)) for st in (16, 32, 48))
         sent = statistics.mean(s["sent_bytes"] for s in seeds.values())
         allreduce = statistics.mean(s["allreduce_bytes"] for s in seeds.values())
         wall = statistics.mean(s["wall_s"] for s in seeds.values())
+        traffic = f"{sent / 2**10:.0f} KiB | {allreduce / 2**20:.0f} MiB" if allreduce else "- | -"
         lines.append(f"| {LABELS[arm]} | {', '.join(map(str, sorted(seeds)))} | {stories} | "
-                     f"{_spread(at('independent', 48))} | {wall / 60:.1f} min | "
-                     f"{sent / 2**10:.0f} KiB | {allreduce / 2**20:.0f} MiB |" if allreduce else
-                     f"| {LABELS[arm]} | {', '.join(map(str, sorted(seeds)))} | {stories} | "
-                     f"{_spread(at('independent', 48))} | {wall / 60:.1f} min | - | - |")
-    lines += ["", "Per seed (stories / independent at 1,024, 2,048, 3,072 samples; learner 0's wall time; median "
-              "generation / update / wait of a step):", ""]
+                     f"{_spread(at('independent', 48))} | {wall / 60:.1f} min | {traffic} |")
+    lines += ["", ("Per seed (stories / independent at 1,024, 2,048, 3,072 samples; learner 0's wall time; median "
+                   "generation / update / wait of a step):"), ""]
     for arm, seeds in runs.items():
         for seed, s in sorted(seeds.items()):
             points = "; ".join(f"{c['stories']:.2f} / {c['independent']:.3f}" for c in s["curve"])
