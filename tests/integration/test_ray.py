@@ -71,3 +71,24 @@ def test_diloco_learners_placed_by_ray_share_the_bucket(local_ray, tiny_model_di
     bucket = RoundBucket(str(tmp_path / "bucket"), 0, 2)
     assert [bucket.decision(r).members for r in (1, 2)] == [(0, 1), (0, 1)]
     assert (tmp_path / "run" / "learner-1" / "adapter").is_dir()
+
+
+def test_learners_placed_by_ray_share_their_rollouts(local_ray, tiny_model_dir, tmp_path):
+    """diloco.rollouts=step with diloco.placement=ray: each Ray task trains on both learners' groups of every step,
+    so the two end on the same weights without a weight round."""
+    from safetensors.torch import load_file
+
+    from rlvr.launch import train
+
+    root = str(Path(__file__).resolve().parents[2])
+    cfg = load_config(None, _overrides(tiny_model_dir, tmp_path / "run") + [
+        "diloco.placement=ray", "diloco.learners=2", f"diloco.bucket={tmp_path / 'bucket'}", "diloco.inner_steps=0",
+        "diloco.rollouts=step", "algo.dynamic_sampling=true", "algo.max_resample_rounds=0", "train.steps=3",
+        "eval.every=0", "train.threads=1", f"import_dirs=[{root}]"])
+    summary = train(cfg)
+    assert len(summary["learners"]) == 2 and all("error" not in s for s in summary["learners"])
+    runs = [tmp_path / "run" / f"learner-{k}" for k in range(2)]
+    last = [json.loads((r / "metrics.jsonl").read_text().splitlines()[-1]) for r in runs]
+    assert all(m["shared/total_external_groups"] > 0 and m["shared/total_refused"] == 0 for m in last)
+    a, b = (load_file(str(r / "adapter" / "adapter_model.safetensors")) for r in runs)
+    assert all((a[k] == b[k]).all() for k in a)
