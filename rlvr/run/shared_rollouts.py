@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from dataclasses import replace
 
 import torch
 
@@ -240,4 +241,16 @@ class SharingSource:
         if not kept:
             return own, 0
         trained = sum(idx.numel() for k, _, idx in parts if k != self.learner)
-        return scored_batch(own.rounds, kept, self.inner.advantages, own.time_generate_s, own.time_reward_s), trained
+        batch = scored_batch(own.rounds, kept, self.inner.advantages, own.time_generate_s, own.time_reward_s)
+        batch.groups = _trimmed(batch.groups)
+        return batch, trained
+
+
+def _trimmed(groups: Groups) -> Groups:
+    """``groups`` without padding columns that no row uses: the batch's widths then depend on its tokens only, not on
+    how each part was padded before (a learner's own groups carry the width of every prompt it sampled, a peer's
+    the width of those it shared), so every learner of rollouts=step runs the same shapes and gets the same bits."""
+    p, t = int(groups.prompt_mask.sum(dim=1).max()), int(groups.completion_mask.sum(dim=1).max())  # left / right pad
+    return replace(groups, prompt_ids=groups.prompt_ids[:, -p:], prompt_mask=groups.prompt_mask[:, -p:],
+                   completion_ids=groups.completion_ids[:, :t], completion_mask=groups.completion_mask[:, :t],
+                   behaviour_logp=groups.behaviour_logp[:, :t], sampled_mask=groups.sampled_mask[:, :t])
