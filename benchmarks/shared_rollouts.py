@@ -6,6 +6,8 @@
     python benchmarks/shared_rollouts.py run diloco --seed 1   # two learners, no sharing, plain averaging every 16
     python benchmarks/shared_rollouts.py run recent --seed 1   # own 4 groups + up to 4 of the peer's last 2 steps,
                                                                # plain averaging every 16 (SAPO-style)
+    python benchmarks/shared_rollouts.py timing --steps 5      # step times on an idle machine: one learner on one
+                                                               # core against two sharing learners on one core each
     python benchmarks/shared_rollouts.py report                # the tables, a plot, BENCHMARKS.md's section
 
 examples/shared_rollouts.yaml's task (SmolLM2-135M-Instruct + LoRA r16, two-step word problems, math_correct only:
@@ -45,8 +47,9 @@ LABELS = {"one": "one learner, 8 prompts a step", "step": "2 learners, rollouts=
           "recent": "2 learners, rollouts=recent (4 own + up to 4 of the peer's), H = 16"}
 
 
-def run(root: Path, arm: str, seed: int) -> None:
+def run(root: Path, arm: str, seed: int, extra_args: tuple[str, ...] = ()) -> None:
     learners, extra = ARMS[arm]
+    extra = [*extra, *extra_args]
     out = root / f"{arm}-s{seed}"
     base = [sys.executable, "-m", "rlvr", "train", EXAMPLE, f"train.seed={seed}", *COMMON, *extra]
     if learners == 1:
@@ -60,6 +63,24 @@ def run(root: Path, arm: str, seed: int) -> None:
                                       *quiet], cwd=ROOT))
     if any(job.wait() for job in jobs):
         raise SystemExit(f"{arm} seed {seed}: a learner failed")
+
+
+def timing(root: Path, steps: int) -> dict:
+    """Median step, generation and update times (the first step left out) of `one` and `step`, each alone on the
+    machine, without evaluation (task.eval_size=0: both learners then hold the same rows)."""
+    out = {}
+    for arm in ("one", "step"):
+        run(root / "timing", arm, 1, ("task.eval_size=0", "eval.extra_path=", f"train.steps={steps}",
+                                      "eval.on_start=false"))
+        rows = [r for r in _rows(root / "timing" / f"{arm}-s1" / "l0") if "time/step_s" in r][1:]
+        out[arm] = {k: statistics.median(r[m] for r in rows) for k, m in (
+            ("step_s", "time/step_s"), ("generate_s", "rollout/time_generate_s"), ("update_s", "update/time_s"))}
+        out[arm]["wait_s"] = statistics.median(r.get("shared/wait_s", 0.0) for r in rows)
+    out["ratio"] = out["step"]["step_s"] / out["one"]["step_s"]
+    out["generation_share"] = out["one"]["generate_s"] / out["one"]["step_s"]
+    (root / "timing.json").write_text(json.dumps(out, indent=2))
+    print(json.dumps(out, indent=2))
+    return out
 
 
 def _rows(run_dir: Path) -> list[dict]:
@@ -131,7 +152,16 @@ def report(root: Path) -> None:
                          f"{s['update_s']:.1f} / {s['wait_s']:.1f} s" + (
                              f"; {s['external_groups']:.0f} peer groups trained, {s['mismatch']:.0f} reward "
                              f"mismatches, {s['refused']:.0f} refused" if arm in ("step", "recent") else ""))
-    publish("shared_rollouts", {"machine": describe(), "runs": {a: {str(k): v for k, v in s.items()}
+    timed = json.loads((root / "timing.json").read_text()) if (root / "timing.json").is_file() else None
+    if timed:
+        one, two = timed["one"], timed["step"]
+        lines += ["", (f"Step times on the idle machine (`... timing`; medians, the first step left out, no evaluation): "
+                       f"one learner on one core {one['step_s']:.1f} s (generation {one['generate_s']:.1f} s, update "
+                       f"{one['update_s']:.1f} s: generation {100 * timed['generation_share']:.0f} % of the step); two "
+                       f"sharing learners on one core each {two['step_s']:.1f} s (generation {two['generate_s']:.1f} s, "
+                       f"update {two['update_s']:.1f} s, waiting for the peer {two['wait_s']:.1f} s): "
+                       f"{timed['ratio']:.2f}x the one learner's step.")]
+    publish("shared_rollouts", {"machine": describe(), "timing": timed, "runs": {a: {str(k): v for k, v in s.items()}
                                                                 for a, s in runs.items()}}, "\n".join(
         ["## Learners that share rollouts on a sparse reward (benchmarks/shared_rollouts.py)", "", *lines]))
     plot(runs)
@@ -166,7 +196,8 @@ def plot(runs: dict[str, dict[int, dict]]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=("run", "report"))
+    parser.add_argument("what", choices=("run", "timing", "report"))
+    parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("arm", nargs="?", choices=tuple(ARMS))
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--root", type=Path, default=ROOT / "runs" / "shared-bench")
@@ -175,6 +206,8 @@ def main() -> None:
         if not args.arm:
             parser.error("run needs an arm: " + ", ".join(ARMS))
         run(args.root, args.arm, args.seed)
+    elif args.what == "timing":
+        timing(args.root, args.steps)
     else:
         report(args.root)
 
