@@ -155,12 +155,13 @@ def report(root: Path) -> None:
     timed = json.loads((root / "timing.json").read_text()) if (root / "timing.json").is_file() else None
     if timed:
         one, two = timed["one"], timed["step"]
-        lines += ["", (f"Step times on the idle machine (`... timing`; medians, the first step left out, no evaluation): "
-                       f"one learner on one core {one['step_s']:.1f} s (generation {one['generate_s']:.1f} s, update "
-                       f"{one['update_s']:.1f} s: generation {100 * timed['generation_share']:.0f} % of the step); two "
-                       f"sharing learners on one core each {two['step_s']:.1f} s (generation {two['generate_s']:.1f} s, "
-                       f"update {two['update_s']:.1f} s, waiting for the peer {two['wait_s']:.1f} s): "
-                       f"{timed['ratio']:.2f}x the one learner's step.")]
+        lines += ["", (
+            "Step times on the idle machine (`... timing`; medians, the first step left out, no evaluation): one "
+            f"learner on one core {one['step_s']:.1f} s (generation {one['generate_s']:.1f} s, update "
+            f"{one['update_s']:.1f} s: generation {100 * timed['generation_share']:.0f} % of the step); two sharing "
+            f"learners on one core each {two['step_s']:.1f} s (generation {two['generate_s']:.1f} s, update "
+            f"{two['update_s']:.1f} s, waiting for the peer {two['wait_s']:.1f} s): {timed['ratio']:.2f}x the one "
+            "learner's step.")]
     publish("shared_rollouts", {"machine": describe(), "timing": timed, "runs": {a: {str(k): v for k, v in s.items()}
                                                                 for a, s in runs.items()}}, "\n".join(
         ["## Learners that share rollouts on a sparse reward (benchmarks/shared_rollouts.py)", "", *lines]))
