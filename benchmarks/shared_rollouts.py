@@ -129,7 +129,8 @@ def report(root: Path) -> None:
               "problems, a strictly binary reward: `math_correct`), 48 steps, 64 generated samples a step in every arm "
               "(one learner 8 prompts x 8; two learners 4 x 8 each), every process one thread pinned to one core. "
               "Accuracy is greedy on the 100 held-out stories / the 150 independent problems (0.06 / 0.013 before "
-              "training); mean over the seeds (min-max)."), "",
+              "training); mean over the seeds (min-max). Wall: learner 0's step times summed, evaluations included; "
+              "these runs shared the two cores with one another, so only the timing line below compares speed."), "",
              ("| arm | seeds | stories at 1,024 / 2,048 / 3,072 samples | independent at 3,072 | wall to 3,072 | "
               "bytes each learner sent | a per-step all-reduce |"), "|---|---|---|---|---|---|---|"]
     for arm, seeds in runs.items():
