@@ -318,7 +318,8 @@ def test_a_hostile_learner_is_refused_rescored_and_never_waited_on(tiny_model_di
 def test_a_step_goes_on_without_an_absent_learner_and_waits_for_it_no_more(tiny_model_dir, tmp_path):
     bucket = tmp_path / "bucket"
     _train_here(_learner(tmp_path / "l0", tiny_model_dir, bucket, 0, "diloco.rollouts=step", "diloco.inner_steps=0",
-                         "diloco.rollout_timeout_s=1"))
+                         "diloco.rollout_timeout_s=1", "eval.on_start=false"))
+    assert min(r["step"] for r in _metrics(tmp_path / "l0")) == 1  # eval.on_start=false: no evaluation at step 0
     rows = [r for r in _metrics(tmp_path / "l0") if "shared/external_groups" in r]
     assert [r["shared/total_missed"] for r in rows] == [1, 1, 1, 1]  # waited for once, at step 1
     assert rows[0]["shared/wait_s"] >= 1 and all(r["shared/wait_s"] < 1 for r in rows[1:])
