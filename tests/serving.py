@@ -74,6 +74,7 @@ class ServerProcess:
                 self._reader.join(timeout=5)
                 raise RuntimeError(f"rlvr serve exited: {self.output()[-2000:]}")
             time.sleep(0.1)
+        self.stop()  # a caller whose server never got ready has no handle to stop it with
         raise TimeoutError(f"{self.url} not ready after {timeout_s} s")
 
     def kill(self) -> None:

@@ -65,10 +65,10 @@ class Receiver:
         groups = Groups(
             prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=shared.completion_ids.long(),
             completion_mask=mask.long(), behaviour_logp=shared.behaviour_logp,
-            truncated=~torch.tensor(finished, dtype=torch.bool),
+            truncated=~torch.tensor(finished, dtype=torch.bool, device="cpu"),
             texts=tokenizer.batch_decode(tokens, skip_special_tokens=True), group_size=G,
-            version=torch.full((n,), shared.version, dtype=torch.long),
-            temperature=torch.full((n,), float(self.temperature)))
+            version=torch.full((n,), shared.version, dtype=torch.long, device="cpu"),
+            temperature=torch.full((n,), float(self.temperature), device="cpu"))
         scores = score_groups(self.rewards, groups, rows)
         claimed, ours = shared.rewards, scores.total.float()
         same = (claimed == ours) | (torch.isnan(claimed) & torch.isnan(ours))
@@ -98,11 +98,11 @@ class SharingSource:
     def open(self, run: Run, stack: contextlib.ExitStack) -> Sampler:
         sampler = self.inner.open(run, stack)
         cfg = self.cfg
-        self.rows = run.data.task_rows  # every training row: a peer's row ids index these
+        rows = run.data.task_rows  # every training row: a peer's row ids index these
         limits = GroupLimits(max_groups=cfg.train.prompts_per_step * self.inner.rounds_reserved(),
                              group_size=cfg.rollout.group_size, max_tokens=cfg.rollout.max_new_tokens,
-                             vocab=run.model.get_input_embeddings().weight.shape[0], rows=len(self.rows))
-        self.receiver = Receiver(self.rows, run.data.tokenizer, run.rewards, limits, eos_token_ids(run.model,
+                             vocab=run.model.get_input_embeddings().weight.shape[0], rows=len(rows))
+        self.receiver = Receiver(rows, run.data.tokenizer, run.rewards, limits, eos_token_ids(run.model,
                                  run.data.tokenizer), tuple(cfg.rollout.stop), cfg.rollout.temperature)
         return sampler
 
@@ -140,11 +140,12 @@ class SharingSource:
         G = own.groups.group_size
         keep = mine.nonzero().squeeze(-1).tolist()
         groups, scores = own.groups.select(keep), own.scores.select(
-            torch.tensor([g * G + j for g in keep for j in range(G)], dtype=torch.long))
+            torch.tensor([g * G + j for g in keep for j in range(G)], dtype=torch.long, device="cpu"))
         mask = groups.completion_mask.bool()
         shared = SharedGroups(
             learner=self.learner, step=step, version=int(own.groups.version.min()), group_size=G,
-            row_ids=torch.tensor([self._global_row(own.row_ids[g]) for g in keep], dtype=torch.int64),
+            row_ids=torch.tensor([self._global_row(own.row_ids[g]) for g in keep], dtype=torch.int64,
+                                 device="cpu"),
             completion_ids=groups.completion_ids.masked_fill(~mask, 0),
             lengths=mask.sum(dim=1), behaviour_logp=groups.behaviour_logp.float().masked_fill(~mask, 0.0),
             rewards=scores.total.float())
@@ -161,7 +162,7 @@ class SharingSource:
             return None
         B, K = self.cfg.train.prompts_per_step, self.learners
         return {i for r in range(self.inner.rounds_reserved())
-                for i in round_share(len(self.rows), self.cfg.train.seed, cursor + r * K * B, (k, K), B)}
+                for i in round_share(self.receiver.limits.rows, self.cfg.train.seed, cursor + r * K * B, (k, K), B)}
 
     def _read(self, k: int, step: int, cursor: int) -> SharedGroups | None:
         """Peer ``k``'s groups of ``step``, or None (refused: counted and said)."""

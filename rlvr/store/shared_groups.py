@@ -84,7 +84,7 @@ class SharedGroups:
     @property
     def mask(self) -> torch.Tensor:
         """[B*G, T] bool: the completions' tokens."""
-        return torch.arange(self.completion_ids.shape[1])[None, :] < self.lengths[:, None]
+        return torch.arange(self.completion_ids.shape[1], device="cpu")[None, :] < self.lengths[:, None]
 
 
 class GroupBucket:
@@ -153,7 +153,7 @@ def _checked(tensors: dict[str, torch.Tensor], limits: GroupLimits, where: str) 
         raise RefusedGroups(f"{where}: a row id outside the task's {limits.rows} training rows, or repeated")
     if not (bool((lengths >= 1).all()) and bool((lengths <= T).all())):
         raise RefusedGroups(f"{where}: a completion length outside 1..{T}")
-    mask = torch.arange(T)[None, :] < lengths[:, None]  # [n, T]
+    mask = torch.arange(T, device="cpu")[None, :] < lengths[:, None]  # [n, T]
     ids, logp = ids.masked_fill(~mask, 0), logp.masked_fill(~mask, 0.0)
     if not (bool((ids >= 0).all()) and bool((ids < limits.vocab).all())):
         raise RefusedGroups(f"{where}: a token id outside the vocabulary of {limits.vocab}")
