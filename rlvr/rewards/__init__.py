@@ -29,6 +29,7 @@ from rlvr.rewards.base import (
     score_completions,
 )
 from rlvr.rewards.code import code_tests
+from rlvr.rewards.compiled import compiled_tests
 from rlvr.rewards.equations import equations_correct, steps_correct
 from rlvr.rewards.format import format_match, tool_success
 from rlvr.rewards.judge import judge
@@ -40,6 +41,7 @@ from rlvr.rewards.reward_model import reward_model
 BUILTINS = {
     "arithmetic_correct": arithmetic_correct,
     "code_tests": code_tests,
+    "compiled_tests": compiled_tests,
     "equations_correct": equations_correct,
     "format": format_match,
     "judge": judge,

@@ -7,14 +7,26 @@ checker's requests over two pipes, one JSON object per line. It never sees a tes
     <- {"ok": true, "value": encoded} | {"error": "..."}   (a non-plain return value is an error)
     -> {"op": "run", "source": code, "stdin": text, "timeout_s": s, "output_bytes": n}  (stdin programs)
     <- {"ok": true, "stdout": text, "status": "exit" | "error" | "timeout" | "output_limit", "returncode": rc}
+    -> {"op": "build", "files": {name: text}, "prebuilt": {name: b64}, "steps": [argv, ...], "artifacts": [glob, ...],
+        "cpu_s": s, "wall_s": s, "output_bytes": n}         (compiled languages: languages.py)
+    <- {"ok": true, "status": "built" | "compile_error" | "compile_timeout", "log": text, "artifacts": {name: b64}}
+    -> {"op": "install", "artifacts": {name: b64}}          (a cached build)
+    <- {"ok": true, "status": "built"}
+    -> {"op": "exec", "argv": [...], "stdin": text, "cpu_s": s, "wall_s": s, "output_bytes": n}
+    <- {"ok": true, "stdout": text, "status": ..., "returncode": rc, "stderr": tail}
+
+A build's source files are deleted once it succeeds, so the program it made cannot read the tests compiled into it.
 
 Sources are tried in order until one runs and defines ``entry_point`` (HumanEval completions may be a
 function body that only works after the prompt). Standard library only; started with
 ``python -I -S -B candidate.py REQUEST_FD RESPONSE_FD`` in the candidate's writable working directory.
 """
 
+import base64
+import glob
 import json
 import os
+import resource
 import subprocess
 import sys
 import types
@@ -53,6 +65,13 @@ def main() -> None:
             respond(_call(namespace, request["fn"], request["args"]))
         elif op == "run":
             respond(_run_program(request["source"], request["stdin"], request["timeout_s"], request["output_bytes"]))
+        elif op == "build":
+            respond(_build(request))
+        elif op == "install":
+            respond(_install(request["artifacts"]))
+        elif op == "exec":
+            respond(_exec(request["argv"], request["stdin"], request["cpu_s"], request["wall_s"],
+                          request["output_bytes"]))
 
 
 def _load(sources: list[str], entry_point: str | None) -> tuple[dict, str | None]:
@@ -111,6 +130,123 @@ def _run_program(source: str, stdin: str, timeout_s: float, output_bytes: int) -
         status = "output_limit"
     return {"ok": True, "stdout": out[:output_bytes].decode(errors="replace"), "status": status,
             "returncode": returncode}
+
+
+BUILD_ENV = {"PATH": "/usr/bin:/bin", "HOME": "/work", "TMPDIR": "/tmp", "LANG": "C.UTF-8"}
+MAX_ARTIFACT_BYTES = 32 << 20
+
+
+def _plain_name(name: str) -> bool:
+    return isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and "\0" not in name
+
+
+def _build(request: dict) -> dict:
+    """Write the sources, run the build commands; return what the run needs (for the trainer's cache)."""
+    names = []
+    for name, text in request["files"].items():
+        if not _plain_name(name):
+            return {"error": f"bad file name {name!r}"}
+        with open(name, "w", encoding="utf-8") as f:
+            f.write(text)
+        names.append(name)
+    for name, data in request.get("prebuilt", {}).items():  # a unit built before (the trainer's cache)
+        if not _plain_name(name):
+            return {"error": f"bad file name {name!r}"}
+        with open(name, "wb") as f:
+            f.write(base64.b64decode(data))
+    status, log = "built", b""
+    for argv in request["steps"]:
+        result = _spawn(argv, b"", request["cpu_s"], request["wall_s"], request["output_bytes"], merge=True)
+        log = result["out"]
+        if result["status"] in ("timeout", "cpu"):
+            status = "compile_timeout"
+            break
+        if result["status"] != "exit":
+            status = "compile_error"
+            break
+    artifacts = {}
+    if status == "built":
+        total = 0
+        for pattern in request.get("artifacts", []):
+            for path in sorted(glob.glob(pattern)):
+                if os.path.isfile(path) and not os.path.islink(path) and _plain_name(path):
+                    with open(path, "rb") as f:
+                        data = f.read(MAX_ARTIFACT_BYTES + 1)
+                    total += len(data)
+                    artifacts[path] = base64.b64encode(data).decode()
+        if total > MAX_ARTIFACT_BYTES:
+            artifacts = {}  # too large to cache; the run still uses the files here
+        for name in names:
+            if name not in artifacts:
+                os.unlink(name)
+    tail = log[-2000:].decode(errors="replace")
+    return {"ok": True, "status": status, "log": tail, "artifacts": artifacts}
+
+
+def _install(artifacts: dict) -> dict:
+    for name, data in artifacts.items():
+        if not _plain_name(name):
+            return {"error": f"bad file name {name!r}"}
+        with open(name, "wb") as f:
+            f.write(base64.b64decode(data))
+        os.chmod(name, 0o755)
+    return {"ok": True, "status": "built"}
+
+
+def _exec(argv: list, stdin: str, cpu_s: float, wall_s: float, output_bytes: int) -> dict:
+    result = _spawn(argv, stdin.encode(), cpu_s, wall_s, output_bytes)
+    return {"ok": True, "stdout": result["out"][:output_bytes].decode(errors="replace"), "status": result["status"],
+            "returncode": result["returncode"], "stderr": result["err"][-1000:].decode(errors="replace")}
+
+
+def _spawn(argv: list, stdin: bytes, cpu_s: float, wall_s: float, output_bytes: int, merge: bool = False) -> dict:
+    """Run ``argv`` with a CPU-time limit (what decides a timeout: a loaded machine slows the wall clock, not the
+    CPU count) and a looser wall-clock limit; stdout (and stderr) kept up to ``output_bytes`` in files.
+
+    status: exit | error (non-zero exit or a signal) | cpu (CPU limit) | timeout (wall limit) | output_limit."""
+    with open("stdin.bin", "wb") as f:
+        f.write(stdin)
+    cpu = max(1, int(cpu_s + 0.999))
+
+    def limit_cpu() -> None:
+        hard = resource.getrlimit(resource.RLIMIT_CPU)[1]  # the execution's own cap (prlimit) bounds this one
+        top = cpu + 1 if hard == resource.RLIM_INFINITY else min(cpu + 1, hard)
+        resource.setrlimit(resource.RLIMIT_CPU, (min(cpu, top), top))
+
+    status, returncode = "exit", None
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    with open("stdin.bin", "rb") as fin, open("stdout.bin", "wb") as fout, open("stderr.bin", "wb") as ferr:
+        try:
+            proc = subprocess.Popen(argv, stdin=fin, stdout=fout, stderr=fout if merge else ferr, env=BUILD_ENV,
+                                    start_new_session=True,
+                                    preexec_fn=limit_cpu)  # noqa: PLW1509 (this process has one thread)
+        except OSError as err:
+            return {"status": "error", "returncode": None, "out": f"cannot run {argv[0]}: {err}".encode(),
+                    "err": b""}
+        try:
+            returncode = proc.wait(timeout=wall_s)
+        except subprocess.TimeoutExpired:
+            status = "timeout"
+        try:
+            os.killpg(proc.pid, 9)  # the program's children too
+        except ProcessLookupError:
+            pass
+        proc.wait()
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    used = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    with open("stdout.bin", "rb") as f:
+        out = f.read(output_bytes + 1)
+    with open("stderr.bin", "rb") as f:
+        err = f.read(4096)
+    for name in ("stdin.bin", "stdout.bin", "stderr.bin"):
+        os.unlink(name)
+    if status == "exit" and (returncode == -24 or returncode == -9 and used >= cpu - 0.5):
+        status = "cpu"  # SIGXCPU at the limit, or SIGKILL at the hard one (rusage is sampled: a loose bound)
+    elif status == "exit" and returncode != 0:
+        status = "error"
+    if len(out) > output_bytes:
+        status = "output_limit"
+    return {"status": status, "returncode": returncode, "out": out, "err": err}
 
 
 if __name__ == "__main__":

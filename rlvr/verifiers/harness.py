@@ -10,6 +10,8 @@ built-in values. Records written to the trainer, one JSON object per line:
     {"i": k, "out": "<json>"}              io format: the return value, graded by the trainer
     {"i": k, "passed": true}               humaneval / mbpp: test k ran to the end without an error
     {"i": k, "stdout": "...", "status": s}  program format: graded by the trainer
+    {"build": s, "log": "...", "artifacts": {...}}  compiled format: how the build went (before any test)
+    {"i": k, "stdout": "...", "status": s, "stderr": "..."}  compiled format: one run, graded by the trainer
     {"i": k, "error": "..."}                test k failed
 
 A test that exceeds ``test_timeout_s``, or a candidate that dies, ends the execution: the tests not yet
@@ -84,6 +86,9 @@ def check(job: dict, candidate: Candidate, report) -> None:
     fmt = job["format"]
     if fmt == "program":
         _programs(job, candidate, report)
+        return
+    if fmt == "compiled":
+        _compiled(job, candidate, report)
         return
     loaded = candidate.ask({"op": "load", "sources": job["sources"], "entry_point": job.get("entry_point")})
     if "error" in loaded:
@@ -193,3 +198,25 @@ def _programs(job: dict, candidate: Candidate, report) -> None:
         answer = candidate.ask({"op": "run", "source": source, "stdin": stdin, "timeout_s": per_test,
                                 "output_bytes": job["output_bytes"]}, timeout_s=per_test + 5)
         report({"i": i, "stdout": answer["stdout"], "status": answer["status"]})
+
+
+def _compiled(job: dict, candidate: Candidate, report) -> None:
+    """Build (or install a cached build), then run the program once per stdin; the trainer grades the outputs."""
+    build = job["build"]
+    if job.get("cached"):
+        answer = candidate.ask({"op": "install", "artifacts": job["cached"]}, timeout_s=60)
+    else:
+        answer = candidate.ask({"op": "build", **build}, timeout_s=build["wall_s"] * len(build["steps"]) + 10)
+    if "error" in answer:
+        report({"load_error": answer["error"]})
+        return
+    report({"build": answer["status"], "log": answer.get("log", ""), "artifacts": answer.get("artifacts", {})})
+    if answer["status"] != "built":
+        return
+    run = job["run"]
+    for i, stdin in enumerate(job["stdins"]):
+        result = candidate.ask({"op": "exec", "argv": run["argv"], "stdin": stdin, "cpu_s": run["cpu_s"],
+                                "wall_s": run["wall_s"], "output_bytes": job["output_bytes"]},
+                               timeout_s=run["wall_s"] + 10)
+        report({"i": i, "stdout": result["stdout"], "status": result["status"], "stderr": result["stderr"],
+                "returncode": result["returncode"]})

@@ -119,6 +119,11 @@ class Execution:
     passed: set[int] = field(default_factory=set)  # humaneval / mbpp: tests that ran to the end
     stdouts: dict[int, tuple[str, str]] = field(default_factory=dict)  # program: index -> (stdout, status)
     errors: dict[int, str] = field(default_factory=dict)
+    stderrs: dict[int, str] = field(default_factory=dict)  # compiled: index -> the run's stderr tail
+    returncodes: dict[int, int] = field(default_factory=dict)  # compiled: index -> exit status (-N: signal N)
+    build: str = ""  # compiled: "built" | "compile_error" | "compile_timeout" ("" when it never reported)
+    build_log: str = ""  # the compiler's output tail
+    artifacts: dict[str, str] = field(default_factory=dict)  # compiled: what the build left (base64), for a cache
     load_error: str = ""
     stdout: bytes = b""
     stderr: bytes = b""
@@ -191,10 +196,11 @@ class Sandbox:
     (``memcg.py``), a path makes them under that cgroup directory, False makes none."""
 
     def __init__(self, slots: int = 2, limits: Limits = Limits(), allow_unsandboxed: bool = False,
-                 memory_cgroup: bool | str = True) -> None:
+                 memory_cgroup: bool | str = True, expose: tuple[str, ...] = ()) -> None:
         self.limits = limits
         self.python = find_python()
         self._expose, self._hide = runtime_view(self.python)
+        self._expose += [p for p in expose if os.path.isdir(p) and p not in self._expose]  # e.g. a rustup toolchain
         self._slots = list(range(slots))
         self._lock = threading.Condition()
         self._pool = ThreadPoolExecutor(max_workers=slots, thread_name_prefix="rlvr-sandbox")
@@ -317,7 +323,7 @@ class Sandbox:
                 return Execution("infra_error", load_error=f"could not start the sandbox: {err}")
             os.close(write_fd)
             write_fd = -1
-            result = self._collect(proc, read_fd, started)
+            result = self._collect(proc, read_fd, started, job.get("timeout_s") or lim.timeout_s)
             if result.status == "infra_error":
                 self.infra_failures += 1
             return result
@@ -327,14 +333,14 @@ class Sandbox:
                     os.close(fd)
             shutil.rmtree(workdir, ignore_errors=True)
 
-    def _collect(self, proc: subprocess.Popen, results_fd: int, started: float) -> Execution:
+    def _collect(self, proc: subprocess.Popen, results_fd: int, started: float, timeout_s: float) -> Execution:
         cap = self.limits.output_bytes
         buffers = {"stdout": bytearray(), "stderr": bytearray(), "results": bytearray()}
         sel = selectors.DefaultSelector()
         sel.register(proc.stdout, selectors.EVENT_READ, "stdout")
         sel.register(proc.stderr, selectors.EVENT_READ, "stderr")
         sel.register(results_fd, selectors.EVENT_READ, "results")
-        deadline = started + self.limits.timeout_s
+        deadline = started + timeout_s
         status = "ran"
         result_cap = cap + 64 * 1024 * 1024  # return values may be large, but not unbounded
         while sel.get_map():
@@ -369,6 +375,10 @@ class Sandbox:
                 ready = True
             elif "load_error" in record:
                 out.load_error = str(record["load_error"])
+            elif isinstance(record.get("build"), str) and not out.build:
+                out.build, out.build_log = record["build"], str(record.get("log", ""))
+                if isinstance(record.get("artifacts"), dict):
+                    out.artifacts = record["artifacts"]
             elif isinstance(record.get("i"), int) and record["i"] not in seen:
                 i = record["i"]
                 seen.add(i)
@@ -378,6 +388,10 @@ class Sandbox:
                     out.passed.add(i)
                 elif isinstance(record.get("stdout"), str):
                     out.stdouts[i] = (record["stdout"], str(record.get("status")))
+                    if isinstance(record.get("stderr"), str):
+                        out.stderrs[i] = record["stderr"]
+                    if type(record.get("returncode")) is int:
+                        out.returncodes[i] = record["returncode"]
                 else:
                     out.errors[i] = str(record.get("error", "no output"))
         if not ready and status == "ran":

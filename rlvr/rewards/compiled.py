@@ -1,0 +1,90 @@
+"""Compiled-language code correctness: build the completion's C, C++, Rust, Java or JavaScript in the sandbox and
+judge it by the row's tests (``rlvr.verifiers.compiled``: MultiPL-E assertion programs or stdin/stdout cases).
+
+Rows: ``language`` (c, cpp / c++, rust / rs, java, javascript / js) and ``tests`` - a test program (string,
+MultiPL-E's form: the prompt is the code the completion continues, cut at ``stop_tokens``) or a list of
+``{"input": str, "output": str}`` cases (``stdin``/``stdout`` keys too; the code is the completion's last fenced
+block, else all of it). Score: 1.0 when every test passes (the pass fraction with ``partial_credit``),
+``compile_error_reward`` when it does not build, None when the sandbox itself failed (excluded, counted). Each
+batch logs the share of each outcome as ``reward_log/compiled/<outcome>`` (passed, wrong_answer, compile_error,
+timeout, runtime_error, memory, output_limit, exited_early, ...).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from rlvr.rewards.base import RewardConfigError, RewardFn, completion_text
+from rlvr.rewards.code import prompt_code
+from rlvr.verifiers.compiled import Settings
+from rlvr.verifiers.compiled_judge import CompiledJudge, Program, ToolchainMissing, require_toolchains
+
+
+def compiled_tests(
+    language_column: str = "language",
+    tests_column: str = "tests",
+    language: str | None = None,
+    languages: list[str] | None = None,
+    partial_credit: bool = False,
+    compile_error_reward: float = 0.0,
+    float_tolerance: float = 0.0,
+    cpu_s: float = 2.0,
+    compile_cpu_s: float = 20.0,
+    memory_mb: int = 1024,
+    slots: int = 2,
+    cache_mb: int = 256,
+    allow_unsandboxed: bool = False,
+) -> RewardFn:
+    """Reward factory. ``language`` fixes every row's language (else the ``language_column``); the toolchains of
+    ``language`` / ``languages`` are checked now, others when a row first names them."""
+    try:
+        require_toolchains([n for n in [language, *(languages or [])] if n])
+    except (ToolchainMissing, ValueError) as err:
+        raise RewardConfigError(f"compiled_tests: {err}") from None
+    settings = Settings(cpu_s=cpu_s, compile_cpu_s=compile_cpu_s, float_tolerance=float_tolerance)
+    judge = CompiledJudge(settings, slots=slots, memory_mb=memory_mb, cache_mb=cache_mb,
+                          allow_unsandboxed=allow_unsandboxed)
+
+    def compiled_reward(prompts, completions, log_metric=None, **columns) -> list[float | None]:
+        if tests_column not in columns or (language is None and language_column not in columns):
+            need = [tests_column] + ([] if language else [language_column])
+            raise KeyError(f"compiled_tests needs the columns {need}; columns are {sorted(columns)}")
+        programs = [_program(i, p, c, columns) for i, (p, c) in enumerate(zip(prompts, completions))]
+        try:
+            verdicts = judge.judge(programs)
+        except ToolchainMissing as err:
+            raise RewardConfigError(f"compiled_tests: {err}") from None
+        if log_metric is not None and verdicts:
+            for outcome, n in Counter(v.outcome for v in verdicts).items():
+                log_metric(f"compiled/{outcome}", n / len(verdicts))
+        return [_score(v) for v in verdicts]
+
+    def _program(i: int, prompt, completion, columns) -> Program:
+        lang = language or columns[language_column][i]
+        tests = columns[tests_column][i]
+        text = completion_text(completion)
+        if isinstance(tests, str):
+            stops = columns.get("stop_tokens", [None] * (i + 1))[i]
+            return Program(lang, text, tests=tests, prompt=prompt_code(prompt), stop=tuple(stops) if stops else None)
+        if isinstance(tests, list) and all(isinstance(t, dict) for t in tests):
+            cases = [(_field(t, "input", "stdin"), _field(t, "output", "stdout")) for t in tests]
+            return Program(lang, text, cases=cases)
+        raise ValueError(f"row {i}: '{tests_column}' must be a test program (string) or a list of "
+                         "{\"input\": str, \"output\": str} cases")
+
+    def _score(verdict) -> float | None:
+        if verdict.score is None:
+            return None
+        if verdict.outcome in ("compile_error", "compile_timeout"):
+            return compile_error_reward
+        return verdict.score if partial_credit else float(verdict.score == 1.0)
+
+    compiled_reward.judge = judge  # for benchmarks and tests: its cache's hits and misses
+    return compiled_reward
+
+
+def _field(case: dict, *names: str) -> str:
+    for name in names:
+        if isinstance(case.get(name), str):
+            return case[name]
+    raise ValueError(f"a stdin/stdout case needs a string '{names[0]}' (or '{names[1]}'); got {sorted(case)}")

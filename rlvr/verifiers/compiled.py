@@ -1,0 +1,279 @@
+"""Judge programs in compiled languages (``languages.py``) in the sandbox, in the two test styles datasets carry.
+
+| style      | row columns                                                   | pass                                  |
+|------------|---------------------------------------------------------------|---------------------------------------|
+| assertions | ``language``, ``tests`` (a test program, MultiPL-E's form),   | builds, runs every test to the end    |
+|            | the prompt the completion continues, ``stop_tokens``?         | (a marker), exits 0                   |
+| stdio      | ``language``, ``tests: [{"input": str, "output": str}]``      | each case: the output's tokens equal  |
+|            | (or ``stdin`` / ``stdout`` keys)                              | the expected ones (floats: tolerance) |
+
+Assertion programs are assembled by ``assertion_programs.py`` (what each language's guards stop, and how, is there
+and in docs/concepts/sandbox.md). Sources are deleted once built; the expected outputs of stdio cases never enter
+the sandbox: the trainer compares them. A build is cached by content (``CompileCache``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import secrets
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from rlvr.verifiers.assertion_programs import JAVATUPLES, assemble
+from rlvr.verifiers.languages import Language, java_main_class, tool_path, toolchain_version
+from rlvr.verifiers.sandbox import Execution
+
+OUTCOMES = ("passed", "wrong_answer", "compile_error", "compile_timeout", "timeout", "runtime_error", "memory",
+            "output_limit", "exited_early", "shadowing", "infra_error")
+_IDENT = re.compile(r"[A-Za-z_$][\w$]*")
+_MEMORY_SIGNS = ("bad_alloc", "OutOfMemoryError", "heap out of memory", "memory allocation of", "Cannot allocate")
+
+
+@dataclass(frozen=True)
+class Settings:
+    cpu_s: float = 2.0  # CPU seconds per test run (what decides a timeout; the wall limit is looser)
+    compile_cpu_s: float = 20.0
+    output_bytes: int = 64 * 1024
+    float_tolerance: float = 0.0  # stdio: numbers within this absolute or relative error are equal; 0: exact text
+
+    def wall_s(self, cpu_s: float) -> float:
+        return 3 * cpu_s + 2  # a loaded machine stretches the wall clock, not the CPU time
+
+
+@dataclass
+class Verdict:
+    score: float | None  # fraction of tests passed; None: the sandbox failed (excluded from training)
+    outcome: str  # one of OUTCOMES: the first failure's kind, or "passed"
+    detail: str = ""
+
+
+# -- jobs ------------------------------------------------------------------------------------------------------------
+def _classpath(argv) -> list[str]:
+    """Java's class path with javatuples where it is installed."""
+    argv = list(argv)
+    if os.path.exists(JAVATUPLES):
+        if "-cp" in argv:
+            argv[argv.index("-cp") + 1] = "." + os.pathsep + JAVATUPLES
+        if argv and argv[0].endswith("javac"):
+            argv[1:1] = ["-cp", "." + os.pathsep + JAVATUPLES]
+    return argv
+
+
+def _steps(lang: Language, files: list[str], main: str) -> list[list[str]]:
+    """The build commands for ``files``: the table's (one source), or C/C++ units compiled apart and linked."""
+    if len(files) > 1:
+        cc = [tool_path(lang.compiler[0]), *lang.compiler[1:]]
+        objects = [name.rsplit(".", 1)[0] + ".o" for name in files]
+        return [[*cc, "-c", "-o", obj, name] for name, obj in zip(files, objects)] + \
+            [[*cc, "-o", "prog", *objects, *lang.link]]
+    steps = [[tool_path(a) if i == 0 else a.format(src=files[0], main=main) for i, a in enumerate(step)]
+             for step in lang.build]
+    return [_classpath(step) for step in steps] if lang.name == "java" else steps
+
+
+def _build(lang: Language, files: dict[str, str], main: str, settings: Settings, keep_sources: bool) -> dict:
+    artifacts = [a for a in lang.artifacts if keep_sources or a not in files]
+    artifacts += [name.rsplit(".", 1)[0] + ".o" for name in files if name.startswith("tests.")]  # shared_unit
+    return {"files": dict(files), "steps": _steps(lang, list(files), main), "artifacts": artifacts,
+            "cpu_s": settings.compile_cpu_s, "wall_s": settings.wall_s(settings.compile_cpu_s),
+            "output_bytes": settings.output_bytes}
+
+
+def cache_key(lang: Language, build: dict) -> str:
+    blob = json.dumps([lang.name, toolchain_version(lang.name), build["steps"], build["files"]], sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def shared_unit(lang: Language, build: dict) -> tuple[str, str, list[str]] | None:
+    """(cache key, object file, its compile command) of the tests' own unit of a C/C++ assertion program: the same
+    for every completion of a row, so it is built once and linked with each completion's unit."""
+    tests = [name for name in build["files"] if name.startswith("tests.")]
+    if not tests:
+        return None
+    obj = tests[0].rsplit(".", 1)[0] + ".o"
+    step = next(s for s in build["steps"] if obj in s and "-c" in s)
+    blob = json.dumps([lang.name, toolchain_version(lang.name), step, build["files"][tests[0]]])
+    return hashlib.sha256(blob.encode()).hexdigest(), obj, step
+
+
+def use_prebuilt(build: dict, obj: str, step: list[str], data: str) -> dict:
+    """``build`` with the unit ``obj`` installed from the cache instead of compiled."""
+    source = next(name for name in build["files"] if name.startswith(obj[:-2] + "."))
+    return {**build, "files": {k: v for k, v in build["files"].items() if k != source}, "prebuilt": {obj: data},
+            "steps": [s for s in build["steps"] if s != step]}
+
+
+def _run(lang: Language, src: str, main: str, settings: Settings) -> dict:
+    argv = [a.format(src=src, main=main) for a in lang.run]
+    cpu = settings.cpu_s + lang.run_cpu_extra_s
+    return {"argv": _classpath(argv) if lang.name == "java" else argv, "cpu_s": cpu, "wall_s": settings.wall_s(cpu)}
+
+
+def assertion_job(lang: Language, prompt: str, head: str, code: str, tests: str,
+                  settings: Settings) -> tuple[dict, str]:
+    """(the sandbox job, the last line a run that finished every test prints) for an assertion program."""
+    program = assemble(lang, prompt, head, code, tests)
+    nonce = secrets.token_hex(16)
+    from_stdin = lang.name == "javascript"  # the program cannot read itself (its tests) from disk
+    build = _build(lang, program.files, program.main, settings, keep_sources=not from_stdin)
+    run = _run(lang, "-" if from_stdin else next(iter(program.files)), program.main, settings)
+    run["argv"].append(nonce)
+    job = {"format": "compiled", "build": build, "run": run,
+           "stdins": [next(iter(program.files.values())) if from_stdin else ""]}
+    return job, f"{nonce} {program.sites}"
+
+
+def stdio_job(lang: Language, code: str, stdins: list[str], settings: Settings) -> dict:
+    main = java_main_class(code) if lang.name == "java" else ""
+    name = lang.source.format(main=main or "Main")
+    return {"format": "compiled", "build": _build(lang, {name: code}, main, settings, keep_sources=True),
+            "run": _run(lang, name, main, settings), "stdins": list(stdins)}
+
+
+def job_timeout(job: dict) -> float:
+    """The whole execution's wall-clock limit: the build's and every run's, plus the sandbox's start."""
+    build = job["build"]
+    return build["wall_s"] * max(1, len(build["steps"])) + job["run"]["wall_s"] * len(job["stdins"]) + 10
+
+
+# -- grading -----------------------------------------------------------------------------------------------------
+def run_outcome(status: str, stderr: str) -> str:
+    if status in ("cpu", "timeout"):
+        return "timeout"
+    if status == "output_limit":
+        return "output_limit"
+    if any(sign in stderr for sign in _MEMORY_SIGNS):
+        return "memory"
+    return "runtime_error"
+
+
+def build_failure(execution: Execution) -> Verdict | None:
+    """The verdict when the program never ran (infrastructure, build), else None."""
+    if execution.status == "infra_error" or (not execution.build and execution.status == "ran"):
+        return Verdict(None, "infra_error", execution.load_error[:300])
+    if execution.build in ("compile_error", "compile_timeout"):
+        return Verdict(0.0, execution.build, execution.build_log[-500:])
+    if execution.status == "timeout" and execution.build != "built":
+        return Verdict(0.0, "compile_timeout", "")
+    if execution.status == "output_limit" and not execution.stdouts:
+        return Verdict(0.0, "output_limit", "")
+    return None
+
+
+def judge_assertions(execution: Execution, finished: str, lang: Language, tests: str, trusted: str = "",
+                     artifacts: dict | None = None) -> Verdict:
+    """``finished``: the last line of a run that finished every test (``assertion_job``); ``tests`` and
+    ``trusted`` (the prompt's head and the tests) as given; ``artifacts``: the build's files when it came from
+    the cache."""
+    failed = build_failure(execution)
+    if failed is not None:
+        return failed
+    shadow = _shadowing(lang, artifacts if artifacts is not None else execution.artifacts, tests, trusted)
+    if shadow:
+        return Verdict(0.0, "shadowing", f"the solution declares {shadow}, a name the tests use")
+    if 0 not in execution.stdouts:
+        return Verdict(0.0, "timeout" if execution.status == "timeout" else "runtime_error", execution.load_error)
+    stdout, status = execution.stdouts[0]
+    stderr = execution.stderrs.get(0, "")
+    lines = stdout.rstrip("\n").split("\n")
+    if status == "exit" and lines[-1] == finished:
+        return Verdict(1.0, "passed")
+    if status == "exit":
+        return Verdict(0.0, "exited_early", "exit status 0 before the tests finished")
+    if status == "error" and (execution.returncodes.get(0) == -4 or "AssertionError" in stderr
+                              or "assertion" in stderr):  # C/C++: the harness's trap (SIGILL); Rust: a panic
+        return Verdict(0.0, "wrong_answer", stderr[-300:])
+    return Verdict(0.0, run_outcome(status, stderr), stderr[-300:])
+
+
+def _shadowing(lang: Language, artifacts, tests: str, trusted: str) -> str:
+    """Java: a class the completion declared (nested or top-level) under a name the tests use: its equals or
+    static methods would answer for the tests (``new ArrayList<>(...)`` resolving to the completion's class)."""
+    if lang.name != "java":
+        return ""
+    declared = set(re.findall(r"\bclass\s+([A-Za-z_$][\w$]*)", trusted)) | {"RlvrMain"}
+    used = set(_IDENT.findall(tests))
+    for name in artifacts:
+        simple = name.removesuffix(".class").rsplit("$", 1)[-1]
+        if simple in used and simple not in declared:
+            return simple
+    return ""
+
+
+def tokens_equal(got: str, want: str, tolerance: float) -> bool:
+    """Whitespace-insensitive token comparison; with ``tolerance``, numeric tokens within it (absolute or
+    relative) are equal."""
+    a, b = got.split(), want.split()
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b):
+        if x == y:
+            continue
+        if tolerance <= 0:
+            return False
+        try:
+            fx, fy = float(x), float(y)
+        except ValueError:
+            return False
+        if not (abs(fx - fy) <= tolerance * max(1.0, abs(fy))):
+            return False
+    return True
+
+
+def judge_stdio(execution: Execution, expected: list[str], tolerance: float) -> Verdict:
+    failed = build_failure(execution)
+    if failed is not None:
+        return failed
+    passed, first = 0, ""
+    for i, want in enumerate(expected):
+        if i not in execution.stdouts:
+            first = first or ("timeout" if execution.status == "timeout" else "runtime_error")
+            continue
+        stdout, status = execution.stdouts[i]
+        if status == "exit" and tokens_equal(stdout, want, tolerance):
+            passed += 1
+        elif status == "exit":
+            first = first or "wrong_answer"
+        else:
+            first = first or run_outcome(status, execution.stderrs.get(i, ""))
+    return Verdict(passed / len(expected) if expected else 0.0, first or "passed")
+
+
+# -- the compile cache ---------------------------------------------------------------------------------------------
+class CompileCache:
+    """Builds by content hash (language, compiler version, commands, sources): what a successful build left
+    (base64) or the compiler's verdict on a failed one. Least recently used first out past ``max_bytes``."""
+
+    def __init__(self, max_bytes: int = 256 << 20) -> None:
+        self.max_bytes, self.size, self.hits, self.misses = max_bytes, 0, 0, 0
+        self._entries: OrderedDict[str, tuple[str, str, dict]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> tuple[str, str, dict] | None:
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                self.misses += 1
+                return None
+            self._entries.move_to_end(key)
+            self.hits += 1
+            return entry
+
+    def put(self, key: str, status: str, log: str, artifacts: dict) -> None:
+        if status not in ("built", "compile_error"):
+            return  # a compile timeout may be the machine's load
+        size = sum(len(v) for v in artifacts.values()) + len(log)
+        if size > self.max_bytes:
+            return
+        with self._lock:
+            if key in self._entries:
+                return
+            self._entries[key] = (status, log, artifacts)
+            self.size += size
+            while self.size > self.max_bytes:
+                _, (_, old_log, old) = self._entries.popitem(last=False)
+                self.size -= sum(len(v) for v in old.values()) + len(old_log)

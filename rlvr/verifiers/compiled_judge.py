@@ -1,0 +1,151 @@
+"""Judge many programs at once: a sandbox pool sized for compilers, the compile cache, and a build per distinct
+program (a group's identical completions are built once; the copies install the first one's build)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlvr.verifiers.assertion_programs import fenced_code, solution_part
+from rlvr.verifiers.compiled import (
+    CompileCache,
+    Settings,
+    Verdict,
+    assertion_job,
+    cache_key,
+    job_timeout,
+    judge_assertions,
+    judge_stdio,
+    shared_unit,
+    stdio_job,
+    use_prebuilt,
+)
+from rlvr.verifiers.languages import LANGUAGES, Language, exposed_paths, language, missing_tools
+from rlvr.verifiers.sandbox import Execution, Limits, Sandbox
+
+
+class ToolchainMissing(RuntimeError):
+    pass
+
+
+@dataclass
+class Program:
+    """One completion to judge. Assertion style: ``tests`` is the test program and ``prompt`` what the completion
+    continues; stdio style: ``cases`` lists (stdin, expected stdout)."""
+
+    language: str
+    completion: str
+    tests: str = ""
+    prompt: str = ""
+    cases: list[tuple[str, str]] | None = None
+    stop: tuple[str, ...] | None = None
+
+
+def require_toolchains(names) -> list[Language]:
+    """The languages' entries; ToolchainMissing with one line per missing toolchain saying what to install."""
+    langs = [language(n) for n in names]
+    missing = [line for line in map(missing_tools, langs) if line]
+    if missing:
+        raise ToolchainMissing("; ".join(missing))
+    return langs
+
+
+class CompiledJudge:
+    """``judge(programs)`` -> one Verdict each. The sandbox starts (and its isolation is checked) on first use."""
+
+    def __init__(self, settings: Settings | None = None, slots: int = 2, memory_mb: int = 1024, cache_mb: int = 256,
+                 allow_unsandboxed: bool = False) -> None:
+        self.settings = settings or Settings()
+        self.slots, self.memory_mb, self.allow_unsandboxed = slots, memory_mb, allow_unsandboxed
+        self.cache = CompileCache(cache_mb << 20)  # whole builds
+        self.units = CompileCache(cache_mb << 18)  # C/C++ tests' units, shared by a row's completions
+        self._sandbox: Sandbox | None = None
+        self._checked: set[str] = set()
+
+    def _pool(self) -> Sandbox:
+        if self._sandbox is None:
+            extra = max(lang.run_cpu_extra_s for lang in LANGUAGES.values())
+            cpu = int(max(self.settings.compile_cpu_s, self.settings.cpu_s + extra)) + 2
+            limits = Limits(timeout_s=60, cpu_s=cpu, memory_mb=self.memory_mb, processes=64, open_files=256,
+                            file_mb=64, disk_mb=128, output_bytes=self.settings.output_bytes)
+            present = [lang for lang in LANGUAGES.values() if missing_tools(lang) is None]
+            self._sandbox = Sandbox(self.slots, limits, self.allow_unsandboxed, expose=tuple(exposed_paths(present)))
+        return self._sandbox
+
+    def judge(self, programs: list[Program]) -> list[Verdict]:
+        langs = {p.language for p in programs}
+        require_toolchains(sorted(langs - self._checked))
+        self._checked |= langs
+        plans = [self._plan(p) for p in programs]
+        verdicts: list[Verdict | None] = [None] * len(programs)
+        first, later = [], []  # a build per distinct program and per distinct tests' unit: copies wait for it
+        seen: set[str] = set()
+        for i, plan in enumerate(plans):
+            if isinstance(plan, Verdict):
+                verdicts[i] = plan
+                continue
+            unit = plan["unit"]
+            waits = plan["key"] in seen or (unit is not None and unit[0] in seen and self.units.get(unit[0]) is None)
+            (later if waits else first).append(i)
+            seen |= {plan["key"], *([unit[0]] if unit else [])}
+        for batch in (first, later):
+            jobs = []
+            for i in batch:
+                job = self._job(plans[i])
+                if isinstance(job, Verdict):
+                    verdicts[i] = job
+                else:
+                    jobs.append((i, job))
+            runs = self._pool().execute_many([job for _, job in jobs]) if jobs else []
+            for (i, _), run in zip(jobs, runs):
+                self._remember(plans[i], run)
+                verdicts[i] = self._grade(plans[i], run)
+        return verdicts  # type: ignore[return-value]
+
+    def _job(self, plan: dict) -> dict | Verdict:
+        """The sandbox job: a cached build installed, a cached tests' unit linked in, or everything built."""
+        cached = self.cache.get(plan["key"])
+        plan["cached"] = cached[2] if cached else None
+        if cached and cached[0] == "compile_error":
+            return Verdict(0.0, "compile_error", cached[1][-500:])
+        job = dict(plan["job"])
+        if cached:
+            job["cached"] = cached[2]
+        elif plan["unit"] is not None and (unit := self.units.get(plan["unit"][0])) is not None:
+            _key, obj, step = plan["unit"]
+            job["build"] = use_prebuilt(job["build"], obj, step, unit[2][obj])
+        return job
+
+    def _remember(self, plan: dict, run: Execution) -> None:
+        if plan["cached"] is None and run.build:
+            self.cache.put(plan["key"], run.build, run.build_log, run.artifacts)
+        if plan["unit"] is not None and plan["unit"][1] in run.artifacts:
+            key, obj, _ = plan["unit"]
+            self.units.put(key, "built", "", {obj: run.artifacts[obj]})
+
+    def _plan(self, program: Program) -> dict | Verdict:
+        lang = language(program.language)
+        try:
+            if program.cases is None:
+                head, code, tests = solution_part(program.prompt, program.completion, program.tests, lang, program.stop)
+                job, finished = assertion_job(lang, program.prompt, head, code, tests, self.settings)
+                plan = {"style": "assertions", "finished": finished, "tests": tests, "trusted": head + tests}
+            else:
+                code = fenced_code(program.completion, lang)
+                job = stdio_job(lang, program.completion if code is None else code,
+                                [stdin for stdin, _ in program.cases], self.settings)
+                plan = {"style": "stdio", "expected": [out for _, out in program.cases]}
+        except ValueError as err:  # tests the harness cannot wrap: the dataset's problem, not the model's
+            return Verdict(None, "infra_error", str(err))
+        job["timeout_s"] = job_timeout(job)
+        return {**plan, "lang": lang, "job": job, "key": cache_key(lang, job["build"]),
+                "unit": shared_unit(lang, job["build"])}
+
+    def _grade(self, plan: dict, run: Execution) -> Verdict:
+        if plan["style"] == "stdio":
+            return judge_stdio(run, plan["expected"], self.settings.float_tolerance)
+        return judge_assertions(run, plan["finished"], plan["lang"], plan["tests"], plan["trusted"], plan["cached"])
+
+    def close(self) -> None:
+        if self._sandbox is not None:
+            self._sandbox.close()
+            self._sandbox = None

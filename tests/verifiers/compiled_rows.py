@@ -1,0 +1,94 @@
+"""A small MultiPL-E-style set written for these tests (not MultiPL-E's data): three problems in five languages,
+each row with MultiPL-E's columns (language, prompt, tests, stop_tokens) plus a canonical and a wrong completion,
+and one stdin/stdout problem per language."""
+
+JAVA_HEAD = ("import java.util.*;\nimport java.lang.reflect.*;\nimport org.javatuples.*;\nimport java.security.*;\n"
+             "import java.math.*;\nimport java.io.*;\nimport java.util.stream.*;\nclass Problem {\n")
+
+ROWS = {
+    "cpp": [
+        ("sum_digits",
+         ("#include<assert.h>\n#include<bits/stdc++.h>\n// Return the sum of the decimal digits of n >= 0.\n"
+         "// >>> sum_digits((123))\n// (6)\nlong sum_digits(long n) {\n"),
+         ("}\nint main() {\n    auto candidate = sum_digits;\n    assert(candidate((0)) == (0));\n"
+         "    assert(candidate((123)) == (6));\n    assert(candidate((9999)) == (36));\n}\n"),
+         "    long s = 0;\n    while (n > 0) { s += n % 10; n /= 10; }\n    return s;\n}",
+         "    return n % 10;\n}"),
+        ("running_max",
+         ("#include<assert.h>\n#include<vector>\n// The running maximum of a vector.\n"
+         "std::vector<long> running_max(std::vector<long> xs) {\n"),
+         ("}\nint main() {\n    auto candidate = running_max;\n"
+         "    assert(candidate((std::vector<long>({1, 3, 2}))) == (std::vector<long>({1, 3, 3})));\n"
+         "    assert(candidate((std::vector<long>())) == (std::vector<long>()));\n}\n"),
+         ("    std::vector<long> out;\n    for (long x : xs)\n"
+          "        out.push_back(out.empty() || x > out.back() ? x : out.back());\n    return out;\n}"),
+         "    return xs;\n}"),
+    ],
+    "c": [
+        ("count_vowels",
+         ("#include <assert.h>\n#include <string.h>\n// Count the letters a, e, i, o, u in s.\n"
+          "int count_vowels(const char *s) {\n"),
+         ("}\nint main() {\n    assert(count_vowels(\"\") == 0);\n    assert(count_vowels(\"banana\") == 3);\n"
+         "    assert(count_vowels(\"rhythm\") == 0);\n    return 0;\n}\n"),
+         "    int n = 0;\n    for (; *s; s++) n += strchr(\"aeiou\", *s) != NULL;\n    return n;\n}",
+         "    return (int)strlen(s) / 2;\n}"),
+    ],
+    "rust": [
+        ("sum_digits",
+         ("/// Return the sum of the decimal digits of n >= 0.\n/// >>> sum_digits(123)\n/// 6\n"
+         "fn sum_digits(n: isize) -> isize {\n"),
+         ("}\n\nfn main() {\n    let candidate = sum_digits;\n    assert_eq!(candidate(0), 0);\n"
+         "    assert_eq!(candidate(123), 6);\n    assert_eq!(candidate(9999), 36);\n}\n"),
+         "    let (mut n, mut s) = (n, 0);\n    while n > 0 { s += n % 10; n /= 10; }\n    s\n}",
+         "    n % 10\n}"),
+    ],
+    "java": [
+        ("running_max",
+         JAVA_HEAD + "    // The running maximum of an array list.\n"
+         "    public static ArrayList<Long> runningMax(ArrayList<Long> xs) {\n",
+         ("    }\n    public static void main(String[] args) {\n"
+         "    assert(runningMax((new ArrayList<Long>(Arrays.asList((long)1l, (long)3l, (long)2l)))).equals("
+         "(new ArrayList<Long>(Arrays.asList((long)1l, (long)3l, (long)3l)))));\n"
+         "    assert(runningMax((new ArrayList<Long>(Arrays.asList()))).equals("
+         "(new ArrayList<Long>(Arrays.asList()))));\n"
+         "    }\n\n}\n"),
+         ("        ArrayList<Long> out = new ArrayList<>();\n        for (long x : xs) out.add(out.isEmpty() || x > "
+         "out.get(out.size() - 1) ? x : out.get(out.size() - 1));\n        return out;\n    }\n"),
+         "        return xs;\n    }\n"),
+    ],
+    "javascript": [
+        ("count_vowels",
+         "//Count the letters a, e, i, o, u in s.\n//>>> count_vowels(\"banana\")\n//3\nfunction count_vowels(s){\n",
+         ("const assert = require('node:assert');\n\n\nfunction test() {\n  let candidate = count_vowels;\n"
+         "  assert.deepEqual(candidate(\"\"),0);\n  assert.deepEqual(candidate(\"banana\"),3);\n"
+         "  assert.deepEqual(candidate(\"rhythm\"),0);\n}\n\ntest();"),
+         "  return [...s].filter(c => \"aeiou\".includes(c)).length;\n}",
+         "  return Math.floor(s.length / 2);\n}"),
+    ],
+}
+
+STOPS = {"cpp": ["\n}"], "c": ["\n}"], "rust": ["\n}"], "java": ["\n    }\n"],
+         "javascript": ["\nfunction ", "\n/*", "\n//", "\nconsole.log"]}
+
+# stdin/stdout: read n, then n integers; print their sum and their mean (the mean with 6 decimals)
+STDIO_CASES = [("3\n1 2 4\n", "7\n2.333333\n"), ("1\n-5\n", "-5\n-5.000000\n"),
+               ("4\n10 20 30 40\n", "100\n25.000000\n")]
+STDIO = {
+    "c": "#include <stdio.h>\nint main(void) {\n    int n; long s = 0, x;\n    scanf(\"%d\", &n);\n"
+         "    for (int i = 0; i < n; i++) { scanf(\"%ld\", &x); s += x; }\n"
+         "    printf(\"%ld\\n%.6f\\n\", s, (double)s / n);\n    return 0;\n}\n",
+    "cpp": "#include <iostream>\n#include <cstdio>\nint main() {\n    int n; long s = 0, x;\n    std::cin >> n;\n"
+           "    for (int i = 0; i < n; i++) { std::cin >> x; s += x; }\n"
+           "    std::printf(\"%ld\\n%.6f\\n\", s, (double)s / n);\n}\n",
+    "rust": "use std::io::Read;\nfn main() {\n    let mut t = String::new();\n"
+            "    std::io::stdin().read_to_string(&mut t).unwrap();\n"
+            "    let v: Vec<i64> = t.split_whitespace().map(|w| w.parse().unwrap()).collect();\n"
+            "    let s: i64 = v[1..].iter().sum();\n    println!(\"{}\\n{:.6}\", s, s as f64 / v[0] as f64);\n}\n",
+    "java": "import java.util.*;\npublic class Main {\n    public static void main(String[] args) {\n"
+            "        Scanner in = new Scanner(System.in);\n        int n = in.nextInt();\n        long s = 0;\n"
+            "        for (int i = 0; i < n; i++) s += in.nextLong();\n"
+            "        System.out.println(s);\n        System.out.printf(\"%.6f%n\", (double) s / n);\n    }\n}\n",
+    "javascript": "const v = require('fs').readFileSync(0, 'utf8').trim().split(/\\s+/).map(Number);\n"
+                  "const s = v.slice(1).reduce((a, b) => a + b, 0);\nconsole.log(String(s));\n"
+                  "console.log((s / v[0]).toFixed(6));\n",
+}
