@@ -16,7 +16,7 @@ from collections import Counter
 
 from rlvr.rewards.base import RewardConfigError, RewardFn, completion_text
 from rlvr.rewards.code import prompt_code
-from rlvr.verifiers.compiled import Settings
+from rlvr.verifiers.compiled import OUTCOMES, Settings
 from rlvr.verifiers.compiled_judge import CompiledJudge, Program, ToolchainMissing, require_toolchains
 
 
@@ -33,17 +33,25 @@ def compiled_tests(
     memory_mb: int = 1024,
     slots: int = 2,
     cache_mb: int = 256,
+    checker: str | None = None,
     allow_unsandboxed: bool = False,
 ) -> RewardFn:
     """Reward factory. ``language`` fixes every row's language (else the ``language_column``); the toolchains of
-    ``language`` / ``languages`` are checked now, others when a row first names them."""
+    ``language`` / ``languages`` are checked now, others when a row first names them. ``checker``:
+    ``module:function`` called as ``function(stdin, output, expected) -> bool`` for each stdio case (problems with
+    several right answers), instead of the token comparison."""
     try:
         require_toolchains([n for n in [language, *(languages or [])] if n])
     except (ToolchainMissing, ValueError) as err:
         raise RewardConfigError(f"compiled_tests: {err}") from None
     settings = Settings(cpu_s=cpu_s, compile_cpu_s=compile_cpu_s, float_tolerance=float_tolerance)
+    check = None
+    if checker:
+        from rlvr.rewards import import_object  # the package imports this module
+
+        check = import_object(checker, "compiled_tests checker")
     judge = CompiledJudge(settings, slots=slots, memory_mb=memory_mb, cache_mb=cache_mb,
-                          allow_unsandboxed=allow_unsandboxed)
+                          allow_unsandboxed=allow_unsandboxed, checker=check)
 
     def compiled_reward(prompts, completions, log_metric=None, **columns) -> list[float | None]:
         if tests_column not in columns or (language is None and language_column not in columns):
@@ -54,9 +62,10 @@ def compiled_tests(
             verdicts = judge.judge(programs)
         except ToolchainMissing as err:
             raise RewardConfigError(f"compiled_tests: {err}") from None
-        if log_metric is not None and verdicts:
-            for outcome, n in Counter(v.outcome for v in verdicts).items():
-                log_metric(f"compiled/{outcome}", n / len(verdicts))
+        if log_metric is not None and verdicts:  # every outcome each call: the step's mean is then its share
+            counts = Counter(v.outcome for v in verdicts)
+            for outcome in OUTCOMES:
+                log_metric(f"compiled/{outcome}", counts[outcome] / len(verdicts))
         return [_score(v) for v in verdicts]
 
     def _program(i: int, prompt, completion, columns) -> Program:

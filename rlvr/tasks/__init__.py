@@ -15,6 +15,7 @@ from rlvr.tasks.tool_problems import SYSTEM_PROMPT as TOOL_SYSTEM_PROMPT
 from rlvr.tasks.tool_problems import tool_problem_rows
 from rlvr.tasks.word_problems import REASONING_SYSTEM_PROMPT, prompt_head, word_problem_rows
 from rlvr.verifiers.code_formats import detect_format
+from rlvr.verifiers.languages import language
 
 # JSONL task flavours: whether a gold answer is required (task.answer_column, on every row), the system message of
 # question-column prompts when task.system_prompt is left at its default, and the default correctness reward.
@@ -57,6 +58,8 @@ def load_task(cfg) -> tuple[list[dict], list[dict], str]:
         if cfg.name == "code_jsonl":
             for path, rows in ((cfg.train_path, train), (cfg.eval_path or cfg.train_path, held_out)):
                 validate_code_rows(path, rows)
+            if any(_compiled(row) for row in train + held_out):
+                check = "compiled_tests"  # rows in C, C++, Rust, Java or JavaScript
         return train, held_out, cfg.eval_reward or check
     if cfg.name == "hf":
         system = STEP_BY_STEP_SYSTEM_PROMPT if cfg.system_prompt == ARITHMETIC_SYSTEM_PROMPT else cfg.system_prompt
@@ -95,13 +98,35 @@ def split_off(rows: list[dict], fraction: float, seed: int, where: str) -> tuple
     return [r for i, r in enumerate(rows) if i not in kept], [rows[i] for i in held]
 
 
+def _compiled(row: dict) -> bool:
+    return isinstance(row.get("language"), str) and row["language"].strip().lower() not in ("python", "py", "")
+
+
 def validate_code_rows(path: str, rows: list[dict]) -> None:
-    """Every code row must carry tests in one of the formats of ``rlvr.verifiers.code_formats``."""
+    """Every code row must carry tests in one of the formats of ``rlvr.verifiers.code_formats`` (Python) or, with a
+    ``language`` column, of ``rlvr.verifiers.compiled`` (a test program or stdin/stdout cases); all rows alike."""
+    kinds = {_compiled(row) for row in rows}
+    if len(kinds) > 1:
+        raise ValueError(f"{path}: some rows name a compiled language and some do not: one reward judges a file, "
+                         "so keep Python rows (code_tests) and compiled-language rows (compiled_tests) apart")
     for i, row in enumerate(rows):
         try:
-            detect_format(row)
+            _check_compiled_row(row) if _compiled(row) else detect_format(row)
         except ValueError as err:
             raise ValueError(f"{path}: row {i + 1}: {err}") from None
+
+
+def _check_compiled_row(row: dict) -> None:
+    language(row["language"])  # ValueError naming the languages there are
+    tests = row.get("tests")
+    if isinstance(tests, str) and tests.strip():
+        return
+    if isinstance(tests, list) and tests and all(
+            isinstance(t, dict) and any(isinstance(t.get(k), str) for k in ("input", "stdin"))
+            and any(isinstance(t.get(k), str) for k in ("output", "stdout")) for t in tests):
+        return
+    raise ValueError("compiled-language rows need 'tests': a test program (MultiPL-E's form, a string) or a list of "
+                     "{\"input\": str, \"output\": str} cases")
 
 
 def reward_columns(rows: list[dict], group_size: int) -> dict[str, list]:

@@ -65,7 +65,7 @@ def solution_part(prompt: str, completion: str, tests: str, lang: Language, stop
         return prompt, truncate(completion, stops or lang.stop), tests
     signature = _signature_line(prompt)
     at = prompt.rfind(signature) if signature else -1
-    if signature and signature in block and at >= 0:
+    if signature and " ".join(signature.split()) in " ".join(block.split()) and at >= 0:  # "f(...)\n{" too
         first, _, rest = tests.partition("\n")
         return prompt[:at], block, rest if first.strip() == "}" else tests
     return prompt, block, tests

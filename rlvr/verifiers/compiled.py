@@ -224,23 +224,27 @@ def tokens_equal(got: str, want: str, tolerance: float) -> bool:
     return True
 
 
-def judge_stdio(execution: Execution, expected: list[str], tolerance: float) -> Verdict:
+def judge_stdio(execution: Execution, cases: list[tuple[str, str]], tolerance: float, checker=None) -> Verdict:
+    """Each case passes when the run exited 0 and its output matches: ``checker(stdin, output, expected)`` (the
+    user's code, given plain strings) when there is one, else ``tokens_equal`` within ``tolerance``."""
     failed = build_failure(execution)
     if failed is not None:
         return failed
     passed, first = 0, ""
-    for i, want in enumerate(expected):
+    for i, (stdin, want) in enumerate(cases):
         if i not in execution.stdouts:
             first = first or ("timeout" if execution.status == "timeout" else "runtime_error")
             continue
         stdout, status = execution.stdouts[i]
-        if status == "exit" and tokens_equal(stdout, want, tolerance):
+        right = status == "exit" and (bool(checker(stdin, stdout, want)) if checker else
+                                      tokens_equal(stdout, want, tolerance))
+        if right:
             passed += 1
         elif status == "exit":
             first = first or "wrong_answer"
         else:
             first = first or run_outcome(status, execution.stderrs.get(i, ""))
-    return Verdict(passed / len(expected) if expected else 0.0, first or "passed")
+    return Verdict(passed / len(cases) if cases else 0.0, first or "passed")
 
 
 # -- the compile cache ---------------------------------------------------------------------------------------------

@@ -53,8 +53,8 @@ class CompiledJudge:
     """``judge(programs)`` -> one Verdict each. The sandbox starts (and its isolation is checked) on first use."""
 
     def __init__(self, settings: Settings | None = None, slots: int = 2, memory_mb: int = 1024, cache_mb: int = 256,
-                 allow_unsandboxed: bool = False) -> None:
-        self.settings = settings or Settings()
+                 allow_unsandboxed: bool = False, checker=None) -> None:
+        self.settings, self.checker = settings or Settings(), checker  # checker(stdin, output, expected) -> bool
         self.slots, self.memory_mb, self.allow_unsandboxed = slots, memory_mb, allow_unsandboxed
         self.cache = CompileCache(cache_mb << 20)  # whole builds
         self.units = CompileCache(cache_mb << 18)  # C/C++ tests' units, shared by a row's completions
@@ -133,7 +133,7 @@ class CompiledJudge:
                 code = fenced_code(program.completion, lang)
                 job = stdio_job(lang, program.completion if code is None else code,
                                 [stdin for stdin, _ in program.cases], self.settings)
-                plan = {"style": "stdio", "expected": [out for _, out in program.cases]}
+                plan = {"style": "stdio", "cases": list(program.cases)}
         except ValueError as err:  # tests the harness cannot wrap: the dataset's problem, not the model's
             return Verdict(None, "infra_error", str(err))
         job["timeout_s"] = job_timeout(job)
@@ -142,7 +142,7 @@ class CompiledJudge:
 
     def _grade(self, plan: dict, run: Execution) -> Verdict:
         if plan["style"] == "stdio":
-            return judge_stdio(run, plan["expected"], self.settings.float_tolerance)
+            return judge_stdio(run, plan["cases"], self.settings.float_tolerance, self.checker)
         return judge_assertions(run, plan["finished"], plan["lang"], plan["tests"], plan["trusted"], plan["cached"])
 
     def close(self) -> None:

@@ -191,7 +191,9 @@ def test_reward_multipl_e_rows_partial_credit_compile_errors_and_outcome_metrics
         scores = reward([prompt] * 3, [good, bad, "    return xs\n}"], language=["cpp"] * 3, tests=[tests] * 3,
                         stop_tokens=[STOPS["cpp"]] * 3, log_metric=lambda k, v: logged.__setitem__(k, v))
         assert scores == [1.0, 0.0, -0.5]
-        assert logged == {"compiled/passed": 1 / 3, "compiled/wrong_answer": 1 / 3, "compiled/compile_error": 1 / 3}
+        assert {k: v for k, v in logged.items() if v} == {"compiled/passed": 1 / 3, "compiled/wrong_answer": 1 / 3,
+                                                          "compiled/compile_error": 1 / 3}
+        assert logged["compiled/timeout"] == 0.0 and len(logged) == 11  # every outcome, 0 when absent
         stdio = [{"input": i, "output": o} for i, o in STDIO_CASES]
         printer = "```cpp\n#include <cstdio>\nint main() { std::puts(\"7\\n2.333333\"); }\n```"
         partial = compiled_tests(language="cpp", partial_credit=True, cpu_s=1.0, compile_cpu_s=4.0)
@@ -220,3 +222,23 @@ def test_assertion_lines_are_numbered_and_java_finds_its_main_class():
         "Solution"
     assert java_main_class("class A {}\nclass B { static void main(String[] a) {} }") == "B"
     assert language("C++").name == "cpp" and language("rs").name == "rust" and language("js").name == "javascript"
+
+
+def close_enough(stdin: str, output: str, expected: str) -> bool:  # a checker: any sum, the mean within 0.01
+    got, want = output.split(), expected.split()
+    return len(got) == 2 and got[0] == want[0] and abs(float(got[1]) - float(want[1])) < 0.01
+
+
+def test_a_checker_function_judges_stdio_outputs():
+    rounded = "```c\n#include <stdio.h>\nint main(void) { int n; long s = 0, x; scanf(\"%d\", &n); for (int i = 0; " \
+              "i < n; i++) { scanf(\"%ld\", &x); s += x; } printf(\"%ld %.3f\\n\", s, (double)s / n); }\n```"
+    cases = [{"input": i, "output": o} for i, o in STDIO_CASES]
+    exact = compiled_tests(language="c", cpu_s=1.0, compile_cpu_s=4.0)
+    lenient = compiled_tests(language="c", cpu_s=1.0, compile_cpu_s=4.0,
+                             checker="tests.verifiers.test_compiled:close_enough")
+    try:
+        assert exact(["p"], [rounded], tests=[cases]) == [0.0]  # 2.333 is not 2.333333 as text
+        assert lenient(["p"], [rounded], tests=[cases]) == [1.0]
+    finally:
+        exact.judge.close()
+        lenient.judge.close()
