@@ -104,32 +104,15 @@ def _call(namespace: dict, name: str, args) -> dict:
 
 
 def _run_program(source: str, stdin: str, timeout_s: float, output_bytes: int) -> dict:
-    """One run of the candidate as a program: ``stdin`` in, stdout (at most ``output_bytes``) out."""
+    """One run of the candidate as a Python program: ``stdin`` in, stdout (at most ``output_bytes``) out; the
+    execution's own CPU limit applies, the wall clock decides a timeout."""
     with open(PROGRAM, "w", encoding="utf-8") as f:
         f.write(source)
-    with open("stdin.txt", "w", encoding="utf-8") as f:
-        f.write(stdin)
-    status, returncode = "exit", None
-    with open("stdin.txt", "rb") as fin, open("stdout.txt", "wb") as fout:
-        proc = subprocess.Popen([sys.executable, "-I", "-S", "-B", PROGRAM], stdin=fin, stdout=fout,
-                                stderr=subprocess.DEVNULL, env={}, start_new_session=True)
-        try:
-            returncode = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            status = "timeout"
-        try:
-            os.killpg(proc.pid, 9)  # the program's children too
-        except ProcessLookupError:
-            pass
-        proc.wait()
-    with open("stdout.txt", "rb") as f:
-        out = f.read(output_bytes + 1)
-    if status == "exit" and returncode != 0:
-        status = "error"  # a crash after printing the right answer is still a crash
-    if len(out) > output_bytes:
-        status = "output_limit"
-    return {"ok": True, "stdout": out[:output_bytes].decode(errors="replace"), "status": status,
-            "returncode": returncode}
+    result = _spawn([sys.executable, "-I", "-S", "-B", PROGRAM], stdin.encode(), float("inf"), timeout_s,
+                    output_bytes, env={})
+    status = "timeout" if result["status"] == "cpu" else result["status"]
+    return {"ok": True, "stdout": result["out"][:output_bytes].decode(errors="replace"), "status": status,
+            "returncode": result["returncode"]}
 
 
 BUILD_ENV = {"PATH": "/usr/bin:/bin", "HOME": "/work", "TMPDIR": "/tmp", "LANG": "C.UTF-8"}
@@ -199,14 +182,15 @@ def _exec(argv: list, stdin: str, cpu_s: float, wall_s: float, output_bytes: int
             "returncode": result["returncode"], "stderr": result["err"][-1000:].decode(errors="replace")}
 
 
-def _spawn(argv: list, stdin: bytes, cpu_s: float, wall_s: float, output_bytes: int, merge: bool = False) -> dict:
+def _spawn(argv: list, stdin: bytes, cpu_s: float, wall_s: float, output_bytes: int, merge: bool = False,
+           env: dict | None = None) -> dict:
     """Run ``argv`` with a CPU-time limit (what decides a timeout: a loaded machine slows the wall clock, not the
     CPU count) and a looser wall-clock limit; stdout (and stderr) kept up to ``output_bytes`` in files.
 
     status: exit | error (non-zero exit or a signal) | cpu (CPU limit) | timeout (wall limit) | output_limit."""
     with open("stdin.bin", "wb") as f:
         f.write(stdin)
-    cpu = max(1, int(cpu_s + 0.999))
+    cpu = None if cpu_s == float("inf") else max(1, int(cpu_s + 0.999))  # None: the execution's own limit only
 
     def limit_cpu() -> None:
         hard = resource.getrlimit(resource.RLIMIT_CPU)[1]  # the execution's own cap (prlimit) bounds this one
@@ -217,9 +201,10 @@ def _spawn(argv: list, stdin: bytes, cpu_s: float, wall_s: float, output_bytes: 
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     with open("stdin.bin", "rb") as fin, open("stdout.bin", "wb") as fout, open("stderr.bin", "wb") as ferr:
         try:
-            proc = subprocess.Popen(argv, stdin=fin, stdout=fout, stderr=fout if merge else ferr, env=BUILD_ENV,
+            proc = subprocess.Popen(argv, stdin=fin, stdout=fout, stderr=fout if merge else ferr,
+                                    env=BUILD_ENV if env is None else env,
                                     start_new_session=True,
-                                    preexec_fn=limit_cpu)  # noqa: PLW1509 (this process has one thread)
+                                    preexec_fn=limit_cpu if cpu else None)  # noqa: PLW1509 (one thread here)
         except OSError as err:
             return {"status": "error", "returncode": None, "out": f"cannot run {argv[0]}: {err}".encode(),
                     "err": b""}
@@ -240,7 +225,7 @@ def _spawn(argv: list, stdin: bytes, cpu_s: float, wall_s: float, output_bytes: 
         err = f.read(4096)
     for name in ("stdin.bin", "stdout.bin", "stderr.bin"):
         os.unlink(name)
-    if status == "exit" and (returncode == -24 or returncode == -9 and used >= cpu - 0.5):
+    if status == "exit" and (returncode == -24 or returncode == -9 and cpu and used >= cpu - 0.5):
         status = "cpu"  # SIGXCPU at the limit, or SIGKILL at the hard one (rusage is sampled: a loose bound)
     elif status == "exit" and returncode != 0:
         status = "error"
