@@ -144,6 +144,12 @@ def test_resources_a_loop_a_fork_bomb_output_memory_and_an_endless_compile(judge
         "compile_error": program("rust", "    n +\n}"),
     }
     cases["fork bomb"] = program("c", "    while (1) fork();\n}")
+    for lang, loop, broken in (("cpp", "for (volatile int i = 0;; i++) ;", "return xs"),
+                               ("rust", "loop {}", "n +"), ("java", "while (true) {}", "return xs"),
+                               ("javascript", "while (true) {}", "return )")):
+        end = "    }\n" if lang == "java" else "}\n"  # the function's closing line, as the stop sequence has it
+        cases[f"{lang} timeout"] = program(lang, f"    {loop}\n{end}", 1 if lang == "cpp" else 0)
+        cases[f"{lang} compile_error"] = program(lang, f"    {broken}\n{end}", 1 if lang == "cpp" else 0)
     verdicts = dict(zip(cases, judge.judge(list(cases.values()))))
     assert {k: v.score for k, v in verdicts.items()} == dict.fromkeys(cases, 0.0), verdicts
     assert verdicts["timeout"].outcome == "timeout", verdicts["timeout"]
@@ -151,6 +157,9 @@ def test_resources_a_loop_a_fork_bomb_output_memory_and_an_endless_compile(judge
     assert verdicts["memory"].outcome == "memory" and verdicts["compile_error"].outcome == "compile_error"
     assert verdicts["compile_timeout"].outcome in ("compile_timeout", "compile_error")  # CPU limit or cc1's memory
     assert verdicts["fork bomb"].outcome in ("timeout", "runtime_error")
+    for lang in ("cpp", "rust", "java", "javascript"):
+        assert verdicts[f"{lang} timeout"].outcome == "timeout", (lang, verdicts[f"{lang} timeout"])
+        assert verdicts[f"{lang} compile_error"].outcome == "compile_error", (lang, verdicts[f"{lang} compile_error"])
 
 
 def test_the_cache_builds_each_distinct_program_once():
@@ -206,6 +215,8 @@ def test_reward_multipl_e_rows_partial_credit_compile_errors_and_outcome_metrics
 
 def test_a_missing_toolchain_is_one_line_naming_the_package(monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
+    for lang in LANGUAGES.values():
+        assert missing_tools(lang) == f"{lang.name} needs {', '.join(lang.tools)} on PATH: install {lang.package}"
     with pytest.raises(ToolchainMissing, match=r"rust needs rustc, cc on PATH: install rustc \(https://rustup.rs"):
         require_toolchains(["rust"])
     with pytest.raises(RewardConfigError, match=r"java needs javac, java on PATH: install a JDK"):
