@@ -31,7 +31,7 @@ def compiled_tests(
     cpu_s: float = 2.0,
     compile_cpu_s: float = 20.0,
     memory_mb: int = 1024,
-    slots: int = 2,
+    slots: int = 0,
     cache_mb: int = 256,
     checker: str | None = None,
     allow_unsandboxed: bool = False,
@@ -39,7 +39,8 @@ def compiled_tests(
     """Reward factory. ``language`` fixes every row's language (else the ``language_column``); the toolchains of
     ``language`` / ``languages`` are checked now, others when a row first names them. ``checker``:
     ``module:function`` called as ``function(stdin, output, expected) -> bool`` for each stdio case (problems with
-    several right answers), instead of the token comparison."""
+    several right answers), instead of the token comparison. ``slots``: programs built and run at once (0: one per
+    core)."""
     try:
         require_toolchains([n for n in [language, *(languages or [])] if n])
     except (ToolchainMissing, ValueError) as err:

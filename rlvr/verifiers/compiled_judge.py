@@ -3,6 +3,7 @@ program (a group's identical completions are built once; the copies install the 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from rlvr.verifiers.assertion_programs import fenced_code, solution_part
@@ -55,7 +56,8 @@ class CompiledJudge:
     def __init__(self, settings: Settings | None = None, slots: int = 2, memory_mb: int = 1024, cache_mb: int = 256,
                  allow_unsandboxed: bool = False, checker=None) -> None:
         self.settings, self.checker = settings or Settings(), checker  # checker(stdin, output, expected) -> bool
-        self.slots, self.memory_mb, self.allow_unsandboxed = slots, memory_mb, allow_unsandboxed
+        self.slots = slots or os.cpu_count() or 1  # 0: one slot per core
+        self.memory_mb, self.allow_unsandboxed = memory_mb, allow_unsandboxed
         self.cache = CompileCache(cache_mb << 20)  # whole builds
         self.units = CompileCache(cache_mb << 18)  # C/C++ tests' units, shared by a row's completions
         self._sandbox: Sandbox | None = None
