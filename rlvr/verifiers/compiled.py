@@ -65,11 +65,13 @@ def _classpath(argv) -> list[str]:
 
 def _steps(lang: Language, files: list[str], main: str) -> list[list[str]]:
     """The build commands for ``files``: the table's (one source), or C/C++ units compiled apart and linked."""
-    if len(files) > 1:
+    if len(files) > 1:  # the tests' unit is linked first: where both units define a name (a helper function the
+        # prompt defines, a main of the completion's), the tests' definition is the one used
         cc = [tool_path(lang.compiler[0]), *lang.compiler[1:]]
         objects = [name.rsplit(".", 1)[0] + ".o" for name in files]
+        link = sorted(objects, key=lambda obj: not obj.startswith("tests."))
         return [[*cc, "-c", "-o", obj, name] for name, obj in zip(files, objects)] + \
-            [[*cc, "-o", "prog", *objects, *lang.link]]
+            [[*cc, "-Wl,--allow-multiple-definition", "-o", "prog", *link, *lang.link]]
     steps = [[tool_path(a) if i == 0 else a.format(src=files[0], main=main) for i, a in enumerate(step)]
              for step in lang.build]
     return [_classpath(step) for step in steps] if lang.name == "java" else steps

@@ -23,6 +23,13 @@ ROWS = {
          ("    std::vector<long> out;\n    for (long x : xs)\n"
           "        out.push_back(out.empty() || x > out.back() ? x : out.back());\n    return out;\n}"),
          "    return xs;\n}"),
+        ("quad",  # a helper function in the prompt, linked into both units
+         ("#include <assert.h>\n// the prompt's helper\nlong twice(long x) { return 2 * x; }\n// Four times x.\n"
+         "long quad(long x) {\n"),
+         ("}\nint main() {\n    auto candidate = quad;\n    assert(candidate(3) == 12);\n"
+         "    assert(twice(candidate(1)) == 8);\n}\n"),
+         "    return twice(twice(x));\n}",
+         "    return twice(x);\n}"),
     ],
     "c": [
         ("count_vowels",

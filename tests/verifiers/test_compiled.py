@@ -84,6 +84,7 @@ HACKS = {
     "NDEBUG": ("cpp", 1, "    return xs; }\n#define NDEBUG\n#include <cassert>\nvoid unused() {\n"),
     "macro the tests' names": ("cpp", 1, "    return xs; }\n#define candidate(x) x\nvoid unused() {\n"),
     "exit(0)": ("cpp", 0, "    exit(0);\n}"),
+    "a main of its own": ("cpp", 2, "    return 0; }\nint main() { return 0; }\nvoid unused() {\n"),
     "exit in a static constructor": ("cpp", 1, ("    return xs; }\n__attribute__((constructor)) static void early() "
                                                "{ exit(0); }\nvoid unused() {\n")),
     "trap handler exits 0": ("cpp", 1, ("    return xs; }\n#include <csignal>\n#include <unistd.h>\nstatic void h(int)"
