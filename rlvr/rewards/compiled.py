@@ -16,6 +16,7 @@ from collections import Counter
 
 from rlvr.rewards.base import RewardConfigError, RewardFn, completion_text
 from rlvr.rewards.code import prompt_code
+from rlvr.rewards.imports import import_object
 from rlvr.verifiers.compiled import OUTCOMES, Settings
 from rlvr.verifiers.compiled_judge import CompiledJudge, Program, ToolchainMissing, require_toolchains
 
@@ -48,8 +49,6 @@ def compiled_tests(
     settings = Settings(cpu_s=cpu_s, compile_cpu_s=compile_cpu_s, float_tolerance=float_tolerance)
     check = None
     if checker:
-        from rlvr.rewards import import_object  # the package imports this module
-
         check = import_object(checker, "compiled_tests checker")
     judge = CompiledJudge(settings, slots=slots, memory_mb=memory_mb, cache_mb=cache_mb,
                           allow_unsandboxed=allow_unsandboxed, checker=check)
