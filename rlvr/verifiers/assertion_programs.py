@@ -65,10 +65,23 @@ def solution_part(prompt: str, completion: str, tests: str, lang: Language, stop
         return prompt, truncate(completion, stops or lang.stop), tests
     signature = _signature_line(prompt)
     at = prompt.rfind(signature) if signature else -1
-    if signature and " ".join(signature.split()) in " ".join(block.split()) and at >= 0:  # "f(...)\n{" too
+    if signature and at >= 0 and _defines(block, signature):
         first, _, rest = tests.partition("\n")
         return prompt[:at], block, rest if first.strip() == "}" else tests
     return prompt, block, tests
+
+
+def _defines(block: str, signature: str) -> bool:
+    """Whether ``block`` defines the prompt's function: its signature whitespace aside, or a definition header of
+    the same name (other parameter names; other types then fail to compile against the prompt's declaration)."""
+    if re.sub(r"\s+", "", signature) in re.sub(r"\s+", "", block):
+        return True
+    name = re.search(r"([A-Za-z_$][\w$]*)\s*\($", signature.split("(")[0] + "(")
+    if not name:
+        return False
+    header = (rf"(?m)^[ \t]*(?!(?:if|while|for|return|else|switch|do)\b)[\w:<>\[\],*& \t]*\b{re.escape(name.group(1))}"
+              r"\s*\([^;{}]*\)[^;{}]*\{")
+    return re.search(header, block) is not None
 
 
 def _instrument(tests: str, call: str) -> tuple[str, int]:
@@ -117,6 +130,8 @@ def _c_family(lang: Language, prompt: str, head: str, code: str, tests: str) -> 
     trailer = ("\nint main(int argc, char **argv) {\n  int rc = rlvr_tests_main();\n"
                "  if (rc == 0 && argc > 1) printf(\"%s %d\\n\", argv[1], rlvr_count);\n  return rc;\n}\n")
     ext = ".c" if lang.name == "c" else ".cpp"
+    if not head.rstrip().endswith(signature):  # the completion brought the whole function: it must match the
+        head = declarations  # prompt's declaration (another return type would link and return garbage)
     return Assembled({f"solution{ext}": head + code + "\n" + closing,
                       f"tests{ext}": "#include <stdio.h>\n" + declarations + guard + tests + trailer}, "", sites)
 

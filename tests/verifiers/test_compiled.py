@@ -56,7 +56,10 @@ def test_a_fenced_chat_answer_with_the_whole_function_is_judged_like_a_continuat
     chat = f"Here it is:\n```cpp\n#include <vector>\n{signature}\n{good}\n```\nDone."
     _head, code, rest = solution_part(prompt, chat, tests, language("cpp"))
     assert signature in code and not rest.startswith("}")  # the tests' closing line belongs to the block now
-    assert [v.outcome for v in judge.judge([Program("cpp", chat, tests, prompt)])] == ["passed"]
+    renamed = chat.replace("std::vector<long> xs) {", "std::vector<long> values)\n{").replace("xs", "values")
+    retyped = chat.replace("std::vector<long> running_max", "std::vector<int> running_max")
+    verdicts = judge.judge([Program("cpp", text, tests, prompt) for text in (chat, renamed, retyped)])
+    assert [v.outcome for v in verdicts] == ["passed", "passed", "compile_error"]  # other types: refused, not linked
 
 
 def test_stdio_cases_every_language_partial_credit_and_the_visible_case_hack(judge):
