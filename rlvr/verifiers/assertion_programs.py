@@ -84,6 +84,14 @@ def _defines(block: str, signature: str) -> bool:
     return re.search(header, block) is not None
 
 
+def _rename_main(tests: str, pattern: str, replacement: str, what: str) -> str:
+    """The tests with their entry point renamed (the harness's trailer calls it); ValueError when there is none."""
+    renamed, n = re.subn(pattern, replacement, tests, count=1)
+    if not n:
+        raise ValueError(f"the tests define no {what}")
+    return renamed
+
+
 def _instrument(tests: str, call: str) -> tuple[str, int]:
     """Append ``call.format(k)`` to the k-th one-line assertion statement of the tests."""
     count = 0
@@ -118,9 +126,7 @@ def _c_family(lang: Language, prompt: str, head: str, code: str, tests: str) -> 
         raise ValueError("a C/C++ prompt must end with the function's signature and '{'")
     at = prompt.rfind(signature)
     declarations = prompt[:at] + signature[:-1].rstrip() + ";\n"
-    tests, n = re.subn(r"\bint\s+main\s*\(\s*(void)?\s*\)", "static int rlvr_tests_main(void)", tests, count=1)
-    if not n:
-        raise ValueError("the C/C++ tests define no int main()")
+    tests = _rename_main(tests, r"\bint\s+main\s*\(\s*(void)?\s*\)", "static int rlvr_tests_main(void)", "int main()")
     end = tests.rstrip().rfind("}")
     tests = tests[:end] + "return 0;\n" + tests[end:]  # falling off a renamed main is not a return of 0
     tests, sites = _instrument(tests, "rlvr_site({});")
@@ -139,9 +145,7 @@ def _c_family(lang: Language, prompt: str, head: str, code: str, tests: str) -> 
 def _rust(head: str, code: str, tests: str) -> Assembled:
     tests = re.sub(r"(?<![\w:])(assert|assert_eq|assert_ne|debug_assert|debug_assert_eq|debug_assert_ne)!",
                    r"::std::\1!", tests)
-    tests, n = re.subn(r"\bfn\s+main\s*\(\s*\)", "fn rlvr_tests_main()", tests, count=1)
-    if not n:
-        raise ValueError("the Rust tests define no fn main()")
+    tests = _rename_main(tests, r"\bfn\s+main\s*\(\s*\)", "fn rlvr_tests_main()", "fn main()")
     tests, sites = _instrument(tests, "rlvr_site({});")
     atomic = "::std::sync::atomic"
     trailer = (f"\nstatic RLVR_SEEN: [{atomic}::AtomicBool; {sites + 1}] = "
@@ -159,10 +163,8 @@ def _java(head: str, code: str, tests: str) -> Assembled:
         head = re.sub(r"(?m)^import org\.javatuples\.\*;\n", "", head)
     owners = re.findall(r"\bclass\s+([A-Za-z_$][\w$]*)", head)
     owner = owners[-1] if owners else java_main_class(tests)
-    tests, n = re.subn(r"public\s+static\s+void\s+main\s*\(\s*String\s*(\[\]\s*\w+|\w+\s*\[\])\s*\)",
-                       "static void rlvrTests()", tests, count=1)
-    if not n:
-        raise ValueError("the Java tests define no public static void main(String[] args)")
+    tests = _rename_main(tests, r"public\s+static\s+void\s+main\s*\(\s*String\s*(\[\]\s*\w+|\w+\s*\[\])\s*\)",
+                         "static void rlvrTests()", "public static void main(String[] args)")
     tests, sites = _instrument(tests, "RlvrMain.site({});")
     trailer = (f"\nclass RlvrMain {{\n    static final boolean[] SEEN = new boolean[{sites + 1}];\n"
                "    static void site(int k) { SEEN[k] = true; }\n"
