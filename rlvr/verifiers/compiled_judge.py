@@ -118,7 +118,8 @@ class CompiledJudge:
         return job
 
     def _remember(self, plan: dict, run: Execution) -> None:
-        if plan["cached"] is None and run.build:
+        too_large = run.build == "built" and plan["job"]["build"]["artifacts"] and not run.artifacts  # > 32 MB
+        if plan["cached"] is None and run.build and not too_large:
             self.cache.put(plan["key"], run.build, run.build_log, run.artifacts)
         if plan["unit"] is not None and plan["unit"][1] in run.artifacts:
             key, obj, _ = plan["unit"]
