@@ -259,6 +259,10 @@ class CompileCache:
         self._entries: OrderedDict[str, tuple[str, str, dict]] = OrderedDict()
         self._lock = threading.Lock()
 
+    def __contains__(self, key: str) -> bool:  # no use counted, no order changed
+        with self._lock:
+            return key in self._entries
+
     def get(self, key: str) -> tuple[str, str, dict] | None:
         with self._lock:
             entry = self._entries.get(key)

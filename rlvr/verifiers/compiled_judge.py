@@ -86,7 +86,7 @@ class CompiledJudge:
                 verdicts[i] = plan
                 continue
             unit = plan["unit"]
-            waits = plan["key"] in seen or (unit is not None and unit[0] in seen and self.units.get(unit[0]) is None)
+            waits = plan["key"] in seen or (unit is not None and unit[0] in seen and unit[0] not in self.units)
             (later if waits else first).append(i)
             seen |= {plan["key"], *([unit[0]] if unit else [])}
         for batch in (first, later):
