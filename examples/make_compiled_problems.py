@@ -61,8 +61,30 @@ SPECS = [
      lambda n: len(str(n)), lambda r: [r.randint(0, 999999)]),
     ("power", "long power(int b, int e)", "returns b raised to the power e >= 0", lambda b, e: b ** e,
      lambda r: [r.randint(-5, 5), r.randint(0, 9)]),
+    # held out too (added after the first two seeds of examples/compiled.yaml; the training rows are unchanged)
+    ("count_upper", "int count_upper(const char *s)", "returns how many characters of s are upper-case letters",
+     lambda s: sum(c.isupper() for c in s), lambda r: ["".join(r.choices("aBcDEf", k=r.randint(0, 10)))]),
+    ("sum_to_n", "long sum_to_n(int n)", "returns 1 + 2 + ... + n for n >= 0 (0 when n is 0)",
+     lambda n: n * (n + 1) // 2, lambda r: [r.randint(0, 1000)]),
+    ("is_prime", "int is_prime(int n)", "returns 1 when n is a prime number, else 0",
+     lambda n: int(n > 1 and all(n % d for d in range(2, n))), lambda r: [r.randint(0, 60)]),
+    ("reverse_digits", "int reverse_digits(int n)", "returns n >= 0 with its decimal digits reversed "
+     "(reverse_digits(120) = 21)", lambda n: int(str(n)[::-1]), lambda r: [r.randint(0, 99999)]),
+    ("max2", "int max2(int a, int b)", "returns the larger of a and b", max,
+     lambda r: [r.randint(-50, 50), r.randint(-50, 50)]),
+    ("is_odd", "int is_odd(int n)", "returns 1 when n is odd, else 0", lambda n: int(n % 2 != 0),
+     lambda r: [r.randint(-50, 50)]),
+    ("count_digit_chars", "int count_digit_chars(const char *s)", "returns how many characters of s are decimal "
+     "digits", lambda s: sum(c.isdigit() for c in s), lambda r: ["".join(r.choices("a1b2c3", k=r.randint(0, 10)))]),
+    ("last_digit", "int last_digit(int n)", "returns the last decimal digit of n >= 0", lambda n: n % 10,
+     lambda r: [r.randint(0, 99999)]),
+    ("avg3", "double avg3(double a, double b, double c)", "returns the mean of a, b and c",
+     lambda a, b, c: (a + b + c) / 3, lambda r: [float(r.randint(-30, 30)) for _ in range(3)]),
+    ("triangle_area", "double triangle_area(double base, double height)", "returns the area of a triangle with "
+     "that base and height", lambda b, h: b * h / 2, lambda r: [float(r.randint(1, 40)), float(r.randint(1, 40))]),
 ]
-EVAL = ("count_spaces", "mean2", "digits", "power", "min3", "cube")  # functions never trained on
+EVAL = ("count_spaces", "mean2", "digits", "power", "min3", "cube", "count_upper", "sum_to_n", "is_prime",
+        "reverse_digits", "max2", "is_odd", "count_digit_chars", "last_digit", "avg3", "triangle_area")
 # a body per function, to check the tests (tests/verifiers/test_compiled_examples.py), never shown to the model
 SOLUTIONS = {
     "add": "return a + b;", "is_even": "return n % 2 == 0;", "twice": "return 2 * n;",
@@ -81,6 +103,14 @@ SOLUTIONS = {
     "count_spaces": "int k = 0; for (; *s; s++) k += *s == ' '; return k;", "mean2": "return (a + b) / 2;",
     "digits": "int d = 1; for (; n >= 10; n /= 10) d++; return d;",
     "power": "long r = 1; for (int i = 0; i < e; i++) r *= b; return r;",
+    "count_upper": "int k = 0; for (; *s; s++) k += *s >= 'A' && *s <= 'Z'; return k;",
+    "sum_to_n": "return (long)n * (n + 1) / 2;",
+    "is_prime": "if (n < 2) return 0; for (int d = 2; d * d <= n; d++) if (n % d == 0) return 0; return 1;",
+    "reverse_digits": "int r = 0; for (; n > 0; n /= 10) r = r * 10 + n % 10; return r;",
+    "max2": "return a > b ? a : b;", "is_odd": "return n % 2 != 0;",
+    "count_digit_chars": "int k = 0; for (; *s; s++) k += *s >= '0' && *s <= '9'; return k;",
+    "last_digit": "return n % 10;", "avg3": "return (a + b + c) / 3;",
+    "triangle_area": "return base * height / 2;",
 }
 
 

@@ -7,18 +7,20 @@ MultiPL-E's form: the prompt is the code the completion continues, cut at ``stop
 block, else all of it). Score: 1.0 when every test passes (the pass fraction with ``partial_credit``),
 ``compile_error_reward`` when it does not build, None when the sandbox itself failed (excluded, counted). Each
 batch logs the share of each outcome as ``reward_log/compiled/<outcome>`` (passed, wrong_answer, compile_error,
-timeout, runtime_error, memory, output_limit, exited_early, ...).
+timeout, runtime_error, memory, output_limit, exited_early, checker_error, ...).
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 
 from rlvr.rewards.base import RewardConfigError, RewardFn, completion_text
 from rlvr.rewards.code import prompt_code
 from rlvr.rewards.imports import import_object
 from rlvr.verifiers.compiled import OUTCOMES, Settings
-from rlvr.verifiers.compiled_judge import CompiledJudge, Program, ToolchainMissing, require_toolchains
+from rlvr.verifiers.compiled_judge import CheckerProgram, CompiledJudge, Program, ToolchainMissing, require_toolchains
+from rlvr.verifiers.languages import language as language_entry
 
 
 def compiled_tests(
@@ -35,21 +37,23 @@ def compiled_tests(
     slots: int = 0,
     cache_mb: int = 256,
     checker: str | None = None,
+    checker_column: str = "checker",
     allow_unsandboxed: bool = False,
 ) -> RewardFn:
     """Reward factory. ``language`` fixes every row's language (else the ``language_column``); the toolchains of
-    ``language`` / ``languages`` are checked now, others when a row first names them. ``checker``:
-    ``module:function`` called as ``function(stdin, output, expected) -> bool`` for each stdio case (problems with
-    several right answers), instead of the token comparison. ``slots``: programs built and run at once (0: one per
-    core)."""
+    ``language`` / ``languages`` are checked now, others when a row first names them. ``checker``, for stdio
+    problems with several right answers, instead of the token comparison: a checker program's source file
+    (``checkers/close.cpp``: any judged language, by its extension; run in the sandbox as testlib's checkers
+    are) or ``module:function`` called as ``function(stdin, output, expected) -> bool``. A row's own checker
+    program: ``{"language": ..., "source": ...}`` in ``checker_column``. ``slots``: programs built and run at
+    once (0: one per core)."""
     try:
-        require_toolchains([n for n in [language, *(languages or [])] if n])
+        check = _checker(checker) if checker else None
+        require_toolchains([n for n in [language, *(languages or [])] if n] +
+                           ([check.language] if isinstance(check, CheckerProgram) else []))
     except (ToolchainMissing, ValueError) as err:
         raise RewardConfigError(f"compiled_tests: {err}") from None
     settings = Settings(cpu_s=cpu_s, compile_cpu_s=compile_cpu_s, float_tolerance=float_tolerance)
-    check = None
-    if checker:
-        check = import_object(checker, "compiled_tests checker")
     judge = CompiledJudge(settings, slots=slots, memory_mb=memory_mb, cache_mb=cache_mb,
                           allow_unsandboxed=allow_unsandboxed, checker=check)
 
@@ -77,7 +81,8 @@ def compiled_tests(
             return Program(lang, text, tests=tests, prompt=prompt_code(prompt), stop=tuple(stops) if stops else None)
         if isinstance(tests, list) and all(isinstance(t, dict) for t in tests):
             cases = [(_field(t, "input", "stdin"), _field(t, "output", "stdout")) for t in tests]
-            return Program(lang, text, cases=cases)
+            own = columns.get(checker_column, [None] * (i + 1))[i]
+            return Program(lang, text, cases=cases, checker=_row_checker(i, own) if own else None)
         raise ValueError(f"row {i}: '{tests_column}' must be a test program (string) or a list of "
                          "{\"input\": str, \"output\": str} cases")
 
@@ -97,3 +102,21 @@ def _field(case: dict, *names: str) -> str:
         if isinstance(case.get(name), str):
             return case[name]
     raise ValueError(f"a stdin/stdout case needs a string '{names[0]}' (or '{names[1]}'); got {sorted(case)}")
+
+
+def _checker(spec: str):
+    """A checker program read from its source file (the language from its extension), else an imported function."""
+    path = Path(spec)
+    if ":" not in spec and path.suffix:
+        lang = language_entry(path.suffix[1:])  # ValueError naming the judged languages
+        if not path.is_file():
+            raise ValueError(f"checker {spec!r}: no such file")
+        return CheckerProgram(lang.name, path.read_text(encoding="utf-8"))
+    return import_object(spec, "compiled_tests checker")
+
+
+def _row_checker(i: int, value) -> CheckerProgram:
+    if not (isinstance(value, dict) and isinstance(value.get("language"), str)
+            and isinstance(value.get("source"), str)):
+        raise ValueError(f"row {i}: a checker must be {{\"language\": str, \"source\": str}}")
+    return CheckerProgram(language_entry(value["language"]).name, value["source"])

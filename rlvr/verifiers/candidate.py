@@ -12,7 +12,8 @@ checker's requests over two pipes, one JSON object per line. It never sees a tes
     <- {"ok": true, "status": "built" | "compile_error" | "compile_timeout", "log": text, "artifacts": {name: b64}}
     -> {"op": "install", "artifacts": {name: b64}}          (a cached build)
     <- {"ok": true, "status": "built"}
-    -> {"op": "exec", "argv": [...], "stdin": text, "cpu_s": s, "wall_s": s, "output_bytes": n}
+    -> {"op": "exec", "argv": [...], "stdin": text, "cpu_s": s, "wall_s": s, "output_bytes": n,
+        "files": {name: text}}                              (files: written for this run only - a checker's)
     <- {"ok": true, "stdout": text, "status": ..., "returncode": rc, "stderr": tail}
 
 A build's source files are deleted once it succeeds, so the program it made cannot read the tests compiled into it.
@@ -71,7 +72,7 @@ def main() -> None:
             respond(_install(request["artifacts"]))
         elif op == "exec":
             respond(_exec(request["argv"], request["stdin"], request["cpu_s"], request["wall_s"],
-                          request["output_bytes"]))
+                          request["output_bytes"], request.get("files") or {}))
 
 
 def _load(sources: list[str], entry_point: str | None) -> tuple[dict, str | None]:
@@ -176,8 +177,18 @@ def _install(artifacts: dict) -> dict:
     return {"ok": True, "status": "built"}
 
 
-def _exec(argv: list, stdin: str, cpu_s: float, wall_s: float, output_bytes: int) -> dict:
-    result = _spawn(argv, stdin.encode(), cpu_s, wall_s, output_bytes)
+def _exec(argv: list, stdin: str, cpu_s: float, wall_s: float, output_bytes: int, files: dict) -> dict:
+    for name, text in files.items():
+        if not _plain_name(name):
+            return {"error": f"bad file name {name!r}"}
+        with open(name, "w", encoding="utf-8") as f:
+            f.write(text)
+    try:
+        result = _spawn(argv, stdin.encode(), cpu_s, wall_s, output_bytes)
+    finally:
+        for name in files:
+            if os.path.isfile(name):
+                os.unlink(name)
     return {"ok": True, "stdout": result["out"][:output_bytes].decode(errors="replace"), "status": result["status"],
             "returncode": result["returncode"], "stderr": result["err"][-1000:].decode(errors="replace")}
 

@@ -6,10 +6,11 @@
 |            | the prompt the completion continues, ``stop_tokens``?         | (a marker), exits 0                   |
 | stdio      | ``language``, ``tests: [{"input": str, "output": str}]``      | each case: the output's tokens equal  |
 |            | (or ``stdin`` / ``stdout`` keys)                              | the expected ones (floats: tolerance) |
+|            |                                                               | or a checker accepts it               |
 
 Assertion programs are assembled by ``assertion_programs.py`` (what each language's guards stop, and how, is there
 and in docs/concepts/sandbox.md). Sources are deleted once built; the expected outputs of stdio cases never enter
-the sandbox: the trainer compares them. A build is cached by content (``CompileCache``).
+the solution's sandbox: the trainer compares them, or a checker program reads them in a job of its own. A build is cached by content (``CompileCache``).
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from rlvr.verifiers.languages import Language, java_main_class, tool_path, toolc
 from rlvr.verifiers.sandbox import Execution
 
 OUTCOMES = ("passed", "wrong_answer", "compile_error", "compile_timeout", "timeout", "runtime_error", "memory",
-            "output_limit", "exited_early", "shadowing", "infra_error")
+            "output_limit", "exited_early", "shadowing", "checker_error", "infra_error")
+CHECKER_FILES = ("input.txt", "output.txt", "answer.txt")  # a checker's arguments, in testlib's order
 _IDENT = re.compile(r"[A-Za-z_$][\w$]*")
 _MEMORY_SIGNS = ("bad_alloc", "OutOfMemoryError", "heap out of memory", "memory allocation of", "Cannot allocate")
 
@@ -136,6 +138,32 @@ def stdio_job(lang: Language, code: str, stdins: list[str], settings: Settings) 
             "run": _run(lang, name, main, settings), "stdins": list(stdins)}
 
 
+def checker_job(lang: Language, source: str, runs: list[tuple[str, str, str]], settings: Settings) -> dict:
+    """The sandbox job that builds a checker program and runs it once per (stdin, output, expected), as testlib
+    checkers run: ``checker input.txt output.txt answer.txt``. The three files exist only for their run; the
+    solution never runs in this job, so it never sees an expected output."""
+    main = java_main_class(source) if lang.name == "java" else ""
+    name = lang.source.format(main=main or "Main")
+    run = _run(lang, name, main, settings)
+    run["argv"] += list(CHECKER_FILES)
+    return {"format": "compiled", "build": _build(lang, {name: source}, main, settings, keep_sources=True),
+            "run": run, "stdins": [""] * len(runs), "files": [dict(zip(CHECKER_FILES, r)) for r in runs]}
+
+
+def checker_answers(execution: Execution, count: int) -> list[bool | None]:
+    """Per checked run: True accepted (exit 0), False rejected (testlib's 1: wrong answer, 2: presentation error),
+    None when the checker itself failed (testlib's 3, a crash, a timeout, no build): the problem's fault, never the
+    answer's, so never a score."""
+    if execution.build != "built":
+        return [None] * count
+    answers: list[bool | None] = []
+    for i in range(count):
+        status = execution.stdouts.get(i, ("", "missing"))[1]
+        code = execution.returncodes.get(i)
+        answers.append(True if status == "exit" else False if status == "error" and code in (1, 2) else None)
+    return answers
+
+
 def job_timeout(job: dict) -> float:
     """The whole execution's wall-clock limit: the build's and every run's, plus the sandbox's start."""
     build = job["build"]
@@ -226,20 +254,28 @@ def tokens_equal(got: str, want: str, tolerance: float) -> bool:
     return True
 
 
-def judge_stdio(execution: Execution, cases: list[tuple[str, str]], tolerance: float, checker=None) -> Verdict:
-    """Each case passes when the run exited 0 and its output matches: ``checker(stdin, output, expected)`` (the
-    user's code, given plain strings) when there is one, else ``tokens_equal`` within ``tolerance``."""
+def judge_stdio(execution: Execution, cases: list[tuple[str, str]], tolerance: float, checker=None,
+                checked: dict[int, bool | None] | None = None) -> Verdict:
+    """Each case passes when the run exited 0 and its output matches: ``checked[i]`` (a checker program's answer
+    for case i, ``checker_answers``) when given, else ``checker(stdin, output, expected)`` (the user's function,
+    given plain strings) when there is one, else ``tokens_equal`` within ``tolerance``."""
     failed = build_failure(execution)
     if failed is not None:
         return failed
+    if checked is not None and None in checked.values():
+        case = next(i for i, answer in checked.items() if answer is None)
+        return Verdict(None, "checker_error", f"the checker failed on case {case}")
     passed, first = 0, ""
     for i, (stdin, want) in enumerate(cases):
         if i not in execution.stdouts:
             first = first or ("timeout" if execution.status == "timeout" else "runtime_error")
             continue
         stdout, status = execution.stdouts[i]
-        right = status == "exit" and (bool(checker(stdin, stdout, want)) if checker else
-                                      tokens_equal(stdout, want, tolerance))
+        if checked is not None:
+            right = status == "exit" and bool(checked.get(i))
+        else:
+            right = status == "exit" and (bool(checker(stdin, stdout, want)) if checker else
+                                          tokens_equal(stdout, want, tolerance))
         if right:
             passed += 1
         elif status == "exit":

@@ -13,6 +13,8 @@ from rlvr.verifiers.compiled import (
     Verdict,
     assertion_job,
     cache_key,
+    checker_answers,
+    checker_job,
     job_timeout,
     judge_assertions,
     judge_stdio,
@@ -28,6 +30,15 @@ class ToolchainMissing(RuntimeError):
     pass
 
 
+@dataclass(frozen=True)
+class CheckerProgram:
+    """A stdio problem's checker: a program in any judged language, run as testlib's are (``checker input.txt
+    output.txt answer.txt``; exit 0 accepts, 1 or 2 rejects, anything else is the checker's own failure)."""
+
+    language: str
+    source: str
+
+
 @dataclass
 class Program:
     """One completion to judge. Assertion style: ``tests`` is the test program and ``prompt`` what the completion
@@ -39,6 +50,7 @@ class Program:
     prompt: str = ""
     cases: list[tuple[str, str]] | None = None
     stop: tuple[str, ...] | None = None
+    checker: CheckerProgram | None = None  # stdio: this row's checker (else the judge's)
 
 
 def require_toolchains(names) -> list[Language]:
@@ -55,7 +67,8 @@ class CompiledJudge:
 
     def __init__(self, settings: Settings | None = None, slots: int = 2, memory_mb: int = 1024, cache_mb: int = 256,
                  allow_unsandboxed: bool = False, checker=None) -> None:
-        self.settings, self.checker = settings or Settings(), checker  # checker(stdin, output, expected) -> bool
+        self.settings = settings or Settings()
+        self.checker = checker  # a CheckerProgram, or a function checker(stdin, output, expected) -> bool
         self.slots = slots or os.cpu_count() or 1  # 0: one slot per core
         self.memory_mb, self.allow_unsandboxed = memory_mb, allow_unsandboxed
         self.cache = CompileCache(cache_mb << 20)  # whole builds
@@ -74,7 +87,7 @@ class CompiledJudge:
         return self._sandbox
 
     def judge(self, programs: list[Program]) -> list[Verdict]:
-        langs = {p.language for p in programs}
+        langs = {p.language for p in programs} | {c.language for c in map(self._checker_of, programs) if c}
         require_toolchains(sorted(langs - self._checked))
         self._checked |= langs
         plans = [self._plan(p) for p in programs]
@@ -100,8 +113,58 @@ class CompiledJudge:
             runs = self._pool().execute_many([job for _, job in jobs]) if jobs else []
             for (i, _), run in zip(jobs, runs):
                 self._remember(plans[i], run)
-                verdicts[i] = self._grade(plans[i], run)
+                plans[i]["run"] = run
+        checked = self._check([(i, plans[i]) for i, v in enumerate(verdicts) if v is None], programs)
+        for i, plan in enumerate(plans):
+            if verdicts[i] is None:
+                verdicts[i] = self._grade(plan, plan["run"], checked.get(i))
         return verdicts  # type: ignore[return-value]
+
+    def _checker_of(self, program: Program) -> CheckerProgram | None:
+        if program.cases is None:
+            return None
+        return program.checker or (self.checker if isinstance(self.checker, CheckerProgram) else None)
+
+    def _check(self, ran: list[tuple[int, dict]], programs: list[Program]) -> dict[int, dict[int, bool | None]]:
+        """Checker programs' answers: {program index: {case index: answer}} for the stdio runs that exited 0. A
+        checker is built once (then cached) before its runs fan out over the pool."""
+        wanted = []  # (program index, checker, case indexes, (stdin, output, expected) per case)
+        for i, plan in ran:
+            checker = self._checker_of(programs[i])
+            if checker is None or plan["run"].build != "built":
+                continue
+            stdouts = plan["run"].stdouts
+            cases = [k for k in range(len(plan["cases"])) if stdouts.get(k, ("", ""))[1] == "exit"]
+            wanted.append((i, checker, cases, [(plan["cases"][k][0], stdouts[k][0], plan["cases"][k][1])
+                                                for k in cases]))
+        answers: dict[int, dict[int, bool | None]] = {}
+        jobs, builds = [], {}
+        for i, checker, cases, runs in wanted:
+            lang = language(checker.language)
+            job = checker_job(lang, checker.source, runs, self.settings)
+            key = cache_key(lang, job["build"])
+            if key not in builds:
+                builds[key] = self._checker_build(key, job)
+            if builds[key] is None:  # the checker does not build: no answer is the solution's
+                answers[i] = dict.fromkeys(cases)
+            elif cases:
+                jobs.append((i, cases, {**job, "cached": builds[key], "timeout_s": job_timeout(job)}))
+            else:
+                answers[i] = {}
+        executions = self._pool().execute_many([job for _, _, job in jobs]) if jobs else []
+        for (i, cases, _), run in zip(jobs, executions):
+            answers[i] = dict(zip(cases, checker_answers(run, len(cases))))
+        return answers
+
+    def _checker_build(self, key: str, job: dict) -> dict | None:
+        """The checker's build from the cache, or built now (no runs); None when it does not build (its runs then
+        report no build, and every answer is the checker's failure)."""
+        if (cached := self.cache.get(key)) is None:
+            run = self._pool().execute_many([{**job, "stdins": [], "files": [], "timeout_s": job_timeout(job)}])[0]
+            if run.build and run.artifacts:
+                self.cache.put(key, run.build, run.build_log, run.artifacts)
+            cached = (run.build, run.build_log, run.artifacts)
+        return cached[2] if cached[0] == "built" and cached[2] else None
 
     def _job(self, plan: dict) -> dict | Verdict:
         """The sandbox job: a cached build installed, a cached tests' unit linked in, or everything built."""
@@ -143,9 +206,10 @@ class CompiledJudge:
         return {**plan, "lang": lang, "job": job, "key": cache_key(lang, job["build"]),
                 "unit": shared_unit(lang, job["build"])}
 
-    def _grade(self, plan: dict, run: Execution) -> Verdict:
+    def _grade(self, plan: dict, run: Execution, checked: dict[int, bool | None] | None) -> Verdict:
         if plan["style"] == "stdio":
-            return judge_stdio(run, plan["cases"], self.settings.float_tolerance, self.checker)
+            function = None if isinstance(self.checker, CheckerProgram) else self.checker
+            return judge_stdio(run, plan["cases"], self.settings.float_tolerance, function, checked)
         return judge_assertions(run, plan["finished"], plan["lang"], plan["tests"], plan["trusted"], plan["cached"])
 
     def close(self) -> None:

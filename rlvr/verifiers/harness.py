@@ -213,10 +213,13 @@ def _compiled(job: dict, candidate: Candidate, report) -> None:
     report({"build": answer["status"], "log": answer.get("log", ""), "artifacts": answer.get("artifacts", {})})
     if answer["status"] != "built":
         return
-    run = job["run"]
+    run, files = job["run"], job.get("files") or [{}] * len(job["stdins"])  # files: a checker's, per run
     for i, stdin in enumerate(job["stdins"]):
         result = candidate.ask({"op": "exec", "argv": run["argv"], "stdin": stdin, "cpu_s": run["cpu_s"],
-                                "wall_s": run["wall_s"], "output_bytes": job["output_bytes"]},
+                                "wall_s": run["wall_s"], "output_bytes": job["output_bytes"], "files": files[i]},
                                timeout_s=run["wall_s"] + 10)
+        if "error" in result:
+            report({"load_error": result["error"]})
+            return
         report({"i": i, "stdout": result["stdout"], "status": result["status"], "stderr": result["stderr"],
                 "returncode": result["returncode"]})

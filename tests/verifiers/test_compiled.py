@@ -206,7 +206,7 @@ def test_reward_multipl_e_rows_partial_credit_compile_errors_and_outcome_metrics
         assert scores == [1.0, 0.0, -0.5]
         assert {k: v for k, v in logged.items() if v} == {"compiled/passed": 1 / 3, "compiled/wrong_answer": 1 / 3,
                                                           "compiled/compile_error": 1 / 3}
-        assert logged["compiled/timeout"] == 0.0 and len(logged) == 11  # every outcome, 0 when absent
+        assert logged["compiled/timeout"] == 0.0 and len(logged) == 12  # every outcome, 0 when absent
         stdio = [{"input": i, "output": o} for i, o in STDIO_CASES]
         printer = "```cpp\n#include <cstdio>\nint main() { std::puts(\"7\\n2.333333\"); }\n```"
         partial = compiled_tests(language="cpp", partial_credit=True, cpu_s=1.0, compile_cpu_s=4.0)
@@ -257,3 +257,64 @@ def test_a_checker_function_judges_stdio_outputs():
     finally:
         exact.judge.close()
         lenient.judge.close()
+
+
+# "print two non-negative integers that sum to n": many right answers, so a checker program judges them
+SUM_CHECKER = r"""#include <cstdio>
+int main(int argc, char **argv) {  // testlib's order: input, the solution's output, the expected answer
+    FILE *in = fopen(argv[1], "r"), *out = fopen(argv[2], "r");
+    long n, a, b; char extra;
+    if (argc != 4 || !in || !out || fscanf(in, "%ld", &n) != 1) return 3;  // the checker's own failure
+    if (fscanf(out, "%ld %ld", &a, &b) != 2 || fscanf(out, " %c", &extra) == 1) return 2;  // presentation
+    return a >= 0 && b >= 0 && a + b == n ? 0 : 1;
+}
+"""
+JS_SUM_CHECKER = """const fs = require("fs");
+const [n] = fs.readFileSync(process.argv[2], "utf8").trim().split(/\\s+/).map(Number);
+const got = fs.readFileSync(process.argv[3], "utf8").trim().split(/\\s+/).map(Number);
+process.exit(got.length !== 2 || got.some(Number.isNaN) ? 2 : got[0] >= 0 && got[1] >= 0 && got[0] + got[1] === n ? 0 : 1);
+"""
+SUM_CASES = [("4\n", "0 4\n"), ("7\n", "0 7\n")]  # the expected answer file holds one right answer of many
+SUM_SOLUTIONS = {  # C solutions: the share of the two cases a right checker accepts
+    "long n; scanf(\"%ld\", &n); printf(\"%ld %ld\\n\", n / 2, n - n / 2);": 1.0,  # right, not the answer file's
+    "long n; scanf(\"%ld\", &n); printf(\"%ld %ld\\n\", n / 2, n / 2);": 0.5,  # wrong for odd n
+    "puts(\"hello\");": 0.0,  # not two numbers: testlib's presentation error
+    "long n; scanf(\"%ld\", &n); printf(\"%ld %ld\\n\", n + 1, -1L);": 0.0,  # sums right, negative
+    # the expected answer or the checker's files are not where the solution runs
+    "char s[64] = \"\"; FILE *f = fopen(\"answer.txt\", \"r\"); if (!f) f = fopen(\"../answer.txt\", \"r\");"
+    " if (f) fgets(s, 64, f); fputs(*s ? s : \"0 0\\n\", stdout);": 0.0,
+}
+
+
+def test_a_checker_program_in_any_language_judges_answers_with_many_right_forms(judge, tmp_path):
+    from rlvr.verifiers.compiled_judge import CheckerProgram
+
+    solutions = [f"```c\n#include <stdio.h>\nint main(void) {{ {body} return 0; }}\n```" for body in SUM_SOLUTIONS]
+    cpp, js = CheckerProgram("cpp", SUM_CHECKER), CheckerProgram("javascript", JS_SUM_CHECKER)
+    programs = [Program("c", s, cases=SUM_CASES, checker=checker) for checker in (cpp, js) for s in solutions]
+    verdicts = judge.judge(programs)
+    assert [v.score for v in verdicts] == list(SUM_SOLUTIONS.values()) * 2
+    assert [v.outcome for v in verdicts[:5]] == ["passed"] + ["wrong_answer"] * 4
+    misses = judge.cache.misses
+    assert judge.judge(programs[:1])[0].score == 1.0 and judge.cache.misses == misses  # the checker built once
+    # a checker that crashes or does not build says nothing about the answer: excluded, never a score
+    crashing = CheckerProgram("c", "#include <stdlib.h>\nint main(void) { abort(); }\n")
+    broken = CheckerProgram("c", "int main(void) { return }\n")
+    failed = judge.judge([Program("c", solutions[0], cases=SUM_CASES, checker=c) for c in (crashing, broken)])
+    assert [(v.score, v.outcome) for v in failed] == [(None, "checker_error")] * 2
+    # the reward: a checker file (its language from the extension), or a row's own checker
+    (tmp_path / "sum.cpp").write_text(SUM_CHECKER)
+    reward = compiled_tests(language="c", cpu_s=1.0, compile_cpu_s=4.0, checker=str(tmp_path / "sum.cpp"),
+                            partial_credit=True)
+    try:
+        cases = [{"input": i, "output": o} for i, o in SUM_CASES]
+        assert reward(["p"] * 2, solutions[:2], tests=[cases] * 2) == [1.0, 0.5]
+        row_checker = {"language": "js", "source": JS_SUM_CHECKER}
+        assert reward(["p"], solutions[1:2], tests=[cases], checker=[row_checker]) == [0.5]
+        with pytest.raises(ValueError, match="row 0: a checker must be"):
+            reward(["p"], solutions[:1], tests=[cases], checker=["int main() {}"])
+    finally:
+        reward.judge.close()
+    for bad, message in ((tmp_path / "none.cpp", "no such file"), (tmp_path / "x.cobol", "unknown language")):
+        with pytest.raises(RewardConfigError, match=message):
+            compiled_tests(language="c", checker=str(bad))

@@ -19,7 +19,7 @@ from make_compiled_problems import SOLUTIONS
 def test_every_reference_solution_passes_and_a_constant_fails():
     rows = [json.loads(line) for name in ("c_train.jsonl", "c_eval.jsonl")
             for line in (ROOT / "examples" / "data" / name).read_text().splitlines()]
-    assert len(rows) == 24 and set(SOLUTIONS) == {r["name"] for r in rows}
+    assert len(rows) == 34 and set(SOLUTIONS) == {r["name"] for r in rows}
     signature = lambda r: r["prompt"][-1]["content"].split("```c\n")[1].rstrip("`\n").splitlines()[-1]
     answers = [f"```c\n{signature(r)}\n    {SOLUTIONS[r['name']]}\n}}\n```" for r in rows]
     answers += [f"```c\n{signature(r)}\n    return 0;\n}}\n```" for r in rows]
@@ -28,8 +28,8 @@ def test_every_reference_solution_passes_and_a_constant_fails():
         scores = reward([r["prompt"] for r in rows] * 2, answers, tests=[r["tests"] for r in rows] * 2)
     finally:
         reward.judge.close()
-    assert scores[:24] == [1.0] * 24
-    assert scores[24:] == [0.0] * 24  # no problem's tests all expect 0
+    assert scores[:34] == [1.0] * 34
+    assert scores[34:] == [0.0] * 34  # no problem's tests all expect 0
 
 
 def test_the_code_jsonl_task_reads_compiled_rows_and_judges_them_with_compiled_tests(tmp_path):
