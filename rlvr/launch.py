@@ -3,6 +3,7 @@
 
     source = synchronous (rlvr/run/collect.py) | asynchronous (rlvr/runtime/source.py, async.enabled)
     update = GRPO (rlvr/learn/step.py)           | PPO with a critic (rlvr/learn/ppo.py, algo.name=ppo)
+             | GRPO with a teacher's per-token advantage (rlvr/learn/distill.py, distill.*)
              wrapped by a DiLoCo round every H steps (rlvr/run/diloco.py, diloco.learner)
     source, with diloco.rollouts: the learners' scored groups shared too (rlvr/run/shared_rollouts.py)
 """
@@ -10,6 +11,7 @@
 from __future__ import annotations
 
 from rlvr.config.schema import RunConfig
+from rlvr.learn.distill import DistillUpdate
 from rlvr.learn.ppo import PPOUpdate
 from rlvr.learn.step import GRPOUpdate
 from rlvr.rewards import WeightedReward
@@ -37,7 +39,7 @@ def train(cfg: RunConfig, rewards: list[WeightedReward] | None = None,
     if algo.name == "ppo":  # advantages come from the critic, inside the update
         update, advantages = PPOUpdate(cfg), None
     else:
-        update = GRPOUpdate(cfg)
+        update = DistillUpdate(cfg) if cfg.distill.enabled else GRPOUpdate(cfg)
         advantages = group_advantage_fn(cfg.rollout.group_size, algo.scale, algo.adv_eps, algo.negative_scale,
                                         algo.reward_aggregation)
     diloco = DilocoUpdate(update, cfg) if cfg.diloco.learner else None  # a round every diloco.inner_steps steps

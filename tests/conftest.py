@@ -25,7 +25,7 @@ CHAT_TEMPLATE = (
 )
 
 
-def make_tokenizer():
+def make_tokenizer(corpus: tuple[str, ...] = ()):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -37,7 +37,8 @@ def make_tokenizer():
         special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
-    corpus = ["What is 3 + 4? The answer is 7. 12 * 9 = 108", "system user assistant Reply with only the number."]
+    corpus = list(corpus) or ["What is 3 + 4? The answer is 7. 12 * 9 = 108",
+                              "system user assistant Reply with only the number."]
     tok.train_from_iterator(corpus * 20, trainer)
     hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
     hf.chat_template = CHAT_TEMPLATE

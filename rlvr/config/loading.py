@@ -125,6 +125,8 @@ def _validate(cfg: RunConfig) -> None:
         if cfg.diloco.rollouts != "off" and (cfg.env.enabled or cfg.task.curriculum):
             raise ConfigError("diloco.rollouts shares single completions of the task's rows; episodes (env.*) and "
                               "task.curriculum are not shared yet: set diloco.rollouts=off")
+    if cfg.distill.enabled:
+        _validate_distill(cfg)
     t = cfg.task
     if t.eval_fraction and t.name not in ("jsonl", "math_jsonl", "code_jsonl", "hf"):
         raise ConfigError(f"task.eval_fraction splits the rows of a file or split (jsonl tasks, hf); task.name="
@@ -141,6 +143,20 @@ def _validate(cfg: RunConfig) -> None:
             raise ConfigError(f"task.answer_format={t.answer_format} reads task.answer_column; name the column")
     if t.name == "hf":
         _validate_hf(cfg)
+
+
+def _validate_distill(cfg: RunConfig) -> None:
+    if cfg.algo.name == "ppo" or cfg.diloco.learner or cfg.diloco.placement == "ray":
+        raise ConfigError("distill.* adds the teacher's per-token advantage to GRPO's update on one learner; use a "
+                          "GRPO preset without diloco.learner")
+    if cfg.algo.dynamic_sampling:
+        raise ConfigError("algo.dynamic_sampling drops groups whose rewards are all equal, which the teacher still "
+                          "teaches; set algo.dynamic_sampling=false with distill.*")
+    r = cfg.rollout
+    if r.top_p < 1 or r.top_k or r.temperature == 0:
+        raise ConfigError(f"distillation compares the student's and the teacher's log-probs of tokens the student "
+                          f"sampled from its whole distribution: set rollout.top_p=1, rollout.top_k=0 and a "
+                          f"temperature > 0 (got top_p={r.top_p}, top_k={r.top_k}, temperature={r.temperature})")
 
 
 def _validate_jsonl(t: TaskConfig) -> None:

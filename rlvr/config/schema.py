@@ -453,6 +453,45 @@ class EnvConfig:
 
 
 @dataclass(frozen=True)
+class DistillConfig:
+    teacher: str = ""
+    """On-policy distillation: a teacher model (a directory, or a name resolved like model.name) scores every token
+    the student samples, in this process and on the learner's device, frozen; '' with distill.url unset: off. It
+    must share the student's tokenizer and chat template (checked at start). See docs/concepts/distillation.md."""
+    adapter: str = ""
+    """A LoRA adapter directory applied to distill.teacher (e.g. a run's adapter/ trained by rlvr)."""
+    url: str = ""
+    """A served teacher instead: a vLLM-compatible server (rlvr serve, vllm serve) whose /v1/completions answers
+    prompt_logprobs; the student's token ids are sent as the prompt. Not with distill.teacher."""
+    model: str = ""
+    """distill.url: the served model's name ('' : the one /v1/models lists first)."""
+    api_key_env: str = API_KEY_ENV
+    """distill.url: the environment variable holding the server's API key (sent as a Bearer token when set)."""
+    request_timeout_s: float = 120.0
+    """distill.url: seconds one scoring request may take, sending to the last byte."""
+    coef: float = 1.0
+    """The teacher's per-token advantage is -coef * (log p_student - log p_teacher) of each sampled token (the
+    Tinker cookbook's kl_penalty_coef)."""
+    reward_weight: float = 1.0
+    """Weight of the verifier's group advantage beside the teacher's: 1 adds them, 0 is distillation alone (the
+    rewards are still computed and logged, never trained on)."""
+
+    def __post_init__(self) -> None:
+        at_least(self, 0, "coef", "reward_weight")
+        if not self.request_timeout_s > 0:
+            raise ValueError(f"distill.request_timeout_s must be > 0; got {self.request_timeout_s}")
+        if self.teacher and self.url:
+            raise ValueError("distill.teacher (a model here) and distill.url (a served one) exclude each other; "
+                             "set one")
+        if self.adapter and not self.teacher:
+            raise ValueError("distill.adapter is applied to distill.teacher; set distill.teacher to its base model")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.teacher or self.url)
+
+
+@dataclass(frozen=True)
 class LogConfig:
     trackers: tuple[str, ...] = ("tensorboard",)
     """Where metrics go besides metrics.jsonl (same names and steps): tensorboard (event files in tensorboard/),
@@ -515,3 +554,5 @@ class RunConfig:
     """Asynchronous GRPO: learner and rollout servers overlapped (``async`` in YAML and overrides)."""
     diloco: DilocoConfig = field(default_factory=DilocoConfig)
     """Learners on separate machines that exchange a delta every diloco.inner_steps steps through a bucket."""
+    distill: DistillConfig = DistillConfig()
+    """On-policy distillation: a teacher scores every sampled token, alone or beside the rewards."""

@@ -83,7 +83,9 @@ def prepare_completion(s: Serving, body: bytes) -> tuple[Job, CompletionRequest]
     # held for a later request to extend: one completion of token ids (an episode's turn, as rlvr's pool sends it);
     # a group (n > 1) or a text prompt is single-turn, and holding it would only cost memory
     hold = req.n == 1 and not isinstance(p, str) and all(not isinstance(x, str) for x in p)
-    return Job(prompts, req.n, params, adapter, req.seed, req.logprobs or 0, hold), req
+    if req.prompt_logprobs is not None:
+        hold = False
+    return Job(prompts, req.n, params, adapter, req.seed, req.logprobs or 0, hold, req.prompt_logprobs), req
 
 
 def answer_completion(s: Serving, req: CompletionRequest, gens: list[Generation]) -> dict:
@@ -96,6 +98,8 @@ def answer_completion(s: Serving, req: CompletionRequest, gens: list[Generation]
                 choice["logprobs"] = completion_logprobs(s.tokenizer, tokens, g, j)
             if req.return_token_ids:
                 choice["prompt_token_ids"], choice["token_ids"] = g.prompt_ids, tokens
+            if req.prompt_logprobs is not None:
+                choice["prompt_logprobs"] = prompt_logprobs_entries(s.tokenizer, g)
             choices.append(choice)
     body = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
             "model": req.model or s.served_name, "choices": choices, "usage": usage(gens)}
@@ -168,6 +172,18 @@ def completion_logprobs(tok, tokens: list[int], g: Generation, j: int) -> dict:
         for entry, step in zip(top, g.top_logprobs[j]):
             entry.update({_piece(tok, t): lp for t, lp in step if _piece(tok, t) not in entry})
     return {"text_offset": offsets, "token_logprobs": g.logprobs[j], "tokens": pieces, "top_logprobs": top}
+
+
+def prompt_logprobs_entries(tok, g: Generation) -> list:
+    """vLLM's ``prompt_logprobs``: None for the first prompt token, then per token ``{id: {"logprob", "rank",
+    "decoded_token"}}`` for the token itself and the k most likely ones (ids as strings)."""
+    entries: list = [None]
+    for token, (logp, rank, top) in zip(g.prompt_ids[1:], g.prompt_logprobs or []):
+        entry = {str(token): {"logprob": logp, "rank": rank, "decoded_token": _piece(tok, token)}}
+        for r, (other, lp) in enumerate(top, start=1):
+            entry.setdefault(str(other), {"logprob": lp, "rank": r, "decoded_token": _piece(tok, other)})
+        entries.append(entry)
+    return entries
 
 
 def chat_logprobs(tok, tokens: list[int], g: Generation, j: int) -> dict:

@@ -55,7 +55,7 @@ from typing import ClassVar
 
 import torch
 
-from rlvr.models.policy import load_causal_lm, load_tokenizer, model_context, resolve_model_dir
+from rlvr.models.policy import backbone_and_head, load_causal_lm, load_tokenizer, model_context, resolve_model_dir
 from rlvr.models.prompts import left_pad
 from rlvr.platform.devices import resolve_device, sampling_generator, weight_dtype
 from rlvr.platform.faults import fault_point
@@ -86,6 +86,7 @@ class Generation:
     top_logprobs: list[list[list[tuple[int, float]]]] | None  # per completion, per token: (token id, logp)
     finish_reason: list[str]  # "stop" (EOS or stop string) or "length"
     stop_reason: list[str | None]  # the stop string that ended it, if one did
+    prompt_logprobs: list | None = None  # per prompt token after the first: (its logp, its rank, [(id, logp)] top k)
 
 
 @dataclass
@@ -100,12 +101,13 @@ class Job:
     seed: int | None = None
     top_logprobs: int = 0
     hold: bool = False  # keep its completions for requests that extend them (an episode's turn: see prepare_completion)
+    prompt_logprobs: int | None = None  # score the prompt's tokens too, with the k most likely beside each
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
     taken: int = 0  # prompts handed to batches so far (a large request runs in several)
     results: list[Generation] = field(default_factory=list)
 
     def key(self) -> tuple:
-        return (self.adapter, self.params, self.n, self.top_logprobs, self.hold)
+        return (self.adapter, self.params, self.n, self.top_logprobs, self.hold, self.prompt_logprobs)
 
     @property
     def rows(self) -> int:
@@ -147,6 +149,31 @@ def load_on_engine_thread(engine, load) -> bool:
     finally:
         engine.ready.set()
     return True
+
+
+PROMPT_CHUNK = 256  # prompt positions whose [c, V] logits are held at once
+
+
+def prompt_logprobs(model, prompt: list[int], temperature: float, k: int) -> list:
+    """Per prompt token after the first: (log p(token | the tokens before it), its rank, the k most likely
+    (id, logp)), at ``temperature`` (0: 1) - what vLLM reports in processed_logprobs mode. One sequence, no
+    padding, so its positions are plain; the output layer runs a chunk of positions at a time."""
+    backbone, head = backbone_and_head(model)
+    device = next(model.parameters()).device
+    ids = torch.tensor([prompt], device=device)
+    hidden = backbone(input_ids=ids).last_hidden_state[0, :-1]  # [P - 1, H]: state j predicts token j + 1
+    targets = ids[0, 1:]
+    out = []
+    for start in range(0, hidden.shape[0], PROMPT_CHUNK):
+        logits = head(hidden[start:start + PROMPT_CHUNK]).float()  # [c, V]
+        logp = torch.log_softmax(logits / (temperature or 1.0), dim=-1)
+        chosen = logp.gather(1, targets[start:start + PROMPT_CHUNK, None])  # [c, 1]
+        rank = (logp > chosen).sum(dim=1) + 1
+        top = logp.topk(k, dim=1) if k else None
+        for i in range(logp.shape[0]):
+            best = list(zip(top.indices[i].tolist(), top.values[i].tolist())) if top is not None else []
+            out.append((float(chosen[i, 0]), int(rank[i]), best))
+    return out
 
 
 def _to_host(out: SampledTokens) -> SampledTokens:
@@ -445,6 +472,8 @@ class Engine:
                 hook = backbone.register_forward_pre_hook(abandoned)
                 try:
                     out = self._sample(backbone, head, prompts, first, generators)
+                    scored = None if first.prompt_logprobs is None else [
+                        prompt_logprobs(model, p, first.params.temperature, first.prompt_logprobs) for p in prompts]
                 finally:
                     hook.remove()
             out = _to_host(out)  # the batch's results cross to the CPU once
@@ -465,6 +494,8 @@ class Engine:
         for job, a, b in pieces:
             for prompt in job.prompts[a:b]:
                 job.results.append(self._generation(prompt, out, range(row, row + job.n), job.params.stop))
+                if scored is not None:
+                    job.results[-1].prompt_logprobs = scored[row // job.n]
                 row += job.n
             if job.taken == len(job.prompts):
                 settle(job.future, job.results)

@@ -43,6 +43,7 @@ class CompletionRequest(SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = Field(16, ge=1)
     logprobs: int | None = Field(None, ge=0, le=20)
+    prompt_logprobs: int | None = Field(None, ge=0, le=20)  # vLLM's: each prompt token's log-prob, and the top k
 
 
 class ChatMessage(BaseModel):

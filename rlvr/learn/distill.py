@@ -1,0 +1,113 @@
+"""On-policy distillation's update: GRPO's, with the teacher's per-token advantage added to the verifier's.
+
+    batch      = the step's completions, the verifier's group advantages [N] times distill.reward_weight
+    teacher    = log p_teacher of every sampled token [N, T]       (in process, or a served teacher over HTTP)
+    student    = log p_student of the same tokens [N, T]           (the weights the step begins with, no gradient)
+    adv        = batch.adv + teacher_advantage(student, teacher)   [N, T]  (rlvr/core/distill.py)
+    train_step(adv)                                                 GRPO's step, unchanged (rlvr/learn/step.py)
+
+Both log-probs come from the same forward code at the sampling temperature, so a teacher equal to the student gives
+an advantage of exactly 0 (and, alone, no update).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Protocol
+
+import torch
+from torch import nn
+
+from rlvr.config.schema import RunConfig
+from rlvr.core.distill import sampled_reverse_kl, teacher_advantage
+from rlvr.learn.batch import StepBatch
+from rlvr.learn.collected import Collected
+from rlvr.learn.learner import Learner
+from rlvr.learn.step import GRPOUpdate, chunk_for_vocab, frozen_logprobs, micro_batches, step_batch, train_step
+from rlvr.models.policy import autocast, backbone_and_head, resolve_model_dir
+from rlvr.models.teacher import load_teacher, vocabulary_mismatch
+from rlvr.platform.devices import model_device, weight_dtype
+from rlvr.rollout.teacher_client import TeacherClient
+
+
+class Teacher(Protocol):
+    def logprobs(self, batch: StepBatch, rows: list[torch.Tensor], chunk_tokens: int) -> torch.Tensor:
+        """[N, T] log-probs of the batch's completion tokens (0 outside the rows), at the batch's temperatures."""
+
+
+class LocalTeacher:
+    """A teacher model in this process, on the student's device."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+
+    def logprobs(self, batch: StepBatch, rows: list[torch.Tensor], chunk_tokens: int) -> torch.Tensor:
+        return frozen_logprobs(self.model, batch, rows, chunk_tokens, share_prompt=True)
+
+
+class ServedTeacher:
+    """A teacher behind a vLLM-compatible server: each completion's prompt and completion ids are sent, its
+    log-probs come back (rlvr/rollout/teacher_client.py)."""
+
+    def __init__(self, client: TeacherClient):
+        self.client = client
+
+    def logprobs(self, batch: StepBatch, rows: list[torch.Tensor], chunk_tokens: int) -> torch.Tensor:
+        out = torch.zeros(batch.completion_ids.shape, dtype=torch.float32)
+        wanted = sorted(int(i) for r in rows for i in r.tolist())
+        lengths = batch.completion_mask.sum(dim=1).tolist()
+        sequences = []
+        for i in wanted:
+            g = i // batch.group_size
+            prompt = batch.prompt_ids[g][batch.prompt_mask[g].bool()].tolist()
+            sequences.append((prompt, batch.completion_ids[i, :int(lengths[i])].tolist(),
+                              float(batch.temperature[i, 0])))
+        for i, logp in zip(wanted, self.client.score(sequences)):
+            out[i, :len(logp)] = torch.tensor(logp, dtype=torch.float32)
+        return out.to(batch.completion_ids.device)
+
+
+class DistillUpdate(GRPOUpdate):
+    """GRPO's update with a teacher (distill.*); the teacher is loaded when the run attaches its model."""
+
+    def __init__(self, cfg: RunConfig):
+        super().__init__(cfg)
+        self.cfg, self.distill = cfg, cfg.distill
+        self.teacher: Teacher | None = None
+
+    def attach(self, model: nn.Module) -> tuple[nn.Module, list[nn.Parameter]]:
+        if self.teacher is None:
+            self.teacher = build_teacher(self.cfg, model_device(model))
+        return super().attach(model)
+
+    def __call__(self, learner: Learner, batch: Collected) -> dict[str, float]:
+        if self.teacher is None:
+            raise RuntimeError("DistillUpdate.attach(model) loads the teacher before the first step")
+        adv = batch.adv if batch.adv is not None else torch.zeros(batch.groups.completion_ids.shape[0])
+        model = learner.model
+        sb = step_batch(batch, adv * self.distill.reward_weight, self.mask_truncated).to(model_device(model))
+        chunk = chunk_for_vocab(self.options.chunk_tokens, backbone_and_head(model)[1].weight.shape[0])
+        rows = micro_batches(sb, self.options.micro_batch_size, skip_zero_advantage=False)
+        with autocast(model, self.autocast):
+            teacher = self.teacher.logprobs(sb, rows, chunk)
+            student = frozen_logprobs(model, sb, rows, chunk, self.options.share_prompt)
+            taught = teacher_advantage(student, teacher.to(student.dtype), sb.loss_mask, self.distill.coef)
+            token_adv = sb.token_adv(torch.arange(sb.num_completions, device=taught.device)).to(taught.dtype)
+            metrics = train_step(learner, replace(sb, adv=token_adv + taught), self.settings, self.options)
+        metrics["distill/reverse_kl"] = sampled_reverse_kl(student, teacher.to(student.dtype), sb.loss_mask)
+        return metrics
+
+
+def build_teacher(cfg: RunConfig, device: torch.device) -> Teacher:
+    """The configured teacher, after checking that it reads the student's token ids as the student does."""
+    d = cfg.distill
+    if d.url:
+        client = TeacherClient(d.url, d.model, d.api_key_env, d.request_timeout_s)
+        client.check_tokens(cfg.model.name)
+        return ServedTeacher(client)
+    student_dir, teacher_dir = resolve_model_dir(cfg.model.name), resolve_model_dir(d.teacher)
+    why = vocabulary_mismatch(student_dir, teacher_dir)
+    if why:
+        raise ValueError(f"distill.teacher {d.teacher!r} cannot score the student's tokens: {why}; rlvr distils "
+                         "between models of one tokenizer (no cross-tokenizer mode yet)")
+    return LocalTeacher(load_teacher(d.teacher, d.adapter, weight_dtype(cfg.model.dtype, device, lora=True), device))

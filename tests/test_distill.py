@@ -1,0 +1,169 @@
+"""On-policy distillation: the per-token advantage and GKD's divergence by hand, the sampled term's Monte-Carlo mean
+against the exact reverse KL, a teacher equal to the student (no update), a zero coefficient (plain GRPO), a served
+teacher (a real rlvr serve on loopback) equal to the in-process one, and teachers that read other tokens refused."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from rlvr.config.loading import ConfigError, load_config
+from rlvr.core.distill import generalized_jsd, reverse_kl, sampled_reverse_kl, teacher_advantage
+from rlvr.launch import train
+from rlvr.learn.batch import StepBatch
+from rlvr.learn.distill import LocalTeacher, ServedTeacher, build_teacher
+from rlvr.learn.step import micro_batches
+from rlvr.models.teacher import load_teacher
+from rlvr.rollout import SamplingParams
+from rlvr.rollout.server_errors import MalformedAnswer
+from rlvr.rollout.teacher_client import TeacherClient, TeacherError, token_logprobs
+from tests.conftest import make_model, make_tokenizer, sample_tiny
+from tests.serving import ServerProcess
+from tests.test_e2e import _overrides
+
+
+def test_the_teacher_advantage_by_hand():
+    student = torch.tensor([[-1.0, -2.0, -0.5], [-3.0, -0.1, 0.0]])
+    teacher = torch.tensor([[-1.5, -1.0, -0.5], [-2.0, -9.0, -4.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    adv = teacher_advantage(student, teacher, mask, coef=2.0)
+    # -2 * (student - teacher): a token the teacher likes more than the student is pushed up
+    assert adv.tolist() == [[-1.0, 2.0, 0.0], [2.0, pytest.approx(-17.8), 0.0]]
+    assert sampled_reverse_kl(student, teacher, mask) == pytest.approx((0.5 - 1.0 + 0.0 - 1.0 + 8.9) / 5)
+
+
+def test_generalized_jsd_against_its_definition_and_its_two_ends():
+    torch.manual_seed(0)
+    s, t = torch.randn(5, 7, dtype=torch.float64), torch.randn(5, 7, dtype=torch.float64)
+    ps, pt = s.softmax(-1), t.softmax(-1)
+    kl = lambda p, q: (p * (p / q).log()).sum(-1)  # noqa: E731
+    assert torch.allclose(generalized_jsd(s, t, 0.0), kl(pt, ps))  # forward KL
+    assert torch.allclose(generalized_jsd(s, t, 1.0), kl(ps, pt))  # reverse KL
+    assert torch.allclose(reverse_kl(s, t), kl(ps, pt))
+    for beta in (0.1, 0.5, 0.9):
+        m = beta * pt + (1 - beta) * ps
+        assert torch.allclose(generalized_jsd(s, t, beta), beta * kl(pt, m) + (1 - beta) * kl(ps, m))
+    assert torch.allclose(generalized_jsd(s, s, 0.5), torch.zeros(5, dtype=torch.float64))
+    with pytest.raises(ValueError, match="beta"):
+        generalized_jsd(s, t, 1.5)
+
+
+def test_the_sampled_term_is_an_unbiased_estimate_of_the_full_vocabulary_reverse_kl():
+    torch.manual_seed(1)
+    student, teacher = torch.randn(1, 50, dtype=torch.float64) * 2, torch.randn(1, 50, dtype=torch.float64) * 2
+    exact = float(reverse_kl(student, teacher))
+    draws = torch.distributions.Categorical(logits=student[0]).sample((40000,))  # tokens the student samples
+    delta = student[0].log_softmax(-1)[draws] - teacher[0].log_softmax(-1)[draws]
+    half_width = 4 * float(delta.std()) / math.sqrt(len(delta))
+    assert abs(float(delta.mean()) - exact) < half_width
+    assert exact > 10 * half_width / 4  # the interval is tight enough that a biased estimate would show
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """Student and teacher: two tiny random Llamas of one tokenizer; and a third model with another tokenizer."""
+    root = tmp_path_factory.mktemp("distill")
+    tok = make_tokenizer()
+    dirs = {}
+    for name, seed in (("student", 0), ("teacher", 1)):
+        dirs[name] = root / name
+        make_model(len(tok), seed=seed).save_pretrained(dirs[name])
+        tok.save_pretrained(dirs[name])
+    other = make_tokenizer(("Another corpus merges other pairs: zebra quartz 5150 jukebox",))  # other ids
+    dirs["other"] = root / "other"
+    make_model(len(other), seed=2).save_pretrained(dirs["other"])
+    other.save_pretrained(dirs["other"])
+    return dirs
+
+
+def _run(pair, out, *extra):
+    cfg = load_config(None, _overrides(pair["student"], out) + ["algo.beta=0", "train.steps=2", "eval.every=0",
+                                                               "eval.on_start=false", *extra])
+    train(cfg)
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [m for m in metrics if "update/loss" in m], load_file(out / "adapter" / "adapter_model.safetensors")
+
+
+def test_a_teacher_equal_to_the_student_teaches_nothing_and_a_zero_coefficient_is_plain_grpo(pair, tmp_path):
+    steps, adapter = _run(pair, tmp_path / "same", f"distill.teacher={pair['student']}", "distill.reward_weight=0")
+    assert [(s["update/distill/reverse_kl"], s["update/grad_norm"]) for s in steps] == [(0.0, 0.0)] * 2
+    assert all(not t.any() for name, t in adapter.items() if "lora_B" in name)  # LoRA's B starts at 0: no update
+    _, plain = _run(pair, tmp_path / "plain")
+    _, mixed = _run(pair, tmp_path / "coef0", f"distill.teacher={pair['teacher']}", "distill.coef=0")
+    assert plain.keys() == mixed.keys() and all(torch.allclose(plain[k], mixed[k], atol=1e-6) for k in plain)
+    steps, taught = _run(pair, tmp_path / "alone", f"distill.teacher={pair['teacher']}", "distill.reward_weight=0")
+    assert all(s["update/distill/reverse_kl"] != 0 and s["update/grad_norm"] > 0 for s in steps)
+    assert any(not torch.equal(plain[k], taught[k]) for k in plain)
+
+
+def _batch(pair, temperature: float) -> StepBatch:
+    tok = make_tokenizer()
+    tok.padding_side = "left"
+    model = load_teacher(str(pair["student"]), "", torch.float32, torch.device("cpu"))
+    prompts = ["What is 3 + 4?", "12 * 9 = 108. The answer is"]
+    params = SamplingParams(max_new_tokens=8, temperature=temperature)
+    groups = sample_tiny(model, tok, [tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
+                                                              add_generation_prompt=True) for p in prompts],
+                         3, params, seed=4, eos_every=7)
+    return StepBatch.from_groups(groups, torch.zeros(6), torch.ones(6, dtype=torch.bool))
+
+
+def test_a_served_teacher_scores_every_token_as_the_in_process_teacher_does(pair):
+    batch = _batch(pair, temperature=0.7)
+    rows = micro_batches(batch, 4, skip_zero_advantage=False)
+    local = LocalTeacher(load_teacher(str(pair["teacher"]), "", torch.float32, torch.device("cpu")))
+    want = local.logprobs(batch, rows, chunk_tokens=16)
+    server = ServerProcess(pair["teacher"]).wait_ready()
+    try:
+        client = TeacherClient(server.url + "/v1", "", "", timeout_s=60)
+        client.check_tokens(str(pair["student"]))  # the same tokenizer: accepted
+        got = ServedTeacher(client).logprobs(batch, rows, chunk_tokens=16)
+        client.close()
+    finally:
+        server.stop()
+    mask = batch.completion_mask.bool()
+    assert mask.sum() > 10 and torch.allclose(got[mask], want[mask].float(), atol=1e-4)
+    assert not got[~mask].any()
+    shifted = torch.roll(want, 1, dims=1)  # an off-by-one alignment would read these instead
+    assert not torch.allclose(got[mask], shifted[mask].float(), atol=1e-2)
+
+
+def test_the_prompt_logprobs_answer_is_read_as_vllm_writes_it():
+    answer = {"choices": [{"text": "x", "prompt_logprobs": [
+        None, {"5": {"logprob": -0.5, "rank": 1, "decoded_token": "a"}},
+        {"9": {"logprob": -0.1, "rank": 1}, "7": {"logprob": -3.0, "rank": 4}},  # the token beyond the top-1
+        {"2": {"logprob": -0.25, "rank": 1}}]}]}
+    assert token_logprobs(answer, 2, [7, 2]) == [-3.0, -0.25]  # entries 2 and 3: the completion's tokens
+    for bad in ({"choices": []}, {"choices": [{"prompt_logprobs": [None, {}]}]},
+                {"choices": [{"prompt_logprobs": [None, {}, {"7": {"logprob": 0.5}}, {"2": {"logprob": -1}}]}]},
+                {"choices": [{"prompt_logprobs": [None, {}, {"7": {"logprob": "nan"}}, {"2": {"logprob": -1}}]}]},
+                {"choices": [{"prompt_logprobs": [None, {}, {"8": {"logprob": -1.0}}, {"2": {"logprob": -1}}]}]}):
+        with pytest.raises(MalformedAnswer):
+            token_logprobs(bad, 2, [7, 2])
+
+
+def test_a_teacher_of_another_tokenizer_is_refused_in_one_line(pair, tmp_path):
+    cfg = load_config(None, _overrides(pair["student"], tmp_path) + [f"distill.teacher={pair['other']}"])
+    with pytest.raises(ValueError, match="cannot score the student's tokens: its tokenizer's vocabulary differs"):
+        build_teacher(cfg, torch.device("cpu"))
+    server = ServerProcess(pair["other"]).wait_ready()
+    try:
+        client = TeacherClient(server.url, "", "", timeout_s=60)
+        with pytest.raises(TeacherError, match="its vocabulary differs|its tokenizer differs"):
+            client.check_tokens(str(pair["student"]))
+        client.close()
+    finally:
+        server.stop()
+
+
+def test_distillation_settings_that_would_mislead_are_refused(pair, tmp_path):
+    base = _overrides(pair["student"], tmp_path) + [f"distill.teacher={pair['teacher']}"]
+    for extra, message in ((["algo.preset=dapo"], "dynamic_sampling"), (["rollout.top_p=0.9"], "top_p=1"),
+                           (["algo.name=ppo", "algo.preset=ppo", "algo.beta=0"], "GRPO preset"),
+                           (["distill.url=http://127.0.0.1:1"], "exclude each other")):
+        with pytest.raises((ConfigError, ValueError), match=message):
+            load_config(None, base + extra)
