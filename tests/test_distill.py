@@ -167,3 +167,37 @@ def test_distillation_settings_that_would_mislead_are_refused(pair, tmp_path):
                            (["distill.url=http://127.0.0.1:1"], "exclude each other")):
         with pytest.raises((ConfigError, ValueError), match=message):
             load_config(None, base + extra)
+
+
+def test_the_chunked_jsd_equals_a_naive_one_with_whole_logits_and_its_gradient(pair):
+    from rlvr.learn.distill import divergence_sum
+
+    batch = _batch(pair, temperature=0.7)
+    student = load_teacher(str(pair["student"]), "", torch.float64, torch.device("cpu")).requires_grad_(True)
+    teacher = load_teacher(str(pair["teacher"]), "", torch.float64, torch.device("cpu"))
+    rows = torch.arange(batch.num_completions)
+    got = divergence_sum(student, teacher, batch, rows, beta=0.3, chunk=3)
+    (grad,) = torch.autograd.grad(got, [student.model.embed_tokens.weight])
+    want = torch.zeros((), dtype=torch.float64)
+    for i in range(batch.num_completions):  # each sequence alone, unpadded, through the models' own forward
+        g = i // batch.group_size
+        prompt = batch.prompt_ids[g][batch.prompt_mask[g].bool()]
+        n = int(batch.completion_mask[i].sum())
+        ids = torch.cat([prompt, batch.completion_ids[i, :n]])[None]
+        span = slice(len(prompt) - 1, len(prompt) + n - 1)  # the positions that predict the completion's tokens
+        s, t = student(ids).logits[0, span] / 0.7, teacher(ids).logits[0, span].detach() / 0.7
+        want = want + generalized_jsd(s, t, 0.3)[batch.loss_mask[i, :n].bool()].sum()
+    (want_grad,) = torch.autograd.grad(want, [student.model.embed_tokens.weight])
+    assert float(want.detach()) > 0 and torch.allclose(got, want, rtol=1e-6, atol=0)
+    assert torch.allclose(grad, want_grad, rtol=1e-5, atol=1e-7)
+    assert float(divergence_sum(teacher, teacher, batch, rows, 0.3, 4)) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_the_jsd_objective_trains_and_an_equal_teacher_teaches_nothing(pair, tmp_path):
+    steps, adapter = _run(pair, tmp_path / "same", f"distill.teacher={pair['student']}", "distill.reward_weight=0",
+                          "distill.objective=jsd", "distill.beta=0.5")
+    assert all(s["update/distill/jsd"] == pytest.approx(0.0, abs=1e-9) for s in steps)
+    assert all(float(t.abs().max()) < 1e-6 for name, t in adapter.items() if "lora_B" in name)
+    steps, _ = _run(pair, tmp_path / "taught", f"distill.teacher={pair['teacher']}", "distill.reward_weight=0",
+                    "distill.objective=jsd")
+    assert all(s["update/distill/jsd"] > 0 and s["update/grad_norm"] > 0 for s in steps)

@@ -28,6 +28,7 @@ TASKS = ("arithmetic", "word_problems", "tool_problems", "jsonl", "math_jsonl", 
 AUTOCAST, BACKENDS, RUNTIMES, TRANSPORTS = ("none", "bf16"), ("local", "server"), ("embedded", "ray"), ("ws", "http")
 ANSWER_FORMATS, PROBLEM_KINDS = ("raw", "gsm8k", "math"), ("products", "word", "two_step")
 GRAMMARS = ("varied", "simple", "mixed")
+DISTILL_OBJECTIVES = ("sampled_kl", "jsd")
 
 
 @dataclass(frozen=True)
@@ -469,15 +470,28 @@ class DistillConfig:
     """distill.url: the environment variable holding the server's API key (sent as a Bearer token when set)."""
     request_timeout_s: float = 120.0
     """distill.url: seconds one scoring request may take, sending to the last byte."""
+    objective: Literal[DISTILL_OBJECTIVES] = "sampled_kl"
+    """sampled_kl: each sampled token's advantage gets -coef * (log p_student - log p_teacher), the single-sample
+    reverse KL as a reward (works with a served teacher); jsd: a loss of coef x GKD's generalised JSD between the two
+    distributions over the whole vocabulary at every completion token (token mean; an in-process teacher: TRL's
+    DistillationTrainer)."""
+    beta: float = 1.0
+    """distill.objective=jsd: GKD's beta in [0, 1]: 0 is the forward KL(teacher || student), 1 the reverse KL
+    (TRL DistillationConfig's default), 0.5 the symmetric JSD."""
     coef: float = 1.0
-    """The teacher's per-token advantage is -coef * (log p_student - log p_teacher) of each sampled token (the
-    Tinker cookbook's kl_penalty_coef)."""
+    """The teacher term's weight: sampled_kl, the Tinker cookbook's kl_penalty_coef; jsd, the loss's."""
     reward_weight: float = 1.0
     """Weight of the verifier's group advantage beside the teacher's: 1 adds them, 0 is distillation alone (the
     rewards are still computed and logged, never trained on)."""
 
     def __post_init__(self) -> None:
+        check_choices(self)
         at_least(self, 0, "coef", "reward_weight")
+        if not 0 <= self.beta <= 1:
+            raise ValueError(f"distill.beta must be in [0, 1] (0: forward KL, 1: reverse KL); got {self.beta}")
+        if self.objective == "jsd" and self.url:
+            raise ValueError("distill.objective=jsd compares whole distributions, which a server does not send; use "
+                             "distill.teacher (in process), or distill.objective=sampled_kl with distill.url")
         if not self.request_timeout_s > 0:
             raise ValueError(f"distill.request_timeout_s must be > 0; got {self.request_timeout_s}")
         if self.teacher and self.url:

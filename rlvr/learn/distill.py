@@ -6,6 +6,9 @@
     adv        = batch.adv + teacher_advantage(student, teacher)   [N, T]  (rlvr/core/distill.py)
     train_step(adv)                                                 GRPO's step, unchanged (rlvr/learn/step.py)
 
+distill.objective=jsd instead: GRPO's step on batch.adv, plus coef x GKD's generalised JSD over the whole vocabulary
+at every trained token (its own loss beside the policy's, ``divergence_sum``), with an in-process teacher.
+
 Both log-probs come from the same forward code at the sampling temperature, so a teacher equal to the student gives
 an advantage of exactly 0 (and, alone, no update).
 """
@@ -17,13 +20,23 @@ from typing import Protocol
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from rlvr.config.schema import RunConfig
-from rlvr.core.distill import sampled_reverse_kl, teacher_advantage
+from rlvr.core.distill import generalized_jsd, sampled_reverse_kl, teacher_advantage
 from rlvr.learn.batch import StepBatch
 from rlvr.learn.collected import Collected
 from rlvr.learn.learner import Learner
-from rlvr.learn.step import GRPOUpdate, chunk_for_vocab, frozen_logprobs, micro_batches, step_batch, train_step
+from rlvr.learn.forward import completion_hidden, uniform_temperature
+from rlvr.learn.step import (
+    GRPOUpdate,
+    chunk_for_vocab,
+    frozen_logprobs,
+    micro_batches,
+    row_width,
+    step_batch,
+    train_step,
+)
 from rlvr.models.policy import autocast, backbone_and_head, resolve_model_dir
 from rlvr.models.teacher import load_teacher, vocabulary_mismatch
 from rlvr.platform.devices import model_device, weight_dtype
@@ -87,6 +100,8 @@ class DistillUpdate(GRPOUpdate):
         model = learner.model
         sb = step_batch(batch, adv * self.distill.reward_weight, self.mask_truncated).to(model_device(model))
         chunk = chunk_for_vocab(self.options.chunk_tokens, backbone_and_head(model)[1].weight.shape[0])
+        if self.distill.objective == "jsd":
+            return self._jsd_step(learner, sb, chunk)
         rows = micro_batches(sb, self.options.micro_batch_size, skip_zero_advantage=False)
         with autocast(model, self.autocast):
             teacher = self.teacher.logprobs(sb, rows, chunk)
@@ -96,6 +111,56 @@ class DistillUpdate(GRPOUpdate):
             metrics = train_step(learner, replace(sb, adv=token_adv + taught), self.settings, self.options)
         metrics["distill/reverse_kl"] = sampled_reverse_kl(student, teacher.to(student.dtype), sb.loss_mask)
         return metrics
+
+
+    def _jsd_step(self, learner: Learner, sb: StepBatch, chunk: int) -> dict[str, float]:
+        """GRPO's step on the (weighted) verifier's advantages plus, per micro-batch, coef x the generalised JSD
+        summed over its trained tokens and divided by the step's trained tokens (a token mean over the step)."""
+        teacher = self.teacher.model  # type: ignore[union-attr]  (objective=jsd: an in-process teacher, checked)
+        tokens = max(float(sb.loss_mask.sum()), 1.0)
+        total = {"jsd": 0.0}
+
+        def jsd_loss(rows: torch.Tensor) -> torch.Tensor:
+            value = self.distill.coef * divergence_sum(learner.model, teacher, sb, rows, self.distill.beta,
+                                                       chunk) / tokens
+            total["jsd"] += float(value.detach()) / max(self.distill.coef, 1e-12)
+            return value
+
+        with autocast(learner.model, self.autocast):
+            metrics = train_step(learner, sb, self.settings, self.options, extra_loss=jsd_loss)
+        metrics["distill/jsd"] = total["jsd"] / max(self.options.num_iterations, 1)
+        return metrics
+
+
+def divergence_sum(model: nn.Module, teacher: nn.Module, batch: StepBatch, rows: torch.Tensor, beta: float,
+                   chunk: int) -> torch.Tensor:
+    """Sum over the trained tokens of ``rows`` of GKD's generalised JSD between the student's and the teacher's
+    distributions at the sampling temperature; differentiable in the student only. The output layers run a chunk
+    of tokens at a time, each chunk recomputed in the backward pass (never [M, V] logits held for the whole
+    micro-batch)."""
+    w = row_width(batch, rows)
+    m = batch.loss_mask[rows, :w].bool()  # [n, W]
+    hidden = completion_hidden(model, batch, rows, True, width=w)[m]  # [M, H]
+    with torch.no_grad():
+        taught = completion_hidden(teacher, batch, rows, True, width=w)[m]  # [M, H_teacher]
+    temperature = uniform_temperature(batch.temperature[rows, :w][m])  # a float, or [M]
+    head, teacher_head = backbone_and_head(model)[1], backbone_and_head(teacher)[1]
+    total = hidden.new_zeros(())
+    for start in range(0, hidden.shape[0], chunk):
+        part = slice(start, start + chunk)
+        scale = temperature if isinstance(temperature, float) else temperature[part, None]
+        with torch.no_grad():
+            target = _at_least_fp32(teacher_head(taught[part])) / scale  # [c, V]
+
+        def piece(h: torch.Tensor, target: torch.Tensor = target, scale=scale) -> torch.Tensor:
+            return generalized_jsd(_at_least_fp32(head(h)) / scale, target, beta).sum()
+
+        total = total + checkpoint(piece, hidden[part], use_reentrant=False)
+    return total
+
+
+def _at_least_fp32(x: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.promote_types(x.dtype, torch.float32))
 
 
 def build_teacher(cfg: RunConfig, device: torch.device) -> Teacher:
