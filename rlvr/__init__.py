@@ -4,16 +4,16 @@
 # (rlvr.models.policy: local directories, built-in aliases, the Hugging Face cache with local_files_only=True).
 
 __version__ = "0.1.0"
-__all__ = ["GRPOConfig", "GRPOTrainer", "__version__"]
+__all__ = ["DistillationConfig", "DistillationTrainer", "GRPOConfig", "GRPOTrainer", "__version__"]
 
-_API = ("GRPOConfig", "GRPOTrainer", "TrainOutput")  # the TRL-shaped Python API (rlvr/api.py), imported on first use
+_API = ("DistillationConfig", "DistillationTrainer", "GRPOConfig", "GRPOTrainer", "TrainOutput")  # the TRL-shaped Python API (rlvr/api.py), imported on first use
 
 
 def __getattr__(name: str):
     if name in _API:  # so `import rlvr` (and the CLI) stays light: torch and the trainer load only when asked for
-        from rlvr.api import GRPOConfig, GRPOTrainer, TrainOutput
+        from rlvr import api
 
-        return {"GRPOConfig": GRPOConfig, "GRPOTrainer": GRPOTrainer, "TrainOutput": TrainOutput}[name]
+        return getattr(api, name)
     raise AttributeError(f"module 'rlvr' has no attribute {name!r}")
 
 

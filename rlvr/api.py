@@ -17,6 +17,7 @@ value whose effect rlvr does not have (``api_checks.IGNORED_FIELDS``).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import functools
@@ -337,14 +338,17 @@ def _init(self: GRPOConfig, *args: Any, **kwargs: Any) -> None:
 GRPOConfig.__init__ = _init  # type: ignore[method-assign]
 
 
-def _unsupported_message(names: list[str]) -> str:
+def _unsupported_message(names: list[str], owner: str = "GRPOConfig") -> str:
+    fields = _FIELD_NAMES if owner == "GRPOConfig" else _DISTILL_FIELDS - _GRPO_ONLY
     lines = []
     for name in names:
         hint = _HINTS.get(name) or (_HINTS["vllm_mode"] if name.startswith("vllm_") else "")
-        close = difflib.get_close_matches(name, sorted(_FIELD_NAMES), n=1, cutoff=0.8)
-        lines.append(f"GRPOConfig: rlvr does not support the field {name!r}" + (f" ({hint})" if hint else "")
+        if owner != "GRPOConfig" and name in _GRPO_ONLY:
+            hint = "a GRPOConfig field; TRL's DistillationConfig has none either"
+        close = difflib.get_close_matches(name, sorted(fields), n=1, cutoff=0.8)
+        lines.append(f"{owner}: rlvr does not support the field {name!r}" + (f" ({hint})" if hint else "")
                      + (f" (did you mean {close[0]!r}?)" if close else ""))
-    return "; ".join(lines) + f"; supported fields: {', '.join(sorted(_FIELD_NAMES))} (docs/api.md)"
+    return "; ".join(lines) + f"; supported fields: {', '.join(sorted(fields))} (docs/api.md)"
 
 
 # ---------------------------------------------------------------- the trainer
@@ -457,8 +461,9 @@ class GRPOTrainer:
         train_path = self._data_file(data_dir, "train", dataset_jsonl(train_rows, "train_dataset"))
         if not check:
             eval_path, eval_size = train_path, 0
-            print("rlvr: every reward is a reward model or a judge, so no held-out accuracy is measured (it counts "
-                  "completions a correctness reward scores 1.0); list such a reward first to measure it")
+            print("rlvr: no reward is a correctness check (every one is a reward model, a judge, or none), so no "
+                  "held-out accuracy is measured (it counts completions a correctness reward scores 1.0); list such a "
+                  "reward first to measure it")
         elif eval_rows is None:
             eval_path, eval_size = train_path, min(len(train_rows), NO_EVAL_DATASET_EVAL_SIZE)
             print(f"rlvr: no eval_dataset: accuracy before and after training is measured on the first {eval_size} "
@@ -563,6 +568,104 @@ class GRPOTrainer:
         if target.resolve() != source.resolve():
             shutil.copytree(source, target, dirs_exist_ok=True)
         return target
+
+
+# ---------------------------------------------------------------- distillation (TRL's DistillationTrainer)
+
+# GRPOConfig fields that TRL's DistillationConfig does not have: an error there, as in TRL
+_GRPO_ONLY = frozenset({
+    "delta", "entropy_coef", "entropy_coef_delta", "entropy_coef_max", "entropy_coef_min", "entropy_target", "epsilon",
+    "epsilon_high", "generation_batch_size", "importance_sampling_level", "loss_type", "mask_truncated_completions",
+    "max_prompt_length", "multi_objective_aggregation", "num_generations", "num_iterations",
+    "off_policy_mask_threshold", "ref_model_mixup_alpha", "ref_model_sync_steps", "reward_weights",
+    "sapo_temperature_neg", "sapo_temperature_pos", "scale_rewards", "steps_per_generation", "sync_ref_model",
+    "top_entropy_quantile", "use_adaptive_entropy", "use_bias_correction_kl", "vespo_k_neg", "vespo_k_pos",
+    "vespo_lambda_neg", "vespo_lambda_pos"})
+
+
+@dataclass
+class DistillationConfig(GRPOConfig):
+    """Training settings under the names of TRL 1.16's ``DistillationConfig`` (on-policy distillation, GKD's
+    generalised JSD over the whole vocabulary): TRL's training and generation fields as ``GRPOConfig`` takes them,
+    plus the ones below; GRPO's own fields (loss_type, num_generations, epsilon, ...) are errors, as in TRL. One
+    completion per prompt, no reward and no reference KL: the run is rlvr's distill.objective=jsd with
+    distill.reward_weight=0 (docs/concepts/distillation.md)."""
+
+    beta: float = 1.0
+    """GKD's beta (distill.beta): 0 the forward KL(teacher || student), 1 the reverse KL (TRL's default), 0.5 the
+    symmetric JSD. Not GRPO's KL coefficient: there is no reference model."""
+    num_generations: int = 1
+    """Not a DistillationConfig field (TRL samples one completion per prompt): fixed at 1."""
+    teacher_model_name_or_path: str | None = None
+    """The teacher (distill.teacher), when DistillationTrainer gets no teacher_model: an alias or a local directory."""
+    teacher_model_revision: str | None = None
+    """None only: rlvr loads the teacher from a directory."""
+    teacher_model_init_kwargs: dict | None = None
+    """None only: the teacher is loaded as the student is (fp32, or bf16 on a bf16 GPU)."""
+    disable_dropout: bool = False
+    """Accepted; rlvr's LoRA has no dropout unless model.lora_dropout says so."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name not in _DISTILL_FIELDS:
+            raise AttributeError(_unsupported_message([name], "DistillationConfig"))
+        object.__setattr__(self, name, value)
+
+    def check(self) -> None:
+        if not is_finite_number(self.beta) or not 0 <= self.beta <= 1:
+            raise ValueError(f"DistillationConfig.beta={self.beta!r}: must be in [0, 1] (GKD's interpolation: 0 "
+                             "forward KL, 1 reverse KL)")
+        for name in ("teacher_model_revision", "teacher_model_init_kwargs"):
+            if getattr(self, name) is not None:
+                raise ValueError(f"DistillationConfig.{name}: rlvr loads the teacher from a local directory as it "
+                                 "loads the student; leave it None")
+        shared = {name: getattr(self, name) for name in _FIELD_NAMES}  # checked as GRPOConfig checks them
+        check_config(GRPOConfig(**{**shared, "num_generations": 2, "beta": 0.0,
+                                   "per_device_train_batch_size": 2 * self.per_device_train_batch_size}))
+
+
+_DISTILL_FIELDS = frozenset(f.name for f in dataclasses.fields(DistillationConfig))
+_distill_dataclass_init = DistillationConfig.__init__
+
+
+@functools.wraps(_distill_dataclass_init)
+def _distill_init(self: DistillationConfig, *args: Any, **kwargs: Any) -> None:
+    unknown = [k for k in kwargs if k not in _DISTILL_FIELDS or k in _GRPO_ONLY]
+    if unknown:
+        raise TypeError(_unsupported_message(unknown, "DistillationConfig"))
+    _distill_dataclass_init(self, *args, **kwargs)
+
+
+DistillationConfig.__init__ = _distill_init  # type: ignore[method-assign]
+
+
+class DistillationTrainer(GRPOTrainer):
+    """On-policy distillation with TRL 1.16's constructor: the student ``model`` samples one completion per prompt
+    of ``train_dataset``, the ``teacher_model`` (an alias, a local directory, or a model loaded from one; else
+    ``args.teacher_model_name_or_path``) scores every token, and the student minimises GKD's generalised JSD with
+    ``args.beta`` at ``args.temperature``. ``model``, datasets, ``peft_config``, ``processing_class`` and ``tools``
+    as ``GRPOTrainer`` takes them. rlvr's addition: ``reward_funcs``, whose first correctness reward measures held-out
+    accuracy before and after (never trained on); without it no accuracy is measured. ``callbacks``, ``optimizers``
+    and ``quantization_config`` are refused unless unset."""
+
+    def __init__(self, model: Any, teacher_model: Any = None, args: DistillationConfig | None = None,
+                 train_dataset: Any = None, eval_dataset: Any = None, processing_class: Any = None,
+                 callbacks: Any = None, optimizers: Any = (None, None), quantization_config: Any = None,
+                 peft_config: Any = None, tools: Any = None, reward_funcs: Any = None):
+        if quantization_config is not None:
+            raise ValueError("DistillationTrainer: rlvr does not quantize models; leave quantization_config unset")
+        if args is None:
+            args = DistillationConfig(output_dir=f"{Path(_model_name(model)).name}-Distillation")
+        if not isinstance(args, DistillationConfig):
+            raise TypeError(f"DistillationTrainer: args must be rlvr.DistillationConfig, got "
+                            f"{type(args).__module__}.{type(args).__qualname__}")
+        if teacher_model is None and not args.teacher_model_name_or_path:
+            raise ValueError("DistillationTrainer: pass teacher_model, or set DistillationConfig."
+                             "teacher_model_name_or_path")
+        args = copy.copy(args)  # the caller's stays as given
+        object.__setattr__(args, "teacher_model_name_or_path",
+                           _model_name(teacher_model) if teacher_model is not None else args.teacher_model_name_or_path)
+        super().__init__(model, reward_funcs if reward_funcs is not None else "no_reward", args, train_dataset,
+                         eval_dataset, processing_class, None, callbacks, optimizers, peft_config, tools)
 
 
 def _model_name(model: Any) -> str:
@@ -678,7 +781,12 @@ def _run_config(a: GRPOConfig, model_name: str, lora: dict | None, n_train: int,
     evaluation = plain(a.eval_strategy)
     eval_every = {"no": 0, "epoch": epoch,
                   "steps": _batches(a.logging_steps if a.eval_steps is None else a.eval_steps, total, mu)}[evaluation]
+    distill = {}
+    if isinstance(a, DistillationConfig):  # GKD's JSD alone: no reward trained on, no reference KL
+        distill = {"teacher": a.teacher_model_name_or_path, "objective": "jsd", "beta": float(a.beta),
+                   "reward_weight": 0.0}
     return build_config({
+        "distill": distill,
         "output_dir": a.output_dir,
         "model": {"name": model_name, "lora": lora is not None, **(lora or {}),
                   "autocast": "bf16" if a.bf16 else "none", "gradient_checkpointing": a.gradient_checkpointing},
@@ -688,7 +796,7 @@ def _run_config(a: GRPOConfig, model_name: str, lora: dict | None, n_train: int,
         "rollout": {"group_size": a.num_generations, "temperature": float(a.temperature), "top_p": float(a.top_p),
                     "top_k": a.top_k or 0, "max_new_tokens": a.max_completion_length},
         "algo": {"name": "grpo", "preset": "grpo", "scale": scale_name(a.scale_rewards), **_objective(a),
-                 "dual_clip": float(a.delta or 0.0), "beta": float(a.beta), "kl_estimator": "k3",
+                 "dual_clip": float(a.delta or 0.0), "beta": 0.0 if distill else float(a.beta), "kl_estimator": "k3",
                  "kl_ratio_weighted": bool(a.use_bias_correction_kl),
                  "entropy_coef": float(a.entropy_coef), "top_entropy_quantile": float(a.top_entropy_quantile),
                  "reward_aggregation": a.multi_objective_aggregation,

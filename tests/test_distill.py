@@ -201,3 +201,39 @@ def test_the_jsd_objective_trains_and_an_equal_teacher_teaches_nothing(pair, tmp
     steps, _ = _run(pair, tmp_path / "taught", f"distill.teacher={pair['teacher']}", "distill.reward_weight=0",
                     "distill.objective=jsd")
     assert all(s["update/distill/jsd"] > 0 and s["update/grad_norm"] > 0 for s in steps)
+
+
+def test_the_jsd_is_trls_gkd_loss_at_every_beta():
+    trl_gkd = pytest.importorskip("trl.experimental.gkd.gkd_trainer")
+    torch.manual_seed(3)
+    s, t = torch.randn(2, 4, 11, dtype=torch.float64), torch.randn(2, 4, 11, dtype=torch.float64)
+    labels = torch.tensor([[1, 2, -100, 3], [4, -100, -100, 5]])
+    for beta in (0.0, 0.3, 0.5, 1.0):
+        theirs = trl_gkd.GKDTrainer.generalized_jsd_loss(s, t, labels, beta=beta, temperature=0.8, reduction="sum")
+        ours = generalized_jsd(s[labels != -100] / 0.8, t[labels != -100] / 0.8, beta).sum()
+        assert torch.allclose(ours, theirs, rtol=1e-12)
+
+
+def test_trls_distillation_trainer_names_train_rlvrs_jsd_objective(pair, tmp_path):
+    import rlvr
+
+    args = rlvr.DistillationConfig(output_dir=str(tmp_path / "out"), max_steps=2, per_device_train_batch_size=4,
+                                   max_completion_length=6, learning_rate=1e-2, beta=0.5, temperature=0.9)
+    rows = [{"prompt": [{"role": "user", "content": f"What is {i} + 4?"}]} for i in range(8)]
+    trainer = rlvr.DistillationTrainer(str(pair["student"]), str(pair["teacher"]), args=args, train_dataset=rows)
+    cfg = trainer.rlvr_config
+    assert (cfg.distill.teacher, cfg.distill.objective, cfg.distill.beta, cfg.distill.reward_weight) == \
+        (str(pair["teacher"]), "jsd", 0.5, 0.0)
+    assert (cfg.rollout.group_size, cfg.train.prompts_per_step, cfg.algo.beta, cfg.rollout.temperature) == \
+        (1, 4, 0.0, 0.9)
+    assert args.teacher_model_name_or_path is None  # the caller's config is left as given
+    out = trainer.train()
+    steps = [r for r in trainer.state.log_history if "update/distill/jsd" in r]
+    assert out.metrics["steps"] == 2 and len(steps) == 2 and all(r["update/distill/jsd"] > 0 for r in steps)
+    for bad, error, message in (({"loss_type": "dapo"}, TypeError, "'loss_type' .a GRPOConfig field"),
+                                ({"beta": 1.5}, ValueError, r"beta=1.5: must be in \[0, 1\]"),
+                                ({"teacher_model_revision": "main"}, ValueError, "teacher_model_revision")):
+        with pytest.raises(error, match=message):
+            rlvr.DistillationConfig(**bad)
+    with pytest.raises(ValueError, match="pass teacher_model"):
+        rlvr.DistillationTrainer(str(pair["student"]), args=rlvr.DistillationConfig(), train_dataset=rows)

@@ -92,7 +92,8 @@ def _build(cls: type, data: Any, prefix: str) -> Any:
 def _validate(cfg: RunConfig) -> None:
     """Checks across sections, of the rewards list and of the task's combinations of keys (after build_config settles
     hf's eval_split); each section checks its own fields in ``__post_init__``."""
-    if cfg.rollout.group_size < 2 and cfg.algo.name == "grpo":  # PPO's critic is its baseline: any group size
+    distilled = cfg.distill.enabled and cfg.distill.reward_weight == 0  # the teacher is the signal: any group size
+    if cfg.rollout.group_size < 2 and cfg.algo.name == "grpo" and not distilled:  # PPO's critic: any group size
         raise ConfigError(f"rollout.group_size must be >= 2; got {cfg.rollout.group_size}: GRPO scores each completion "
                           "against the others of its group, so a group of one has no signal (8 is usual)")
     if not cfg.rewards:

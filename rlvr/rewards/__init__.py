@@ -28,7 +28,7 @@ from rlvr.rewards.equations import equations_correct, steps_correct
 from rlvr.rewards.format import format_match, tool_success
 from rlvr.rewards.imports import RewardImportError, _import_module, _public_callables, import_object, reward_search_path
 from rlvr.rewards.judge import judge
-from rlvr.rewards.length import overlong_penalty
+from rlvr.rewards.length import no_reward, overlong_penalty
 from rlvr.rewards.math import math_correct
 from rlvr.rewards.reward_model import reward_model
 
@@ -41,6 +41,7 @@ BUILTINS = {
     "format": format_match,
     "judge": judge,
     "math_correct": math_correct,
+    "no_reward": no_reward,
     "overlong_penalty": overlong_penalty,
     "reward_model": reward_model,
     "steps_correct": steps_correct,

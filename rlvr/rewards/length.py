@@ -1,4 +1,4 @@
-"""Soft over-length penalty (DAPO's overlong reward shaping), on completion length in tokens."""
+"""Length rewards: DAPO's soft over-length penalty, on completion length in tokens; and no reward at all."""
 
 from __future__ import annotations
 
@@ -22,3 +22,12 @@ def overlong_penalty(max_tokens: int, cache_tokens: int) -> RewardFn:
         return out
 
     return overlong_reward
+
+
+def no_reward() -> RewardFn:
+    """0 for every completion: a run whose only signal is something else (a distillation teacher)."""
+
+    def zero_reward(prompts, completions, **columns) -> list[float | None]:
+        return [0.0] * len(completions)
+
+    return zero_reward
