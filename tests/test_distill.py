@@ -112,7 +112,7 @@ def _batch(pair, temperature: float) -> StepBatch:
     return StepBatch.from_groups(groups, torch.zeros(6), torch.ones(6, dtype=torch.bool))
 
 
-def test_a_served_teacher_scores_every_token_as_the_in_process_teacher_does(pair):
+def test_a_served_teacher_scores_every_token_as_the_in_process_teacher_does(pair, tmp_path):
     batch = _batch(pair, temperature=0.7)
     rows = micro_batches(batch, 4, skip_zero_advantage=False)
     local = LocalTeacher(load_teacher(str(pair["teacher"]), "", torch.float32, torch.device("cpu")))
@@ -123,8 +123,12 @@ def test_a_served_teacher_scores_every_token_as_the_in_process_teacher_does(pair
         client.check_tokens(str(pair["student"]))  # the same tokenizer: accepted
         got = ServedTeacher(client).logprobs(batch, rows, chunk_tokens=16)
         client.close()
+        served, _ = _run(pair, tmp_path / "served", f"distill.url={server.url}", "distill.reward_weight=0")
     finally:
         server.stop()
+    here, _ = _run(pair, tmp_path / "here", f"distill.teacher={pair['teacher']}", "distill.reward_weight=0")
+    for a, b in zip(served, here):  # the same training, whichever side of HTTP the teacher is on
+        assert a["update/distill/reverse_kl"] == pytest.approx(b["update/distill/reverse_kl"], abs=1e-6)
     mask = batch.completion_mask.bool()
     assert mask.sum() > 10 and torch.allclose(got[mask], want[mask].float(), atol=1e-4)
     assert not got[~mask].any()
