@@ -73,6 +73,12 @@ def pair(tmp_path_factory):
         dirs[name] = root / name
         make_model(len(tok), seed=seed).save_pretrained(dirs[name])
         tok.save_pretrained(dirs[name])
+    from peft import LoraConfig, get_peft_model
+
+    adapted = get_peft_model(make_model(len(tok), seed=0), LoraConfig(r=4, target_modules=["q_proj", "v_proj"],
+                                                                      init_lora_weights=False))  # random A and B
+    dirs["adapter"] = root / "adapter"
+    adapted.save_pretrained(dirs["adapter"])
     other = make_tokenizer(("Another corpus merges other pairs: zebra quartz 5150 jukebox",))  # other ids
     dirs["other"] = root / "other"
     make_model(len(other), seed=2).save_pretrained(dirs["other"])
@@ -113,21 +119,25 @@ def _batch(pair, temperature: float) -> StepBatch:
 
 
 def test_a_served_teacher_scores_every_token_as_the_in_process_teacher_does(pair, tmp_path):
+    """The teacher: the student's base with a LoRA adapter, merged in process, served by rlvr serve as a module."""
     batch = _batch(pair, temperature=0.7)
     rows = micro_batches(batch, 4, skip_zero_advantage=False)
-    local = LocalTeacher(load_teacher(str(pair["teacher"]), "", torch.float32, torch.device("cpu")))
+    local = LocalTeacher(load_teacher(str(pair["student"]), str(pair["adapter"]), torch.float32, torch.device("cpu")))
     want = local.logprobs(batch, rows, chunk_tokens=16)
-    server = ServerProcess(pair["teacher"]).wait_ready()
+    server = ServerProcess(pair["student"], "--lora-modules", f"taught={pair['adapter']}").wait_ready()
     try:
-        client = TeacherClient(server.url + "/v1", "", "", timeout_s=60)
+        client = TeacherClient(server.url + "/v1", "taught", "", timeout_s=60)
         client.check_tokens(str(pair["student"]))  # the same tokenizer: accepted
         got = ServedTeacher(client).logprobs(batch, rows, chunk_tokens=16)
         client.close()
-        served, _ = _run(pair, tmp_path / "served", f"distill.url={server.url}", "distill.reward_weight=0")
+        served, _ = _run(pair, tmp_path / "served", f"distill.url={server.url}", "distill.model=taught",
+                         "distill.reward_weight=0")
     finally:
         server.stop()
-    here, _ = _run(pair, tmp_path / "here", f"distill.teacher={pair['teacher']}", "distill.reward_weight=0")
+    here, _ = _run(pair, tmp_path / "here", f"distill.teacher={pair['student']}", f"distill.adapter={pair['adapter']}",
+                   "distill.reward_weight=0")
     for a, b in zip(served, here):  # the same training, whichever side of HTTP the teacher is on
+        assert a["update/distill/reverse_kl"] != 0
         assert a["update/distill/reverse_kl"] == pytest.approx(b["update/distill/reverse_kl"], abs=1e-6)
     mask = batch.completion_mask.bool()
     assert mask.sum() > 10 and torch.allclose(got[mask], want[mask].float(), atol=1e-4)

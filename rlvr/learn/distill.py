@@ -112,7 +112,6 @@ class DistillUpdate(GRPOUpdate):
         metrics["distill/reverse_kl"] = sampled_reverse_kl(student, teacher.to(student.dtype), sb.loss_mask)
         return metrics
 
-
     def _jsd_step(self, learner: Learner, sb: StepBatch, chunk: int) -> dict[str, float]:
         """GRPO's step on the (weighted) verifier's advantages plus, per micro-batch, coef x the generalised JSD
         summed over its trained tokens and divided by the step's trained tokens (a token mean over the step)."""
@@ -121,10 +120,9 @@ class DistillUpdate(GRPOUpdate):
         total = {"jsd": 0.0}
 
         def jsd_loss(rows: torch.Tensor) -> torch.Tensor:
-            value = self.distill.coef * divergence_sum(learner.model, teacher, sb, rows, self.distill.beta,
-                                                       chunk) / tokens
-            total["jsd"] += float(value.detach()) / max(self.distill.coef, 1e-12)
-            return value
+            value = divergence_sum(learner.model, teacher, sb, rows, self.distill.beta, chunk) / tokens
+            total["jsd"] += float(value.detach())
+            return self.distill.coef * value
 
         with autocast(learner.model, self.autocast):
             metrics = train_step(learner, sb, self.settings, self.options, extra_loss=jsd_loss)

@@ -79,8 +79,10 @@ class TeacherClient:
                                     api_key_from_env(api_key_env), CONNECT_TIMEOUT_S, threads, "rlvr-teacher")
 
     def model_name(self) -> str:
+        """The served model's name (asked of /v1/models once, when not given); starts the HTTP client."""
+        http = self.poster.http()
         if not self.model:
-            r = self.poster.http().request("GET", self.url + "/v1/models", timeout_s=self.timeout_s,
+            r = http.request("GET", self.url + "/v1/models", timeout_s=self.timeout_s,
                                            max_bytes=SMALL_ANSWER_BYTES)
             body = read_json(r) if r.status_code == 200 else None
             data = body.get("data") if isinstance(body, dict) else None

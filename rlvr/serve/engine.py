@@ -467,15 +467,16 @@ class Engine:
                 if all(job.future.cancelled() for job in jobs):
                     raise _Abandoned
 
-            with torch.no_grad(), self._policy(first.adapter) as model, \
-                    decoding(model, self.dtype, self._decode_cache) as (backbone, head):
-                hook = backbone.register_forward_pre_hook(abandoned)
-                try:
-                    out = self._sample(backbone, head, prompts, first, generators)
-                    scored = None if first.prompt_logprobs is None else [
-                        prompt_logprobs(model, p, first.params.temperature, first.prompt_logprobs) for p in prompts]
-                finally:
-                    hook.remove()
+            with torch.no_grad(), self._policy(first.adapter) as model:
+                with decoding(model, self.dtype, self._decode_cache) as (backbone, head):
+                    hook = backbone.register_forward_pre_hook(abandoned)
+                    try:
+                        out = self._sample(backbone, head, prompts, first, generators)
+                    finally:
+                        hook.remove()
+                # prompt log-probs through the model's own weights and precision (not the decode copy's)
+                scored = None if first.prompt_logprobs is None else [
+                    prompt_logprobs(model, p, first.params.temperature, first.prompt_logprobs) for p in prompts]
             out = _to_host(out)  # the batch's results cross to the CPU once
         except _Abandoned:
             self._finish(jobs)
