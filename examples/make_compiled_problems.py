@@ -68,20 +68,23 @@ SPECS = [
      lambda n: n * (n + 1) // 2, lambda r: [r.randint(0, 1000)]),
     ("is_prime", "int is_prime(int n)", "returns 1 when n is a prime number, else 0",
      lambda n: int(n > 1 and all(n % d for d in range(2, n))), lambda r: [r.randint(0, 60)]),
-    ("reverse_digits", "int reverse_digits(int n)", "returns n >= 0 with its decimal digits reversed "
-     "(reverse_digits(120) = 21)", lambda n: int(str(n)[::-1]), lambda r: [r.randint(0, 99999)]),
+    ("reverse_digits", "int reverse_digits(int n)",
+     "returns n >= 0 with its decimal digits reversed (reverse_digits(120) = 21)", lambda n: int(str(n)[::-1]),
+     lambda r: [r.randint(0, 99999)]),
     ("max2", "int max2(int a, int b)", "returns the larger of a and b", max,
      lambda r: [r.randint(-50, 50), r.randint(-50, 50)]),
     ("is_odd", "int is_odd(int n)", "returns 1 when n is odd, else 0", lambda n: int(n % 2 != 0),
      lambda r: [r.randint(-50, 50)]),
-    ("count_digit_chars", "int count_digit_chars(const char *s)", "returns how many characters of s are decimal "
-     "digits", lambda s: sum(c.isdigit() for c in s), lambda r: ["".join(r.choices("a1b2c3", k=r.randint(0, 10)))]),
+    ("count_digit_chars", "int count_digit_chars(const char *s)",
+     "returns how many characters of s are decimal digits", lambda s: sum(c.isdigit() for c in s),
+     lambda r: ["".join(r.choices("a1b2c3", k=r.randint(0, 10)))]),
     ("last_digit", "int last_digit(int n)", "returns the last decimal digit of n >= 0", lambda n: n % 10,
      lambda r: [r.randint(0, 99999)]),
     ("avg3", "double avg3(double a, double b, double c)", "returns the mean of a, b and c",
      lambda a, b, c: (a + b + c) / 3, lambda r: [float(r.randint(-30, 30)) for _ in range(3)]),
-    ("triangle_area", "double triangle_area(double base, double height)", "returns the area of a triangle with "
-     "that base and height", lambda b, h: b * h / 2, lambda r: [float(r.randint(1, 40)), float(r.randint(1, 40))]),
+    ("triangle_area", "double triangle_area(double base, double height)",
+     "returns the area of a triangle with that base and height", lambda b, h: b * h / 2,
+     lambda r: [float(r.randint(1, 40)), float(r.randint(1, 40))]),
 ]
 EVAL = ("count_spaces", "mean2", "digits", "power", "min3", "cube", "count_upper", "sum_to_n", "is_prime",
         "reverse_digits", "max2", "is_odd", "count_digit_chars", "last_digit", "avg3", "triangle_area")

@@ -6,7 +6,8 @@
 __version__ = "0.1.0"
 __all__ = ["DistillationConfig", "DistillationTrainer", "GRPOConfig", "GRPOTrainer", "__version__"]
 
-_API = ("DistillationConfig", "DistillationTrainer", "GRPOConfig", "GRPOTrainer", "TrainOutput")  # the TRL-shaped Python API (rlvr/api.py), imported on first use
+# the TRL-shaped Python API (rlvr/api.py), imported on first use
+_API = ("DistillationConfig", "DistillationTrainer", "GRPOConfig", "GRPOTrainer", "TrainOutput")
 
 
 def __getattr__(name: str):

@@ -26,8 +26,8 @@ from rlvr.config.schema import RunConfig
 from rlvr.core.distill import generalized_jsd, sampled_reverse_kl, teacher_advantage
 from rlvr.learn.batch import StepBatch
 from rlvr.learn.collected import Collected
-from rlvr.learn.learner import Learner
 from rlvr.learn.forward import completion_hidden, uniform_temperature
+from rlvr.learn.learner import Learner
 from rlvr.learn.step import (
     GRPOUpdate,
     chunk_for_vocab,

@@ -26,7 +26,8 @@ def load_teacher(name: str, adapter: str, dtype: torch.dtype, device: torch.devi
         try:
             model = PeftModel.from_pretrained(model, path).merge_and_unload()
         except (OSError, ValueError, RuntimeError, KeyError) as err:
-            raise ValueError(f"distill.adapter {adapter!r} does not fit the teacher {name!r}: {_one_line(err)}") from err
+            raise ValueError(f"distill.adapter {adapter!r} does not fit the teacher {name!r}: "
+                             f"{_one_line(err)}") from err
     return model.to(device).eval().requires_grad_(False)
 
 

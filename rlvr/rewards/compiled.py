@@ -116,7 +116,8 @@ def _checker(spec: str):
 
 
 def _row_checker(i: int, value) -> CheckerProgram:
-    if not (isinstance(value, dict) and isinstance(value.get("language"), str)
-            and isinstance(value.get("source"), str)):
+    well_formed = isinstance(value, dict) and isinstance(value.get("language"), str) \
+        and isinstance(value.get("source"), str)
+    if not well_formed:  # a dataset's row: a ValueError naming it, as every row error of this reward
         raise ValueError(f"row {i}: a checker must be {{\"language\": str, \"source\": str}}")
     return CheckerProgram(language_entry(value["language"]).name, value["source"])

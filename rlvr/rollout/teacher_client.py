@@ -86,10 +86,11 @@ class TeacherClient:
                                            max_bytes=SMALL_ANSWER_BYTES)
             body = read_json(r) if r.status_code == 200 else None
             data = body.get("data") if isinstance(body, dict) else None
-            if not (isinstance(data, list) and data and isinstance(data[0], dict) and isinstance(data[0].get("id"), str)):
+            first = data[0] if isinstance(data, list) and data else None
+            if not (isinstance(first, dict) and isinstance(first.get("id"), str)):
                 raise TeacherError(f"distill.url {self.url}: GET /v1/models answered {r.status_code} without a model "
                                    "id; set distill.model")
-            self.model = data[0]["id"]
+            self.model = first["id"]
         return self.model
 
     def _one(self, sequence: tuple[list[int], list[int], float]) -> list[float]:

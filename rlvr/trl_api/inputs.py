@@ -171,7 +171,8 @@ def held_out_check(entries: list[tuple[str, dict, Any, str]]) -> str:
     """The reward whose 1.0 counts as correct in held-out accuracy: the first one rlvr can build again by name;
     '' when every reward is a reward model or a judge (no correctness check: accuracy is not measured)."""
     for name, kwargs, _, why in entries:
-        if name != "no_reward" and not kwargs and why in ("", IN_MAIN):  # __main__:fn imports in this process, where the run evaluates
+        # __main__:fn imports in this process, where the run evaluates; no_reward checks nothing
+        if name != "no_reward" and not kwargs and why in ("", IN_MAIN):
             return name
     if all(name in ("reward_model", "judge", "no_reward") or isinstance(fn, Judge) for name, _, fn, _ in entries):
         return ""

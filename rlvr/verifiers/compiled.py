@@ -10,7 +10,8 @@
 
 Assertion programs are assembled by ``assertion_programs.py`` (what each language's guards stop, and how, is there
 and in docs/concepts/sandbox.md). Sources are deleted once built; the expected outputs of stdio cases never enter
-the solution's sandbox: the trainer compares them, or a checker program reads them in a job of its own. A build is cached by content (``CompileCache``).
+the solution's sandbox: the trainer compares them, or a checker program reads them in a job of its own. A build is
+cached by content (``CompileCache``).
 """
 
 from __future__ import annotations

@@ -272,7 +272,8 @@ int main(int argc, char **argv) {  // testlib's order: input, the solution's out
 JS_SUM_CHECKER = """const fs = require("fs");
 const [n] = fs.readFileSync(process.argv[2], "utf8").trim().split(/\\s+/).map(Number);
 const got = fs.readFileSync(process.argv[3], "utf8").trim().split(/\\s+/).map(Number);
-process.exit(got.length !== 2 || got.some(Number.isNaN) ? 2 : got[0] >= 0 && got[1] >= 0 && got[0] + got[1] === n ? 0 : 1);
+const right = got[0] >= 0 && got[1] >= 0 && got[0] + got[1] === n;
+process.exit(got.length !== 2 || got.some(Number.isNaN) ? 2 : right ? 0 : 1);
 """
 SUM_CASES = [("4\n", "0 4\n"), ("7\n", "0 7\n")]  # the expected answer file holds one right answer of many
 SUM_SOLUTIONS = {  # C solutions: the share of the two cases a right checker accepts
