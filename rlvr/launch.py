@@ -50,4 +50,6 @@ def train(cfg: RunConfig, rewards: list[WeightedReward] | None = None,
     run = open_run(cfg, update, rewards, environment)
     if diloco is not None:
         diloco.bind(run)
+    if isinstance(update, DistillUpdate):  # distill.hint: the teacher's prompts come from the rows
+        update.bind(run.data.train_rows, run.data.tokenizer)
     return run_loop(run, source, update)

@@ -190,7 +190,7 @@ def test_the_chunked_jsd_equals_a_naive_one_with_whole_logits_and_its_gradient(p
     student = load_teacher(str(pair["student"]), "", torch.float64, torch.device("cpu")).requires_grad_(True)
     teacher = load_teacher(str(pair["teacher"]), "", torch.float64, torch.device("cpu"))
     rows = torch.arange(batch.num_completions)
-    got = divergence_sum(student, teacher, batch, rows, beta=0.3, chunk=3)
+    got = divergence_sum(student, LocalTeacher(teacher), batch, batch, rows, beta=0.3, chunk=3)
     (grad,) = torch.autograd.grad(got, [student.model.embed_tokens.weight])
     want = torch.zeros((), dtype=torch.float64)
     for i in range(batch.num_completions):  # each sequence alone, unpadded, through the models' own forward
@@ -204,7 +204,8 @@ def test_the_chunked_jsd_equals_a_naive_one_with_whole_logits_and_its_gradient(p
     (want_grad,) = torch.autograd.grad(want, [student.model.embed_tokens.weight])
     assert float(want.detach()) > 0 and torch.allclose(got, want, rtol=1e-6, atol=0)
     assert torch.allclose(grad, want_grad, rtol=1e-5, atol=1e-7)
-    assert float(divergence_sum(teacher, teacher, batch, rows, 0.3, 4)) == pytest.approx(0.0, abs=1e-12)
+    assert float(divergence_sum(teacher, LocalTeacher(teacher), batch, batch, rows, 0.3, 4)) == \
+        pytest.approx(0.0, abs=1e-12)
 
 
 def test_the_jsd_objective_trains_and_an_equal_teacher_teaches_nothing(pair, tmp_path):
@@ -251,3 +252,27 @@ def test_trls_distillation_trainer_names_train_rlvrs_jsd_objective(pair, tmp_pat
             rlvr.DistillationConfig(**bad)
     with pytest.raises(ValueError, match="pass teacher_model"):
         rlvr.DistillationTrainer(str(pair["student"]), args=rlvr.DistillationConfig(), train_dataset=rows)
+
+
+def test_self_distillation_the_teacher_is_the_base_reading_a_hint_the_student_never_sees(pair, tmp_path):
+    from rlvr.learn.distill import hinted_prompt
+
+    row = {"prompt": [{"role": "system", "content": "s"}, {"role": "user", "content": "6 + 5 ="}], "answer": "11"}
+    assert hinted_prompt(row, "The answer is {answer}.", 0)[-1] == {"role": "user",
+                                                                    "content": "6 + 5 =\n\nThe answer is 11."}
+    assert row["prompt"][-1]["content"] == "6 + 5 ="  # the student's row is left as it was
+    assert hinted_prompt({"prompt": "Q: 2 + 2?"}, "({prompt})", 3) == "Q: 2 + 2?\n\n(Q: 2 + 2?)"
+    with pytest.raises(ValueError, match="cannot be formatted with row 7"):
+        hinted_prompt(row, "The answer is {gold}.", 7)
+    # no hint: the teacher is the student's starting weights, so it teaches nothing
+    steps, adapter = _run(pair, tmp_path / "plain", "distill.teacher=self", "distill.reward_weight=0")
+    assert [s["update/distill/reverse_kl"] for s in steps] == [0.0, 0.0]
+    assert all(not t.any() for name, t in adapter.items() if "lora_B" in name)
+    steps, _ = _run(pair, tmp_path / "hinted", "distill.teacher=self", "distill.reward_weight=0",
+                    "distill.hint=The answer is {answer}.")
+    assert all(s["update/distill/reverse_kl"] != 0 and s["update/grad_norm"] > 0 for s in steps)
+    steps, _ = _run(pair, tmp_path / "jsd", "distill.teacher=self", "distill.reward_weight=0", "distill.objective=jsd",
+                    "distill.hint=The answer is {answer}.")
+    assert all(s["update/distill/jsd"] > 0 for s in steps)
+    with pytest.raises(ConfigError, match="model.lora=true"):
+        load_config(None, _overrides(pair["student"], tmp_path, lora=False) + ["distill.teacher=self"])

@@ -153,6 +153,12 @@ def _validate_distill(cfg: RunConfig) -> None:
     if cfg.algo.dynamic_sampling:
         raise ConfigError("algo.dynamic_sampling drops groups whose rewards are all equal, which the teacher still "
                           "teaches; set algo.dynamic_sampling=false with distill.*")
+    if cfg.distill.teacher == "self" and not cfg.model.lora:
+        raise ConfigError("distill.teacher=self reads the base model under the student's LoRA adapter; set "
+                          "model.lora=true (full fine-tuning keeps no copy of the starting weights)")
+    if cfg.distill.hint and (cfg.env.enabled or cfg.asynchronous.enabled):
+        raise ConfigError("distill.hint builds the teacher's prompt from the dataset row of each group, which the "
+                          "synchronous loop of single completions keeps; unset env.* and async.enabled")
     r = cfg.rollout
     if r.top_p < 1 or r.top_k or r.temperature == 0:
         raise ConfigError(f"distillation compares the student's and the teacher's log-probs of tokens the student "

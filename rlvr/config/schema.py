@@ -458,9 +458,15 @@ class DistillConfig:
     teacher: str = ""
     """On-policy distillation: a teacher model (a directory, or a name resolved like model.name) scores every token
     the student samples, in this process and on the learner's device, frozen; '' with distill.url unset: off. It
-    must share the student's tokenizer and chat template (checked at start). See docs/concepts/distillation.md."""
+    must share the student's tokenizer and chat template (checked at start). 'self': the student's own starting
+    weights (LoRA: the base under the adapter), with distill.hint. See docs/concepts/distillation.md."""
     adapter: str = ""
     """A LoRA adapter directory applied to distill.teacher (e.g. a run's adapter/ trained by rlvr)."""
+    hint: str = ""
+    """Privileged context: text the teacher reads at the end of the prompt's last user turn and the student never
+    sees, formatted with the row's columns (e.g. 'The answer is {answer}.'); '' : the teacher reads the student's
+    prompt. With distill.teacher=self the teacher is the student's own starting weights (self-distillation, no
+    second model)."""
     url: str = ""
     """A served teacher instead: a vLLM-compatible server (rlvr serve, vllm serve) whose /v1/completions answers
     prompt_logprobs; the student's token ids are sent as the prompt. Not with distill.teacher."""
@@ -497,7 +503,7 @@ class DistillConfig:
         if self.teacher and self.url:
             raise ValueError("distill.teacher (a model here) and distill.url (a served one) exclude each other; "
                              "set one")
-        if self.adapter and not self.teacher:
+        if self.adapter and self.teacher in ("", "self"):
             raise ValueError("distill.adapter is applied to distill.teacher; set distill.teacher to its base model")
 
     @property
