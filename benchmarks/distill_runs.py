@@ -45,7 +45,7 @@ def main() -> None:
     lines += [f"| arm | {head} | first step >= 90 % of teacher (per seed) | s/step (update) | s/step (all) |",
               "|---" * (len(steps) + 4) + "|"]
     for arm, title in ARMS:
-        runs = sorted(a.runs.glob(f"{arm}-s*"))
+        runs = sorted(p for p in a.runs.glob(f"{arm}-s*") if (p / "summary.json").is_file())  # finished runs
         rows = [read(r) for r in runs]
         curves[arm] = [curve(r) for r in rows]
         cells = []
