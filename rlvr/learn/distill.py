@@ -80,7 +80,7 @@ class ServedTeacher:
         self.client = client
 
     def logprobs(self, batch: StepBatch, rows: list[torch.Tensor], chunk_tokens: int) -> torch.Tensor:
-        out = torch.zeros(batch.completion_ids.shape, dtype=torch.float32)
+        out = torch.zeros(batch.completion_ids.shape, dtype=torch.float32, device="cpu")  # filled here, then moved
         wanted = sorted(int(i) for r in rows for i in r.tolist())
         lengths = batch.completion_mask.sum(dim=1).tolist()
         sequences = []
@@ -90,7 +90,7 @@ class ServedTeacher:
             sequences.append((prompt, batch.completion_ids[i, :int(lengths[i])].tolist(),
                               float(batch.temperature[i, 0])))
         for i, logp in zip(wanted, self.client.score(sequences)):
-            out[i, :len(logp)] = torch.tensor(logp, dtype=torch.float32)
+            out[i, :len(logp)] = torch.tensor(logp, dtype=torch.float32, device="cpu")
         return out.to(batch.completion_ids.device)
 
 
@@ -131,7 +131,7 @@ class DistillUpdate(GRPOUpdate):
     def __call__(self, learner: Learner, batch: Collected) -> dict[str, float]:
         if self.teacher is None:
             raise RuntimeError("DistillUpdate.attach(model) loads the teacher before the first step")
-        adv = batch.adv if batch.adv is not None else torch.zeros(batch.groups.completion_ids.shape[0])
+        adv = batch.adv if batch.adv is not None else torch.zeros(batch.groups.completion_ids.shape[0], device="cpu")
         model = learner.model
         sb = step_batch(batch, adv * self.distill.reward_weight, self.mask_truncated).to(model_device(model))
         chunk = chunk_for_vocab(self.options.chunk_tokens, backbone_and_head(model)[1].weight.shape[0])

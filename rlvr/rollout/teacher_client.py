@@ -93,20 +93,26 @@ class TeacherClient:
             self.model = first["id"]
         return self.model
 
-    def _one(self, sequence: tuple[list[int], list[int], float]) -> list[float]:
-        prompt, completion, temperature = sequence
-        body = {"model": self.model_name(), "prompt": prompt + completion, "max_tokens": 1, "prompt_logprobs": 0,
+    def _score(self, ids: list[int], temperature: float, parse) -> tuple[object, str]:
+        """(the parsed answer, '') for scoring ``ids``, or (None, why it failed) after the retries."""
+        body = {"model": self.model_name(), "prompt": ids, "max_tokens": 1, "prompt_logprobs": 0,
                 "temperature": temperature}
         outcome = self.poster.post(self.url + "/v1/completions", body, timeout_s=self.timeout_s,
-                                   max_bytes=SMALL_ANSWER_BYTES + BYTES_PER_TOKEN * len(body["prompt"]),
-                                   parse=lambda answer: token_logprobs(answer, len(prompt), completion))
+                                   max_bytes=SMALL_ANSWER_BYTES + BYTES_PER_TOKEN * len(ids), parse=parse)
         last = outcome.last
         if last.ok:
-            return last.value  # type: ignore[return-value]
+            return last.value, ""
         why = (f"{type(last.error).__name__}: {printable(str(last.error))}" if last.error is not None else
                f"{last.response.status_code} {error_message(last.response)}")
-        raise TeacherError(f"the teacher at {self.url} did not score a completion after {outcome.attempts} "
-                           f"attempt(s): {why}")
+        return None, f"{why} after {outcome.attempts} attempt(s)"
+
+    def _one(self, sequence: tuple[list[int], list[int], float]) -> list[float]:
+        prompt, completion, temperature = sequence
+        value, why = self._score(prompt + completion, temperature,
+                                 lambda answer: token_logprobs(answer, len(prompt), completion))
+        if why:
+            raise TeacherError(f"the teacher at {self.url} did not score a completion: {why}")
+        return value  # type: ignore[return-value]
 
     def score(self, sequences: list[tuple[list[int], list[int], float]]) -> list[list[float]]:
         """Per (prompt ids, completion ids, temperature): the completion tokens' log-probs under the teacher."""
@@ -126,18 +132,14 @@ class TeacherClient:
                                                   {"role": "assistant", "content": text}], tokenize=False)
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         ids += [round(i * (len(tokenizer) - 1) / 63) for i in range(64)]
-        body = {"model": self.model_name(), "prompt": ids, "max_tokens": 1, "prompt_logprobs": 0, "temperature": 1.0}
-        outcome = self.poster.post(self.url + "/v1/completions", body, timeout_s=self.timeout_s,
-                                   max_bytes=SMALL_ANSWER_BYTES + BYTES_PER_TOKEN * len(ids))
-        answer = outcome.last
-        if not answer.ok:
-            why = (f"{answer.response.status_code} {error_message(answer.response)}" if answer.response is not None
-                   else f"{type(answer.error).__name__}: {printable(str(answer.error))}")
+        value, why = self._score(ids, 1.0, None)
+        if why:
             raise TeacherError(f"the teacher at {self.url} refused a prompt_logprobs probe of the student's token ids "
                                f"({why}): its vocabulary differs from the student's, or it does not serve "
                                "prompt_logprobs")
-        entries = (answer.value.get("choices") or [{}])[0].get("prompt_logprobs") if isinstance(answer.value, dict) \
-            else None
+        choices = value.get("choices") if isinstance(value, dict) else None
+        first = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
+        entries = first.get("prompt_logprobs")
         if not isinstance(entries, list) or len(entries) != len(ids):
             raise TeacherError(f"the teacher at {self.url} answered the probe without one prompt_logprobs entry per "
                                "token: it does not serve prompt_logprobs, or tokenizes token ids differently")
