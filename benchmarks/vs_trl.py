@@ -1,15 +1,16 @@
-"""rlvr vs TRL's GRPOTrainer at identical settings, measured side by side in one run.
+"""rlvr vs TRL's GRPOTrainer on a sweep of configurations, measured side by side in one run.
 
-    pip install -e '.[bench]'                  # TRL 1.16, for this benchmark only
-    python benchmarks/vs_trl.py --steps 6       # writes benchmarks/results/vs_trl.json + a BENCHMARKS.md section
+    pip install -e '.[bench]'                        # TRL 1.16, for this benchmark only
+    python benchmarks/vs_trl.py --baseline d837610    # writes benchmarks/results/vs_trl.json + a BENCHMARKS.md section
 
-Every trainer runs in its own fresh subprocess, one after the other, so peak RSS is per trainer and no
-two compete for the cores. Settings shared by both: SmolLM2-135M-Instruct (fp32), the arithmetic task's
-prompts, 4 prompts x G=8 per step, 32 new tokens, temperature 1 (no top-p/top-k), beta 0.04 (k3), clip
-0.2, GRPO sequence-mean loss, group-std advantages, AdamW, same constant learning rate, grad-norm clip 1, seed 0,
-LoRA r=16 / alpha=32 on all linear layers (or full fine-tuning). Each trainer keeps its own defaults
-otherwise (TRL: gradient checkpointing on; rlvr: prompt-once forward, fused output layer, checkpointing as
-each table row says).
+Every trainer runs in its own fresh subprocess, one after the other, so peak RSS is per trainer and no two compete
+for the cores. Shared by both: SmolLM2-135M-Instruct (fp32), the arithmetic task's prompts, 4 prompts x G=8 per
+step, temperature 1 (no top-p/top-k), clip 0.2, GRPO sequence-mean loss, group-std advantages, AdamW, the same
+constant learning rate, grad-norm clip 1, seed 0, LoRA r=16 / alpha=32 on all linear layers (or full fine-tuning).
+The configurations (CONFIGS) vary what nobody tuned for: beta 0.04 / 0, micro-batch 32 / 8, 32 / 256 new tokens,
+LoRA / full. Each trainer keeps its own defaults otherwise (TRL: gradient checkpointing on, glibc's malloc; rlvr:
+the allocator its command preloads, checkpointing on); rlvr is also measured on glibc's malloc and, with
+``--baseline REF``, as the code of REF ran it (its package exported with ``git archive``).
 """
 
 from __future__ import annotations
@@ -28,16 +29,19 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+CODE_VARIABLE = "RLVR_BENCH_CODE"  # the baseline's rlvr package, for a before -> after row
+if os.environ.get(CODE_VARIABLE):
+    sys.path.insert(0, os.environ[CODE_VARIABLE])
 
 B, G, NEW_TOKENS, BETA, SEED = 4, 8, 32, 0.04, 0
 LR = {"lora": 5e-4, "full": 1e-5}
 SYSTEM = "Reply with only the number."
 
 
-def _rows():
+def _rows(system: str = SYSTEM):
     from rlvr.tasks import arithmetic_rows
 
-    train, _ = arithmetic_rows(1, ("+", "*"), eval_size=100, train_size=0, seed=1234, system_prompt=SYSTEM)
+    train, _ = arithmetic_rows(1, ("+", "*"), eval_size=100, train_size=0, seed=1234, system_prompt=system)
     return train
 
 
@@ -46,44 +50,56 @@ def _peak_rss_mb() -> float:
 
 
 # ---------------------------------------------------------------------------------------------- children
-def _step_order(steps: int, seed: int) -> list[dict]:
+def _step_order(steps: int, seed: int, system: str = SYSTEM) -> list[dict]:
     """The rows rlvr's sampler draws for steps 1..steps, in order (TRL is fed them unshuffled)."""
     from rlvr.tasks import data_order
 
-    rows = _rows()
+    rows = _rows(system)
     return [rows[i] for i in data_order(len(rows), seed, 0, steps * B)]
 
 
-VARIANTS = {  # rlvr's settings besides the mode: checkpointing, then what else differs from the defaults
-    "on": ("on", []), "off": ("off", []),
-    "on-glibc": ("on", []),  # glibc's malloc instead of the mimalloc the rlvr command preloads (RLVR_ALLOCATOR=system)
+# The sweep: settings nobody tuned for, each against TRL at its defaults. "lora" is the benchmark's first setting.
+LONG_SYSTEM = "Work it out step by step, then end with the number."  # completions that run to the length limit
+CONFIGS = {
+    "lora": {"mode": "lora", "new_tokens": NEW_TOKENS, "beta": BETA, "micro": B * G},
+    "lora-beta0": {"mode": "lora", "new_tokens": NEW_TOKENS, "beta": 0.0, "micro": B * G},
+    "lora-micro8": {"mode": "lora", "new_tokens": NEW_TOKENS, "beta": BETA, "micro": 8},
+    "lora-256": {"mode": "lora", "new_tokens": 256, "beta": BETA, "micro": B * G, "system": LONG_SYSTEM},
+    "full": {"mode": "full", "new_tokens": NEW_TOKENS, "beta": BETA, "micro": B * G},
+}
+CONFIG_LABELS = {"lora": "LoRA, β 0.04, 32 tokens, micro-batch 32", "lora-beta0": "LoRA, β 0",
+                 "lora-micro8": "LoRA, micro-batch 8", "lora-256": "LoRA, 256 tokens (step-by-step prompt)",
+                 "full": "full fine-tuning"}
+VARIANTS = {  # rlvr's settings besides the configuration: checkpointing, then what else differs from the defaults
+    "default": ("on", []), "off": ("off", []),
+    "glibc": ("on", []),  # glibc's malloc instead of the mimalloc the rlvr command preloads (RLVR_ALLOCATOR=system)
     "on-512": ("on", ["train.heap_threshold_kb=512"]),  # glibc, freed memory returned to the OS whatever faults cost
     "on-bf16": ("on", ["model.autocast=bf16"]),
 }
-SYSTEM_ALLOCATOR = ("on-glibc", "on-512")
-VARIANT_LABELS = {"on": "checkpointing on", "off": "checkpointing off",
-                  "on-glibc": "checkpointing on, glibc's malloc (`RLVR_ALLOCATOR=system`)",
-                  "on-512": "checkpointing on, glibc with `train.heap_threshold_kb=512`",
-                  "on-bf16": "checkpointing on, bf16 autocast training"}
+SYSTEM_ALLOCATOR = ("glibc", "on-512")
+VARIANT_LABELS = {"default": "rlvr's defaults", "off": "checkpointing off",
+                  "glibc": "glibc's malloc (`RLVR_ALLOCATOR=system`)",
+                  "on-512": "glibc with `train.heap_threshold_kb=512`", "on-bf16": "bf16 autocast training"}
 
 
-def child_rlvr(mode: str, steps: int, variant: str = "on", seed: str = str(SEED)) -> dict:
+def child_rlvr(config: str, steps: int, variant: str = "default", seed: str = str(SEED)) -> dict:
     from rlvr.config.loading import load_config
     from rlvr.launch import train
     from rlvr.platform.allocator import in_use as allocator_in_use
     from rlvr.store.metrics import read_metrics
 
     out = Path(tempfile.mkdtemp(prefix="bench-rlvr-"))
+    c = CONFIGS[config]
     checkpointing, extra = VARIANTS[variant]
     cfg = load_config(None, [*extra,
-        f"output_dir={out}", f"model.lora={str(mode == 'lora').lower()}", "model.lora_r=16", "model.lora_alpha=32",
-        f"model.gradient_checkpointing={str(checkpointing == 'on').lower()}",
-        "task.operators=[+, '*']", f"task.system_prompt={SYSTEM}",
-        f"rollout.group_size={G}", f"rollout.max_new_tokens={NEW_TOKENS}", "rollout.temperature=1.0",
-        "algo.preset=grpo", f"algo.beta={BETA}", f"train.steps={steps}", f"train.prompts_per_step={B}",
-        f"train.micro_batch_size={B * G}", f"train.lr={LR[mode]}", f"train.seed={seed}", "train.checkpoint_every=0",
-        "eval.every=0", "eval.batch_size=4", "task.eval_size=4", "log.progress=false", "log.trackers=[]",
-        "log.plot=false",
+        f"output_dir={out}", f"model.lora={str(c['mode'] == 'lora').lower()}", "model.lora_r=16",
+        "model.lora_alpha=32", f"model.gradient_checkpointing={str(checkpointing == 'on').lower()}",
+        "task.operators=[+, '*']", f"task.system_prompt={c.get('system', SYSTEM)}",
+        f"rollout.group_size={G}", f"rollout.max_new_tokens={c['new_tokens']}", "rollout.temperature=1.0",
+        "algo.preset=grpo", f"algo.beta={c['beta']}", f"train.steps={steps}", f"train.prompts_per_step={B}",
+        f"train.micro_batch_size={c['micro']}", f"train.lr={LR[c['mode']]}", f"train.seed={seed}",
+        "train.checkpoint_every=0", "eval.every=0", "eval.batch_size=4", "task.eval_size=4", "log.progress=false",
+        "log.trackers=[]", "log.plot=false",
     ])
     with phase_peaks() as phases:
         train(cfg)
@@ -118,12 +134,13 @@ def phase_peaks():
 
     def measured(name, call):
         def run(*args):
-            start = _vm("VmRSS")
+            start, faults = _vm("VmRSS"), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             if not phases:  # the peak so far: loading the model and everything before the first step
                 phases.append({"phase": "load", "start_mb": 0.0, "peak_mb": _vm("VmHWM")})
             Path("/proc/self/clear_refs").write_text("5")
             out = call(*args)
-            phases.append({"phase": name, "start_mb": start, "peak_mb": _vm("VmHWM")})
+            phases.append({"phase": name, "start_mb": start, "peak_mb": _vm("VmHWM"),
+                           "minor_faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults})
             return out
         return run
 
@@ -144,7 +161,7 @@ def phase_peaks():
         launch.run_loop = loop
 
 
-def child_trl(mode: str, steps: int, seed: str = str(SEED)) -> dict:
+def child_trl(config: str, steps: int, seed: str = str(SEED)) -> dict:
     import torch
     from datasets import Dataset
     from peft import LoraConfig
@@ -155,7 +172,10 @@ def child_trl(mode: str, steps: int, seed: str = str(SEED)) -> dict:
     from rlvr.rewards import build_reward
 
     torch.set_num_threads(os.cpu_count())
-    dataset = Dataset.from_list([{"prompt": r["prompt"], "answer": r["answer"]} for r in _step_order(steps, int(seed))])
+    c = CONFIGS[config]
+    mode = c["mode"]
+    rows = _step_order(steps, int(seed), c.get("system", SYSTEM))
+    dataset = Dataset.from_list([{"prompt": r["prompt"], "answer": r["answer"]} for r in rows])
     check = build_reward("arithmetic_correct")
 
     def arithmetic_correct(prompts, completions, answer, **kwargs):
@@ -177,8 +197,9 @@ def child_trl(mode: str, steps: int, seed: str = str(SEED)) -> dict:
 
     out = tempfile.mkdtemp(prefix="bench-trl-")
     config = GRPOConfig(
-        output_dir=out, per_device_train_batch_size=B * G, num_generations=G, max_completion_length=NEW_TOKENS,
-        temperature=1.0, top_p=1.0, top_k=0, beta=BETA, epsilon=0.2, loss_type="grpo", scale_rewards="group",
+        output_dir=out, per_device_train_batch_size=c["micro"], gradient_accumulation_steps=B * G // c["micro"],
+        num_generations=G, max_completion_length=c["new_tokens"], temperature=1.0, top_p=1.0, top_k=0,
+        beta=c["beta"], epsilon=0.2, loss_type="grpo", scale_rewards="group",
         num_iterations=1, learning_rate=LR[mode], lr_scheduler_type="constant", max_grad_norm=1.0, max_steps=steps,
         logging_steps=1,
         report_to="none", use_cpu=True, bf16=False, seed=int(seed), save_strategy="no", dataloader_num_workers=0,
@@ -197,73 +218,6 @@ def child_trl(mode: str, steps: int, seed: str = str(SEED)) -> dict:
         "peak_rss_mb": _peak_rss_mb(),
         "gradient_checkpointing": bool(config.gradient_checkpointing),
     }
-
-
-def child_generation(repeats: int) -> dict:
-    """Generation tokens/s: rlvr's group sampler vs HF generate(num_return_sequences=G), same prompts."""
-    import torch
-
-    from rlvr.models.policy import load_policy
-    from rlvr.rollout import SamplingParams, encode_prompts, sample_groups
-    from rlvr.rollout.decode_weights import decode_dtype
-
-    torch.set_num_threads(os.cpu_count())
-    model, tokenizer = load_policy("smollm2-135m-instruct", None)
-    model.eval()
-    dtype = decode_dtype("auto", model)  # what a run samples with here (rollout.precision=auto)
-    prompts = [r["prompt"] for r in _rows()[:B]]
-    ids, mask = encode_prompts(tokenizer, prompts)
-    params = SamplingParams(temperature=1.0, max_new_tokens=NEW_TOKENS)
-    ours, theirs = [], []
-    for i in range(repeats):
-        started = time.perf_counter()
-        groups = sample_groups(model, tokenizer, prompts, G, params, torch.Generator().manual_seed(i), dtype=dtype)
-        ours.append(float(groups.completion_mask.sum()) / (time.perf_counter() - started))
-        torch.manual_seed(i)
-        started = time.perf_counter()
-        with torch.no_grad():
-            out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0,
-                                 top_p=1.0, max_new_tokens=NEW_TOKENS, num_return_sequences=G,
-                                 pad_token_id=tokenizer.pad_token_id)
-        new = out[:, ids.shape[1]:]
-        eos = tokenizer.eos_token_id
-        lengths = [(row == eos).nonzero()[0].item() + 1 if (row == eos).any() else row.numel() for row in new]
-        theirs.append(sum(lengths) / (time.perf_counter() - started))
-    return {"rlvr_tokens_per_s": statistics.median(ours), "hf_generate_tokens_per_s": statistics.median(theirs),
-            "rlvr_dtype": str(dtype).removeprefix("torch.")}
-
-
-def child_bf16() -> dict:
-    """bf16 autocast vs fp32: trainer log-probs of the same sampled completions, and forward time."""
-    import torch
-
-    from rlvr.learn.batch import StepBatch
-    from rlvr.learn.forward import completion_logprobs
-    from rlvr.models.policy import load_policy
-    from rlvr.rollout import SamplingParams, sample_groups
-
-    torch.set_num_threads(os.cpu_count())
-    model, tokenizer = load_policy("smollm2-135m-instruct", None)
-    model.eval()
-    prompts = [r["prompt"] for r in _rows()[:2]]
-    params = SamplingParams(max_new_tokens=16)
-    groups = sample_groups(model, tokenizer, prompts, 4, params, torch.Generator().manual_seed(0))
-    batch = StepBatch.from_groups(groups, torch.zeros(8))
-    rows, mask = torch.arange(8), groups.completion_mask.bool()
-    out = {}
-    contexts = (("fp32", torch.autocast("cpu", enabled=False)), ("bf16", torch.autocast("cpu", dtype=torch.bfloat16)))
-    for name, ctx in contexts:
-        with torch.no_grad(), ctx:
-            started = time.perf_counter()
-            logp, _ = completion_logprobs(model, batch, rows, 512)
-            out[f"{name}_forward_s"] = time.perf_counter() - started
-        out[name] = logp[mask]
-    delta = (out.pop("bf16") - out.pop("fp32")).abs()
-    out.update(logp_abs_diff_mean=float(delta.mean()), logp_abs_diff_max=float(delta.max()), tokens=int(mask.sum()))
-    trainer_logp = completion_logprobs(model, batch, rows, 512)[0].detach()
-    gap = (groups.behaviour_logp[mask] - trainer_logp[mask]).abs()
-    out["sampler_vs_trainer_fp32_abs_diff_mean"] = float(gap.mean())
-    return out
 
 
 def child_matmul_peak() -> dict:
@@ -295,9 +249,11 @@ CHILDREN = {"rlvr": child_rlvr, "trl": child_trl}
 
 
 # ---------------------------------------------------------------------------------------------- parent
-def _run_child(*args: str) -> dict:
+def _run_child(*args: str, code: str | None = None) -> dict:
+    """A child's result; ``code``: a directory whose ``rlvr`` package the child imports instead of this checkout's."""
     cmd = [sys.executable, __file__, "--child", *args]
-    done = subprocess.run(cmd, check=False, cwd=ROOT, capture_output=True, text=True)
+    env = {**os.environ, CODE_VARIABLE: code} if code else None
+    done = subprocess.run(cmd, check=False, cwd=ROOT, capture_output=True, text=True, env=env, timeout=3600)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(args)} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -309,36 +265,65 @@ def _summary(run: dict) -> dict:
             "peak_rss_mb": run["peak_rss_mb"], "reward_mean": statistics.mean(run["reward"])}
 
 
-def _phase_lines(results: dict, variants: list) -> str:
-    """Peak RSS by phase, in GB: before the first step (the model loaded), then the highest peak of sampling (and
-    scoring) and of the update over the steps, for each rlvr row."""
-    parts = []
-    for mode, key, variant in variants:
-        phases = results[key].get("phases") or []
-        peak = {name: max((p["peak_mb"] for p in phases if p["phase"] == name), default=0.0) / 1024
-                for name in ("load", "sample", "update")}
-        loaded = f"{peak['load']:.2f}" if peak["load"] else "-"
-        parts.append(f"{mode}, {VARIANT_LABELS[variant]}: {loaded} / {peak['sample']:.2f} / {peak['update']:.2f}")
-    return ("Peak RSS by phase (GB; model loaded / sampling and scoring / the update, the highest over the steps): "
-            + "; ".join(parts) + ".")
+def _baseline_code(ref: str) -> str:
+    """rlvr's package at git ``ref``, exported into a temporary directory (nothing in the repository changes)."""
+    where = tempfile.mkdtemp(prefix="rlvr-baseline-")
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref, "rlvr"], check=True, capture_output=True)
+    subprocess.run(["tar", "-x", "-C", where], input=archive.stdout, check=True)
+    return where
+
+
+def _floor_s(run: dict, mode: str, beta: float, peaks: dict) -> float:
+    """The steady step's FLOP floor: 2N per generated token at the bf16 peak (rlvr decodes in bf16 here), 2N per
+    training token for the reference pass (beta > 0), 4N (LoRA) or 6N (full) for the policy at the fp32 peak."""
+    from benchmarks.flops import N_PARAMS
+
+    steady = slice(1, None) if len(run["step_s"]) > 1 else slice(None)
+    gen = statistics.mean(run["generated_tokens"][steady]) * 2 * N_PARAMS / (peaks["bf16_gflops"] * 1e9)
+    per_token = (4 if mode == "lora" else 6) + (2 if beta > 0 else 0)
+    train = statistics.mean(run["train_tokens"][steady]) * per_token * N_PARAMS / (peaks["fp32_gflops"] * 1e9)
+    return gen + train
+
+
+def sweep_table(results: dict, configs: list[str], variants: list[str], baseline: str | None) -> str:
+    """One row per configuration and rlvr setting: steady step and peak RSS, each ÷ TRL's, and step ÷ its floor."""
+    rows = []
+    for config in configs:
+        theirs = _summary(results[f"trl_{config}"])
+        c = CONFIGS[config]
+        for variant in [*variants, *(["baseline"] if baseline else [])]:
+            run = results[f"rlvr_{config}_{variant}"]
+            ours = _summary(run)
+            step, rss = ours["steady_step_s"] / theirs["steady_step_s"], ours["peak_rss_mb"] / theirs["peak_rss_mb"]
+            floor = _floor_s(run, c["mode"], c["beta"], results["matmul"])
+            results[f"ratios_{config}_{variant}"] = {"steady_step_time": step, "peak_rss": rss,
+                                                     "step_over_floor": ours["steady_step_s"] / floor}
+            label = f"`{baseline}` (before), {run['allocator']}" if variant == "baseline" else \
+                f"{VARIANT_LABELS[variant]}, {run['allocator']}"
+            generate, update = (statistics.mean(run[k][1:] or run[k]) for k in ("generate_s", "train_s"))
+            rows.append(
+                f"| {CONFIG_LABELS[config]} | {label} | {ours['steady_step_s']:.1f} / {theirs['steady_step_s']:.1f}"
+                f" (**{step:.2f}×**) | {ours['peak_rss_mb'] / 1024:.2f} / {theirs['peak_rss_mb'] / 1024:.2f} GB"
+                f" (**{rss:.2f}×**) | {generate:.1f} / {update:.1f} | {ours['steady_step_s'] / floor:.1f}× | "
+                f"{ours['reward_mean']:.2f} / {theirs['reward_mean']:.2f} |")
+    return "\n".join(rows)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--modes", nargs="+", default=["lora", "full"])
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    parser.add_argument("--variants", nargs="+", default=["default", "glibc"], choices=list(VARIANTS),
+                        help="rlvr's settings measured on every configuration")
+    parser.add_argument("--baseline", default=None, help="git ref whose rlvr is measured beside (before -> after)")
     parser.add_argument("--child", nargs="+")
     parser.add_argument("--reward-seeds", type=int, nargs="*", default=[],
                         help="instead of the speed run: LoRA learning curves of both trainers over these seeds")
     args = parser.parse_args()
     if args.child:
         kind, rest = args.child[0], args.child[1:]
-        if kind == "generation":
-            result = child_generation(int(rest[0]))
-        elif kind == "matmul":
+        if kind == "matmul":
             result = child_matmul_peak()
-        elif kind == "bf16":
-            result = child_bf16()
         else:
             if kind == "rlvr":  # as the rlvr command starts: mimalloc preloaded unless the variant says glibc
                 from rlvr.platform.allocator import VARIABLE, preload_and_restart
@@ -350,78 +335,43 @@ def main() -> None:
         print(json.dumps(result))
         return
 
-    from benchmarks.flops import training_flops
     from benchmarks.machine import describe
     from benchmarks.report import publish
 
     if args.reward_seeds:
         return reward_comparison(args.steps, args.reward_seeds)
 
-    settings = {"B": B, "G": G, "new_tokens": NEW_TOKENS, "beta": BETA, "steps": args.steps}
-    results: dict = {"machine": describe(), "settings": settings}
+    results: dict = {"machine": describe(), "settings": {"B": B, "G": G, "steps": args.steps, "configs": CONFIGS},
+                     "baseline": args.baseline}
     results["matmul"] = _run_child("matmul")
-    results["generation"] = _run_child("generation", "3")
-    results["bf16"] = _run_child("bf16")
-    runs = [(mode, "rlvr", "on") for mode in args.modes] + [(mode, "trl", "on") for mode in args.modes]
-    runs += [("lora", "rlvr", v) for v in ("off", "on-glibc", "on-512", "on-bf16")] if "lora" in args.modes else []
-    for mode, trainer, ckpt in runs:
-        print(f"running {trainer} ({mode}, checkpointing {ckpt}) ...", flush=True)
-        extra = (ckpt,) if trainer == "rlvr" else ()
-        key = f"{trainer}_{mode}" + ("" if ckpt == "on" else "_" + ckpt)
-        results[key] = _run_child(trainer, mode, str(args.steps), *extra)
-    rows = []
-    peak32, peak16 = results["matmul"]["fp32_gflops"], results["matmul"]["bf16_gflops"]
-    variants = [(m, f"rlvr_{m}", "on") for m in args.modes]
-    variants += [("lora", f"rlvr_lora_{v}", v) for v in ("off", "on-glibc", "on-512", "on-bf16")] \
-        if "lora" in args.modes else []
-    for mode, key, variant in variants:
-        ours, theirs = _summary(results[key]), _summary(results[f"trl_{mode}"])
-        flops = training_flops(results[key], mode, B, G, BETA)
-        results[f"ratios_{key}"] = {
-            "steady_step_time": ours["steady_step_s"] / theirs["steady_step_s"],
-            "peak_rss": ours["peak_rss_mb"] / theirs["peak_rss_mb"],
-            "train_mfu_vs_fp32_peak": flops / peak32 / 1e9,
-            "train_mfu_vs_bf16_peak": flops / peak16 / 1e9,
-        }
-        label = f"{mode}, {VARIANT_LABELS[variant]}"
-        rows.append(
-            f"| {label} | {ours['first_step_s']:.1f} / {theirs['first_step_s']:.1f} | {ours['steady_step_s']:.1f} / "
-            f"{theirs['steady_step_s']:.1f} (**{ours['steady_step_s'] / theirs['steady_step_s']:.2f}×**) | "
-            f"{ours['peak_rss_mb'] / 1024:.2f} / {theirs['peak_rss_mb'] / 1024:.2f} GB "
-            f"(**{ours['peak_rss_mb'] / theirs['peak_rss_mb']:.2f}×**) | "
-            f"{ours['reward_mean']:.3f} / {theirs['reward_mean']:.3f} | "
-            f"{100 * flops / peak32 / 1e9:.0f} % ({100 * flops / peak16 / 1e9:.0f} % of the bf16 peak) |"
-        )
-    gen, bf16 = results["generation"], results["bf16"]
-    md = f"""## rlvr vs TRL GRPOTrainer (`python benchmarks/vs_trl.py --steps {args.steps}`)
+    old = _baseline_code(args.baseline) if args.baseline else None
+    for config in args.configs:
+        print(f"{config}: TRL ...", flush=True)
+        results[f"trl_{config}"] = _run_child("trl", config, str(args.steps))
+        for variant in args.variants:
+            print(f"{config}: rlvr ({variant}) ...", flush=True)
+            results[f"rlvr_{config}_{variant}"] = _run_child("rlvr", config, str(args.steps), variant)
+        if old:
+            print(f"{config}: rlvr at {args.baseline} ...", flush=True)
+            results[f"rlvr_{config}_baseline"] = _run_child("rlvr", config, str(args.steps), "default", code=old)
+    command = f"python benchmarks/vs_trl.py --steps {args.steps}" + (f" --baseline {args.baseline}" if old else "")
+    md = f"""## rlvr vs TRL GRPOTrainer (`{command}`)
 
 Machine: {results['machine']}. Measured matmul peak in the same run: fp32 {results['matmul']['fp32_gflops']:.0f}
-GFLOP/s, bf16 {results['matmul']['bf16_gflops']:.1f} GFLOP/s. Settings: SmolLM2-135M-Instruct fp32, {B} prompts ×
-G={G}, {NEW_TOKENS} new tokens, temperature 1, β={BETA}, GRPO loss, {args.steps} steps (first step reported apart;
-steady state = mean of the rest). Cells read rlvr / TRL; ratios are rlvr ÷ TRL (lower is better).
+GFLOP/s (torch's), bf16 {results['matmul']['bf16_gflops']:.0f} GFLOP/s. Shared settings: SmolLM2-135M-Instruct fp32,
+{B} prompts × G={G} per step, temperature 1, GRPO loss, LoRA r 16 / α 32 on all linear layers, {args.steps} steps, each
+trainer in its own process, one after the other (steady step = mean of steps 2..{args.steps}). TRL 1.16 at its
+defaults (gradient checkpointing on, glibc's malloc); rlvr at its defaults unless the row says otherwise. Cells read
+rlvr / TRL; ratios are rlvr ÷ TRL (lower is better). Floor: 2N FLOPs per generated token at the bf16 peak, 4N (LoRA)
+or 6N (full) per training token plus 2N for the reference pass at the fp32 peak.
 
-| rlvr setting (TRL: its defaults, checkpointing on) | first step (s) | steady step (s) | peak RSS \
-| mean reward per step | rlvr training MFU vs fp32 peak (vs bf16 peak) |
-|---|---|---|---|---|---|
-{chr(10).join(rows)}
+| configuration | rlvr setting, allocator | steady step (s) | peak RSS | rlvr generate / update (s) \
+| step ÷ floor | mean reward |
+|---|---|---|---|---|---|---|
+{sweep_table(results, args.configs, args.variants, args.baseline)}
 
-rlvr's defaults: `rollout.precision=auto` (on this machine: {results['generation']['rlvr_dtype']} decoding), the
-allocator the `rlvr` command preloads (here: {results[variants[0][1]]['allocator']}; platform/allocator.py), TRL's
-process
-glibc's malloc. {_phase_lines(results, variants)}
-
-TRL is fed the same prompts in the same order (rlvr's sampler order, `shuffle_dataset=False`); sampling
-noise still differs, so mean rewards over {args.steps} steps are indicative only.
-
-bf16 autocast on this CPU: trainer log-probs of {bf16['tokens']} sampled tokens differ from fp32 by
-{bf16['logp_abs_diff_mean']:.4f} on average (max {bf16['logp_abs_diff_max']:.3f}); the forward pass took
-{bf16['bf16_forward_s']:.1f} s in bf16 vs {bf16['fp32_forward_s']:.2f} s in fp32. Sampler vs trainer log-probs in
-fp32: mean |Δ| = {bf16['sampler_vs_trainer_fp32_abs_diff_mean']:.1e}.
-
-Generation alone (base model, {B} prompts × G={G}, {NEW_TOKENS} tokens, temperature 1, median of 3): rlvr's group
-sampler ({gen['rlvr_dtype']} decoding, `rollout.precision=auto`) {gen['rlvr_tokens_per_s']:.0f} tokens/s vs Hugging Face
-`generate(num_return_sequences={G})`
-{gen['hf_generate_tokens_per_s']:.0f} tokens/s (**{gen['rlvr_tokens_per_s'] / gen['hf_generate_tokens_per_s']:.2f}×**).
+TRL is fed the same prompts in the same order (rlvr's sampler order, `shuffle_dataset=False`); sampling noise still
+differs, so the rewards over {args.steps} steps are indicative only.
 """
     publish("vs_trl", results, md)
     print(md)
@@ -436,7 +386,7 @@ def reward_comparison(steps: int, seeds: list[int]) -> None:
     for seed in seeds:
         for trainer in ("rlvr", "trl"):
             print(f"running {trainer} (lora, seed {seed}) ...", flush=True)
-            extra = ("on", str(seed)) if trainer == "rlvr" else (str(seed),)
+            extra = ("default", str(seed)) if trainer == "rlvr" else (str(seed),)
             curves[trainer].append(_run_child(trainer, "lora", str(steps), *extra)["reward"])
     mean = {k: [statistics.mean(step) for step in zip(*v)] for k, v in curves.items()}
     overall = {k: statistics.mean(x for run in v for x in run) for k, v in curves.items()}

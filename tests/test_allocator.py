@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rlvr.platform.allocator import chosen_library, mimalloc_library
+from rlvr.platform.allocator import SETTINGS, chosen_library, mimalloc_library, preload_environment
 
 ROOT = Path(__file__).resolve().parent.parent
 WHEEL = sys.platform.startswith("linux") and platform.machine() == "x86_64"  # where pyproject installs cmeel-mimalloc
@@ -28,6 +28,26 @@ def test_the_setting_picks_the_library(tmp_path):
         chosen_library("/nowhere/libx.so")
 
 
+def test_the_environment_a_script_preloads_with(tmp_path):
+    """``env $(python -m rlvr.platform.allocator --env) python train.py``: the library first, then what LD_PRELOAD
+    held; mimalloc's settings unless the environment sets them."""
+    library = tmp_path / "libmimalloc.so"
+    library.write_bytes(b"")
+    assert preload_environment({"RLVR_ALLOCATOR": "system"}) == {}
+    got = preload_environment({"RLVR_ALLOCATOR": str(library), "LD_PRELOAD": "/x/libother.so"})
+    assert got == {"LD_PRELOAD": f"{library.resolve()}:/x/libother.so", "MIMALLOC_PURGE_DELAY": "10000",
+                   "MIMALLOC_ALLOW_THP": "0"}
+    assert preload_environment({"RLVR_ALLOCATOR": str(library), "MIMALLOC_ALLOW_THP": "1"}) == \
+        {"LD_PRELOAD": str(library.resolve()), "MIMALLOC_PURGE_DELAY": "10000"}
+    env = {**os.environ, "RLVR_ALLOCATOR": str(library)}
+    env.pop("LD_PRELOAD", None)
+    env.pop("MIMALLOC_PURGE_DELAY", None)
+    env.pop("MIMALLOC_ALLOW_THP", None)
+    printed = subprocess.run([sys.executable, "-m", "rlvr.platform.allocator", "--env"], env=env, check=True,
+                             capture_output=True, text=True).stdout.split()
+    assert printed == [f"LD_PRELOAD={library.resolve()}", *(f"{k}={v}" for k, v in SETTINGS.items())]
+
+
 @pytest.mark.skipif(not WHEEL, reason="cmeel-mimalloc is installed on Linux x86-64 only")
 def test_the_rlvr_command_runs_on_mimalloc_and_its_children_choose_for_themselves(tiny_model_dir, tmp_path):
     """A tiny training run through `python -m rlvr train`: its summary names mimalloc; a reward function called in
@@ -39,14 +59,17 @@ def test_the_rlvr_command_runs_on_mimalloc_and_its_children_choose_for_themselve
         f"    open({str(tmp_path / 'env.json')!r}, 'w').write(json.dumps(dict(os.environ)))\n"
         "    return [0.0] * len(completions)\n")
     out = tmp_path / "run"
-    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "RLVR_ALLOCATOR", "MIMALLOC_PURGE_DELAY")}
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD" and k != "RLVR_ALLOCATOR" and
+           not k.startswith("MIMALLOC_")}
     args = ["examples/demo.yaml", f"model.name={tiny_model_dir}", f"output_dir={out}", "train.steps=1",
             "train.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=4", "task.eval_size=2",
             "eval.every=0", "log.progress=false", "log.plot=false", "log.trackers=[]", f"import_dirs=[{tmp_path}]",
             "rewards=[{name: 'seen:seen'}]"]
-    done = subprocess.run([sys.executable, "-m", "rlvr", "train", *args], check=False, cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-m", "rlvr", "train", *args], check=False, cwd=ROOT,
+                          env={**env, "MIMALLOC_VERBOSE": "1"}, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
+    # mimalloc read rlvr's settings (its verbose mode prints every option it runs with)
+    assert "option 'purge_delay': 10000" in done.stderr and "option 'allow_thp': 0" in done.stderr
     assert json.loads((out / "summary.json").read_text())["allocator"] == "mimalloc"
     inherited = json.loads((tmp_path / "env.json").read_text())
     assert "LD_PRELOAD" not in inherited and not any(k.startswith("_RLVR") for k in inherited)

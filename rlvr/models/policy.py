@@ -22,6 +22,7 @@ from torch import nn
 
 from rlvr.core.head import OutputLayer
 from rlvr.models.architecture import check_layers, lora_targets, output_layer, unwrap
+from rlvr.models.fused_lora import fuse_lora_layers
 from rlvr.models.offline import ALIASES, OFFLINE_MODELS, alias_dir
 from rlvr.platform.matmul import frozen_linear
 
@@ -188,6 +189,7 @@ def add_lora(model: nn.Module, spec: LoraSpec) -> nn.Module:
         base = getattr(module, "base_layer", None)
         if isinstance(base, nn.Linear) and type(base) is nn.Linear:
             base.forward = functools.partial(frozen_linear, base)
+    fuse_lora_layers(wrapped)  # base product + scaled adapter product as one in-place update (rlvr.models.fused_lora)
     return wrapped
 
 

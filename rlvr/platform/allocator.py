@@ -14,11 +14,14 @@ or tcmalloc), then takes it out of the environment again so that the processes i
 sandboxes) choose for themselves. ``RLVR_ALLOCATOR``: ``auto`` (the default: mimalloc where the ``cmeel-mimalloc``
 wheel is installed - Linux x86-64 -, else the system's), ``system`` (never preload), or the path of an allocator's
 shared library. Python programs that import rlvr (``GRPOTrainer``) run in a process rlvr did not start: preload it
-there with ``LD_PRELOAD=$(python -m rlvr.platform.allocator) MIMALLOC_PURGE_DELAY=10000 python train.py``.
+there with ``env $(python -m rlvr.platform.allocator --env) python train.py``.
 
-Freed memory: mimalloc keeps pages a step freed for 10 s (``MIMALLOC_PURGE_DELAY=10000``, unless the environment
-sets it): its default, 10 ms, made every step fault them in again and run slower; never purging let the resident
-set creep upwards (figures: the same page).
+mimalloc's settings (``SETTINGS``, unless the environment sets them): freed pages are kept 10 s
+(``MIMALLOC_PURGE_DELAY=10000``): its default, 10 ms, made every step fault them in again and run slower; never
+purging let the resident set creep upwards. No transparent huge pages (``MIMALLOC_ALLOW_THP=0``): mimalloc 3 asks
+for them on its arenas, and where the kernel compacts memory synchronously for regions that ask (THP ``defrag``
+``madvise``, the common default) the faults after each purge stalled sampling: generation took 1.1-1.4x as long
+as under glibc. Figures: the same page.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from pathlib import Path
 VARIABLE = "RLVR_ALLOCATOR"
 _PRELOADED = "_RLVR_PRELOADED"  # set across the re-execution only
 _PREVIOUS = "_RLVR_PREVIOUS_LD_PRELOAD"
-SETTINGS = {"MIMALLOC_PURGE_DELAY": "10000"}  # the allocator's own settings, unless the environment has them
+SETTINGS = {"MIMALLOC_PURGE_DELAY": "10000", "MIMALLOC_ALLOW_THP": "0"}  # mimalloc's, unless the environment sets them
 
 
 def mimalloc_library() -> Path | None:
@@ -71,9 +74,8 @@ def preload_and_restart() -> None:
     library = chosen_library(os.environ.get(VARIABLE, "auto"))
     if library is None or str(library) in os.environ.get("LD_PRELOAD", ""):
         return
-    previous = os.environ.get("LD_PRELOAD", "")
-    env = {**SETTINGS, **os.environ, _PRELOADED: "1", _PREVIOUS: previous,
-           "LD_PRELOAD": ":".join(filter(None, [str(library), previous]))}
+    env = {**os.environ, **preload_environment(dict(os.environ)), _PRELOADED: "1",
+           _PREVIOUS: os.environ.get("LD_PRELOAD", "")}
     sys.stdout.flush(), sys.stderr.flush()
     os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
 
@@ -90,5 +92,18 @@ def in_use() -> str:
     return "the system's"
 
 
-if __name__ == "__main__":  # LD_PRELOAD=$(python -m rlvr.platform.allocator) MIMALLOC_PURGE_DELAY=10000 python train.py
-    print(chosen_library(os.environ.get(VARIABLE, "auto")) or "")
+def preload_environment(environ: dict[str, str]) -> dict[str, str]:
+    """What a process needs in its environment to start on the chosen allocator with rlvr's settings for it (empty:
+    the system's allocator); variables ``environ`` already sets are left to it."""
+    library = chosen_library(environ.get(VARIABLE, "auto"))
+    if library is None:
+        return {}
+    preload = ":".join(filter(None, [str(library), environ.get("LD_PRELOAD", "")]))
+    return {"LD_PRELOAD": preload, **{k: v for k, v in SETTINGS.items() if k not in environ}}
+
+
+if __name__ == "__main__":  # env $(python -m rlvr.platform.allocator --env) python train.py
+    if sys.argv[1:] == ["--env"]:
+        print(" ".join(f"{k}={v}" for k, v in preload_environment(dict(os.environ)).items()))
+    else:
+        print(chosen_library(os.environ.get(VARIABLE, "auto")) or "")
