@@ -119,3 +119,16 @@ def test_a_decoder_with_rlvr_s_adapter_trains_as_under_peft(monkeypatch):
     assert set(grads[0]) == set(grads[1]) and len(grads[0]) == 28
     for name in grads[0]:
         torch.testing.assert_close(grads[1][name], grads[0][name], atol=1e-5, rtol=1e-5)
+
+
+def test_a_deep_copy_computes_with_its_own_weights():
+    """The routed forward is bound to its layer: a copy (a teacher, a replica) must not read the original's adapter."""
+    model = _peft_block()
+    fused_lora.fuse_lora_layers(model)
+    twin = copy.deepcopy(model)
+    x = torch.randn(2, 24)
+    before = model(x).detach()
+    with torch.no_grad():
+        twin.base_model.model.up.lora_B["default"].weight.add_(1.0)
+    assert torch.equal(model(x), before)
+    assert not torch.allclose(twin(x), before)
