@@ -273,20 +273,10 @@ def _baseline_code(ref: str) -> str:
     return where
 
 
-def _floor_s(run: dict, mode: str, beta: float, peaks: dict) -> float:
-    """The steady step's FLOP floor: 2N per generated token at the bf16 peak (rlvr decodes in bf16 here), 2N per
-    training token for the reference pass (beta > 0), 4N (LoRA) or 6N (full) for the policy at the fp32 peak."""
-    from benchmarks.flops import N_PARAMS
-
-    steady = slice(1, None) if len(run["step_s"]) > 1 else slice(None)
-    gen = statistics.mean(run["generated_tokens"][steady]) * 2 * N_PARAMS / (peaks["bf16_gflops"] * 1e9)
-    per_token = (4 if mode == "lora" else 6) + (2 if beta > 0 else 0)
-    train = statistics.mean(run["train_tokens"][steady]) * per_token * N_PARAMS / (peaks["fp32_gflops"] * 1e9)
-    return gen + train
-
-
 def sweep_table(results: dict, configs: list[str], variants: list[str], baseline: str | None) -> str:
     """One row per configuration and rlvr setting: steady step and peak RSS, each ÷ TRL's, and step ÷ its floor."""
+    from benchmarks.flops import step_floor_s
+
     rows = []
     for config in configs:
         theirs = _summary(results[f"trl_{config}"])
@@ -295,7 +285,7 @@ def sweep_table(results: dict, configs: list[str], variants: list[str], baseline
             run = results[f"rlvr_{config}_{variant}"]
             ours = _summary(run)
             step, rss = ours["steady_step_s"] / theirs["steady_step_s"], ours["peak_rss_mb"] / theirs["peak_rss_mb"]
-            floor = _floor_s(run, c["mode"], c["beta"], results["matmul"])
+            floor = step_floor_s(run, c["mode"], c["beta"], results["matmul"])
             results[f"ratios_{config}_{variant}"] = {"steady_step_time": step, "peak_rss": rss,
                                                      "step_over_floor": ours["steady_step_s"] / floor}
             label = f"`{baseline}` (before), {run['allocator']}" if variant == "baseline" else \

@@ -17,11 +17,11 @@ shared library. Python programs that import rlvr (``GRPOTrainer``) run in a proc
 there with ``env $(python -m rlvr.platform.allocator --env) python train.py``.
 
 mimalloc's settings (``SETTINGS``, unless the environment sets them): freed pages are kept 10 s
-(``MIMALLOC_PURGE_DELAY=10000``): its default, 10 ms, made every step fault them in again and run slower; never
-purging let the resident set creep upwards. No transparent huge pages (``MIMALLOC_ALLOW_THP=0``): mimalloc 3 asks
-for them on its arenas, and where the kernel compacts memory synchronously for regions that ask (THP ``defrag``
-``madvise``, the common default) the faults after each purge stalled sampling: generation took 1.1-1.4x as long
-as under glibc. Figures: the same page.
+(``MIMALLOC_PURGE_DELAY=10000``): a short delay (10 ms measured; mimalloc 3.4's default is 1 s) made every step
+fault them in again and run slower; never purging let the resident set creep upwards. No transparent huge pages
+(``MIMALLOC_ALLOW_THP=0``): mimalloc 3 asks for them on its arenas, and where the kernel compacts memory
+synchronously for regions that ask (THP ``defrag`` ``madvise``, the common default) the faults after each purge
+stalled sampling. Figures: docs/experiments/performance.md, "Settings nobody tuned"; BENCHMARKS.md.
 """
 
 from __future__ import annotations
