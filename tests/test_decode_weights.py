@@ -3,6 +3,7 @@ always the latest update, and the model left exactly as it was."""
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from rlvr.models.policy import LoraSpec, add_lora, backbone_and_head
@@ -239,5 +240,38 @@ def test_a_frozen_linear_through_onednn_has_f_linears_value_and_input_gradient(m
         torch.testing.assert_close(x.grad, g @ layer.weight, atol=1e-5, rtol=0)
         layer.weight.requires_grad_(True)
         assert "FrozenLinear" not in matmul.frozen_linear(layer, x).grad_fn.name()
+    finally:
+        matmul.onednn_fp32_faster.cache_clear()
+
+
+def test_the_fp32_kernel_is_chosen_per_regime_by_the_product_s_rows(monkeypatch):
+    """A decode step's few rows and a training micro-batch's many are timed apart (a CPU can favour oneDNN at one and
+    MKL at the other): with oneDNN faster only for decode-sized products, frozen_linear sends 3 rows to oneDNN and
+    a [4, 128, in] micro-batch (512 rows) to F.linear."""
+    monkeypatch.delenv("RLVR_FP32_MATMUL", raising=False)
+    monkeypatch.setattr(matmul, "onednn_fp32_faster", lambda regime="decode": regime == "decode")
+    w = torch.randn(5, 8)
+    assert matmul.uses_onednn(w, 3) and matmul.uses_onednn(w, matmul.BATCH_ROWS - 1)
+    assert not matmul.uses_onednn(w, matmul.BATCH_ROWS)
+    assert not matmul.uses_onednn(w.to(torch.bfloat16), 3)  # fp32 only
+    layer = nn.Linear(8, 5).requires_grad_(False)
+    calls = []
+    monkeypatch.setattr(matmul, "onednn_linear", lambda x, w, b: calls.append(x.shape) or F.linear(x, w, b))
+    small, large = torch.randn(3, 8), torch.randn(4, 128, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(matmul.frozen_linear(layer, small), F.linear(small, layer.weight, layer.bias))
+        torch.testing.assert_close(matmul.frozen_linear(layer, large), F.linear(large, layer.weight, layer.bias))
+    assert calls == [torch.Size([3, 8])]
+
+
+def test_each_regime_is_timed_once_and_an_override_decides_both(monkeypatch):
+    monkeypatch.setenv("RLVR_FP32_MATMUL", "blas")
+    matmul.onednn_fp32_faster.cache_clear()
+    try:
+        assert not matmul.onednn_fp32_faster("decode") and not matmul.onednn_fp32_faster("batch")
+        monkeypatch.setenv("RLVR_FP32_MATMUL", "onednn")
+        matmul.onednn_fp32_faster.cache_clear()
+        assert matmul.onednn_fp32_faster("decode") and matmul.onednn_fp32_faster("batch")
+        assert set(matmul.PROBES) == {"decode", "batch"} and matmul.PROBES["batch"][0] >= matmul.BATCH_ROWS
     finally:
         matmul.onednn_fp32_faster.cache_clear()

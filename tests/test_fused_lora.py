@@ -44,7 +44,7 @@ def _forward_backward(model: nn.Module, x: torch.Tensor):
 
 @pytest.mark.parametrize("onednn", [False, True])
 def test_fused_layers_give_peft_s_outputs_and_gradients(monkeypatch, onednn):
-    monkeypatch.setattr(fused_lora, "uses_onednn", lambda weight: onednn)
+    monkeypatch.setattr(fused_lora, "uses_onednn", lambda weight, rows: onednn)
     reference = _peft_block()
     fused = copy.deepcopy(reference)
     assert fused_lora.fuse_lora_layers(fused) == 2

@@ -41,7 +41,7 @@ def decode_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     """``x @ W.T + b`` in W's dtype, for sampling (no gradient): fp32 on a CPU goes to oneDNN's kernel where it was
     measured faster (rlvr.platform.matmul); both are fp32 throughout (log-probs agree to ~1e-6)."""
     x = x.to(weight.dtype)
-    if not torch.is_grad_enabled() and uses_onednn(weight):
+    if not torch.is_grad_enabled() and uses_onednn(weight, x.numel() // max(x.shape[-1], 1)):
         return onednn_linear(x, weight, bias)
     return F.linear(x, weight, bias)
 
