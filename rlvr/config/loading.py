@@ -111,6 +111,9 @@ def _validate(cfg: RunConfig) -> None:
             raise ConfigError("async.enabled=true ships LoRA adapters to the rollout servers; set model.lora=true")
         if not cfg.rollout.servers and a.servers < 1:
             raise ConfigError("async.enabled=true needs servers: async.servers >= 1, or rollout.servers=[URL, ...]")
+    if cfg.rollout.backend == "vllm_colocate" and a.enabled:
+        raise ConfigError("rollout.backend=vllm_colocate samples between the learner's steps, in its process; "
+                          "async.enabled=true samples on rollout servers meanwhile: set one of them")
     if cfg.rollout.backend == "server":
         if not cfg.rollout.servers:
             raise ConfigError("rollout.backend=server needs rollout.servers=[URL, ...] (rlvr serve or vLLM servers)")

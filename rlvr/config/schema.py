@@ -25,7 +25,8 @@ ARITHMETIC_SYSTEM_PROMPT = "Reply with only the number."
 TASKS = ("arithmetic", "word_problems", "tool_problems", "jsonl", "math_jsonl", "code_jsonl", "hf")
 
 # The values of the fields typed Literal[...] below: check_choices checks them, the docs list them.
-AUTOCAST, BACKENDS, RUNTIMES, TRANSPORTS = ("none", "bf16"), ("local", "server"), ("embedded", "ray"), ("ws", "http")
+AUTOCAST, RUNTIMES, TRANSPORTS = ("none", "bf16"), ("embedded", "ray"), ("ws", "http")
+BACKENDS = ("local", "server", "vllm_colocate")
 ANSWER_FORMATS, PROBLEM_KINDS = ("raw", "gsm8k", "math"), ("products", "word", "two_step")
 GRAMMARS = ("varied", "simple", "mixed")
 DISTILL_OBJECTIVES = ("sampled_kl", "jsd")
@@ -246,7 +247,21 @@ class RolloutConfig:
     backend: Literal[BACKENDS] = "local"
     """local: sample from the training model in this process; server: sample on rollout servers (rlvr serve or
     vLLM) over HTTP, with the LoRA adapter published to rollout.bucket and loaded by every server after each
-    update."""
+    update; vllm_colocate: a vLLM engine in the learner's process (the one-GPU recipe), the weights pushed to it in
+    memory after each update and, on CUDA, asleep while the learner steps (rollout.vllm_*)."""
+    vllm_sleep_level: int = 1
+    """backend=vllm_colocate, on CUDA: what the engine releases while the learner steps: 0 nothing; 1 its KV cache
+    (its weights copied to host memory); 2 both (LoRA's base weights are pushed again from the learner at each
+    wake). vLLM's CPU build has no sleep mode: there the setting is skipped, with a warning."""
+    vllm_gpu_memory_utilization: float = 0.3
+    """backend=vllm_colocate: the engine's share of the GPU's memory (weights, KV cache, activations); the
+    learner has the rest. Unused when rollout.vllm_kv_cache_gb sets the KV cache's size."""
+    vllm_kv_cache_gb: float = 0.0
+    """backend=vllm_colocate: the engine's KV cache in GiB; 0 = on CUDA from rollout.vllm_gpu_memory_utilization,
+    on the CPU 1 GiB (vLLM's CPU build would otherwise reserve that share of the host's memory)."""
+    vllm_max_model_len: int = 0
+    """backend=vllm_colocate: tokens per sequence (prompt and completion) the engine plans for; 0 = the model's
+    own limit."""
     servers: tuple[str, ...] = ()
     """backend=server: base URLs of the rollout servers, e.g. [http://10.0.0.5:8000, http://10.0.0.6:8000]."""
     bucket: str = ""
@@ -269,7 +284,11 @@ class RolloutConfig:
     def __post_init__(self) -> None:
         check_choices(self)
         at_least(self, 1, "group_size", "max_new_tokens", "keep_versions")
-        at_least(self, 0, "temperature", "top_k", "server_wait_s")
+        at_least(self, 0, "temperature", "top_k", "server_wait_s", "vllm_kv_cache_gb", "vllm_max_model_len")
+        if self.vllm_sleep_level not in (0, 1, 2):
+            raise ValueError(f"vllm_sleep_level must be 0, 1 or 2; got {self.vllm_sleep_level}")
+        if not 0 < self.vllm_gpu_memory_utilization < 1:
+            raise ValueError(f"vllm_gpu_memory_utilization must be in (0, 1); got {self.vllm_gpu_memory_utilization}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1]; got {self.top_p}")
         if not self.request_timeout_s > 0:

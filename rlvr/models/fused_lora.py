@@ -24,7 +24,8 @@ from rlvr.platform.matmul import onednn_linear, uses_onednn
 
 
 def _base_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """x [N, in] @ W.T (+ b): oneDNN where rlvr.platform.matmul chose it for N rows, else F.linear. W may be a transposed view."""
+    """x [N, in] @ W.T (+ b): oneDNN where rlvr.platform.matmul chose it for N rows, else F.linear. W may be a
+    transposed view."""
     if x.dtype == torch.float32 and uses_onednn(weight, x.shape[0]):
         return onednn_linear(x, weight, bias)
     return F.linear(x, weight, bias)

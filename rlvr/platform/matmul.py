@@ -22,7 +22,6 @@ import time
 import torch
 import torch.nn.functional as F
 
-
 BATCH_ROWS = 256  # from this many rows a product counts as a training micro-batch's, below as a decode step's
 PROBES = {"decode": (32, 1024, 2048), "batch": (1024, 1024, 1024)}  # rows, in, out of each regime's timed product
 

@@ -169,6 +169,24 @@ def _server_sampler(cfg: RunConfig, model: nn.Module, tokenizer, run_dir: Path, 
     return build_remote_sampler(cfg, model, tokenizer, run_dir, r.servers, api_key_from_env(r.api_key_env))
 
 
+def _colocated_sampler(cfg: RunConfig, model: nn.Module, tokenizer, run_dir: Path, learners: int) -> Sampler:
+    """A vLLM engine in this process, built from the model's own directory (rollout.vllm_*)."""
+    from rlvr.models.architecture import unwrap
+    from rlvr.platform.devices import model_device
+    from rlvr.rollout.colocated import ColocatedSampler, EngineSettings, build_engine
+
+    r, device = cfg.rollout, model_device(model)
+    kv_gb = r.vllm_kv_cache_gb or (1.0 if device.type == "cpu" else 0.0)
+    settings = EngineSettings(
+        model_dir=str(resolve_model_dir(cfg.model.name)),
+        dtype=unwrap(model).get_input_embeddings().weight.dtype,
+        lora_rank=cfg.model.lora_r if cfg.model.lora else 0, seed=cfg.train.seed, device_type=device.type,
+        sleep_level=r.vllm_sleep_level, gpu_memory_utilization=r.vllm_gpu_memory_utilization,
+        kv_cache_bytes=int(kv_gb * (1 << 30)) if kv_gb else None, max_model_len=r.vllm_max_model_len or None,
+        distributed=learners > 1)
+    return ColocatedSampler(model, tokenizer, build_engine(settings), settings)
+
+
 @dataclass(frozen=True)
 class SamplerBackend:
     """A value of ``rollout.backend``: how a synchronous run's sampler is built, and what the run must know of it.
@@ -183,6 +201,7 @@ SAMPLER_BACKENDS = {
     "local": SamplerBackend(lambda cfg, model, tokenizer, run_dir, learners: build_local_sampler(
         cfg, model, tokenizer, learners), in_process=True, publishes_adapters=False),
     "server": SamplerBackend(_server_sampler, in_process=False, publishes_adapters=True),
+    "vllm_colocate": SamplerBackend(_colocated_sampler, in_process=False, publishes_adapters=False),
 }
 
 
