@@ -273,3 +273,15 @@ def test_resume_with_a_refreshed_reference_matches_uninterrupted(tiny_model_dir,
     got, want = _records(out, "metrics.jsonl"), _records(whole, "metrics.jsonl")
     assert got == want
     assert [r["update/kl"] for r in want if "update/kl" in r][2] > 0  # the refreshed reference is in use
+
+
+def test_a_checkpoint_path_continues_into_a_new_output_dir(tiny_model_dir, tmp_path):
+    """resume=PATH with an output_dir that does not exist yet: the run starts there from the checkpoint's step and
+    logs what the uninterrupted run logged for the next step."""
+    out, other = tmp_path / "run", tmp_path / "other"
+    base = _overrides(tiny_model_dir, out, True) + ["eval.every=0"]
+    train(load_config(ROOT / "examples" / "demo.yaml", base + ["train.steps=3"]))
+    moved = [o for o in base if not o.startswith("output_dir=")] + [f"output_dir={other}"]
+    train(load_config(ROOT / "examples" / "demo.yaml",
+                      moved + ["train.steps=3", f"resume={out / 'checkpoints' / 'step-00000002'}"]))
+    assert _records(other, "metrics.jsonl") == [r for r in _records(out, "metrics.jsonl") if r["step"] == 3]

@@ -380,6 +380,7 @@ def open_run(cfg: RunConfig, update: Update, rewards: list[WeightedReward] | Non
     checkpoint = resume_checkpoint(cfg)
     run_dir = Path(cfg.output_dir) if checkpoint or not world.main else fresh_run_dir(Path(cfg.output_dir))
     if checkpoint is not None:
+        run_dir.mkdir(parents=True, exist_ok=True)  # a checkpoint path may continue into a new output_dir
         check_run_dir(run_dir)  # no planted link or FIFO among the files the run writes again
     state = {"eval_accuracy_before": None, "eval_accuracy": None, "skipped_updates": 0, "consecutive_skips": 0,
              "elapsed_s": 0.0, "dropped_prompts": data.dropped_prompts, "cursor": 0}
