@@ -236,9 +236,22 @@ class ColocatedSampler:
         return dict(self.last_sync)
 
     def close(self) -> None:
+        """Free the adapter's directory and stop the engine. Under torchrun the engine is left unstopped: vLLM's
+        shutdown destroys the default process group, which is the learners' (they leave it themselves, after a
+        barrier), so its exit-time finalizer is detached instead."""
         if self.adapter_dir is not None:
             shutil.rmtree(self.adapter_dir, ignore_errors=True)
             self.adapter_dir = None
+        client = getattr(getattr(self.engine, "llm_engine", None), "engine_core", None)
+        if client is None:
+            return
+        if self.settings.distributed:
+            finalizer = getattr(client, "_finalizer", None)  # vLLM's in-process client: weakref.finalize(shutdown)
+            if finalizer is not None:
+                finalizer.detach()
+        else:
+            client.shutdown()
+        self.engine = None
 
 
 def _answer(out) -> dict:

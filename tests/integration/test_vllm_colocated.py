@@ -233,23 +233,43 @@ def test_base_weights_pushed_in_memory_and_the_sleep_sequence(colocated, learner
             vars(engine).pop(name, None)
 
 
-def _train(out, *overrides):
-    """``rlvr train`` on the demo with the colocated engine, a few small steps, in a process of its own."""
-    args = [sys.executable, "-m", "rlvr", "train", "examples/demo.yaml", f"output_dir={out}",
+def _train(out, *overrides, launcher=()):
+    """``rlvr train`` on the demo with the colocated engine, a few small steps, in a process of its own (or as the
+    learners ``launcher`` starts)."""
+    args = [*(launcher or [sys.executable]), "-m", "rlvr", "train", "examples/demo.yaml", f"output_dir={out}",
             "train.prompts_per_step=2", "rollout.group_size=4", "rollout.max_new_tokens=12", "eval.every=0",
-            "task.eval_size=4", "log.progress=false", "log.trackers=[]", "log.plot=false",
+            "task.eval_size=4", "log.progress=false", "log.trackers=[]", "log.plot=false", "train.threads=1",
             "rollout.backend=vllm_colocate", "train.checkpoint_every=2", *overrides]
     done = subprocess.run(args, check=False, cwd=REPO, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]  # nor at exit (the engine's teardown)
     return [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
 
 
-def test_rlvr_train_samples_on_the_colocated_engine_and_resumes_exactly(tmp_path):
+def _texts(samples, step):
+    return [s["text"] for s in samples if s["step"] == step]
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    out = tmp_path_factory.mktemp("straight") / "run"
+    return out, _train(out, "train.steps=3")
+
+
+def test_rlvr_train_samples_on_the_colocated_engine_and_resumes_exactly(straight, tmp_path):
     """Three steps straight, and the same run resumed from its step-2 checkpoint in another process: step 3
     samples the same texts (the engine got the restored adapter, and each request its seed)."""
-    straight = _train(tmp_path / "a", "train.steps=3")
-    resumed = _train(tmp_path / "b", "train.steps=3", f"resume={tmp_path / 'a' / 'checkpoints' / 'step-00000002'}")
-    step3 = [[s["text"] for s in samples if s["step"] == 3] for samples in (straight, resumed)]
-    assert step3[0] and step3[0] == step3[1]
+    out, samples = straight
+    resumed = _train(tmp_path / "b", "train.steps=3", f"resume={out / 'checkpoints' / 'step-00000002'}")
+    assert _texts(samples, 3) and _texts(resumed, 3) == _texts(samples, 3)
     metrics = [json.loads(line) for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
     assert any(m.get("step") == 3 and m.get("sampler/sync_s", 0) > 0 for m in metrics)
+
+
+def test_two_learners_under_torchrun_each_with_its_engine(straight, tmp_path):
+    """torchrun, two gloo ranks, an engine in each (vLLM's external_launcher in the learners' process group): each
+    samples its share of the step's prompts, seeded by their place in the batch, so step 1 samples what one
+    learner sampled; the job ends without a traceback (the engines leave the group to the learners)."""
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    two = _train(tmp_path / "two", "train.steps=1", launcher=launcher)
+    assert _texts(two, 1) == _texts(straight[1], 1) and len(_texts(two, 1)) == 8
