@@ -11,20 +11,34 @@ from pathlib import Path
 
 import pytest
 
+from rlvr.platform import allocator
 from rlvr.platform.allocator import SETTINGS, chosen_library, mimalloc_library, preload_environment
 
 ROOT = Path(__file__).resolve().parent.parent
 WHEEL = sys.platform.startswith("linux") and platform.machine() == "x86_64"  # where pyproject installs cmeel-mimalloc
 
 
+def test_a_visible_nvidia_gpu_is_read_off_device_nodes_and_cuda_visible_devices(tmp_path, monkeypatch):
+    nodes = [str(tmp_path / "nvidia0")]
+    monkeypatch.setattr(allocator.glob, "glob", lambda pattern: nodes if pattern == "/dev/nvidia[0-9]*" else [])
+    assert allocator.nvidia_gpu_visible({})
+    assert allocator.nvidia_gpu_visible({"CUDA_VISIBLE_DEVICES": "1"})
+    assert not allocator.nvidia_gpu_visible({"CUDA_VISIBLE_DEVICES": ""})
+    assert not allocator.nvidia_gpu_visible({"CUDA_VISIBLE_DEVICES": "-1"})
+    nodes.clear()
+    assert not allocator.nvidia_gpu_visible({})
+
+
 def test_the_setting_picks_the_library(tmp_path):
     assert chosen_library("system") is None
     assert chosen_library("auto", platform="darwin") is None  # preloading is a Linux (glibc loader) matter
-    assert chosen_library("auto") == mimalloc_library()
+    assert chosen_library("auto", gpu=False) == mimalloc_library()
+    assert chosen_library("auto", gpu=True) is None  # a GPU run: CUDA's allocator holds the tensors
+    assert chosen_library("mimalloc", gpu=True) == mimalloc_library()  # asked for by name: wherever installed
     library = tmp_path / "libjemalloc.so.2"
     library.write_bytes(b"")
     assert chosen_library(str(library)) == library.resolve()
-    with pytest.raises(ValueError, match="RLVR_ALLOCATOR='/nowhere/libx.so': not a file; set it to auto, system"):
+    with pytest.raises(ValueError, match="RLVR_ALLOCATOR='/nowhere/libx.so': not a file; set it to auto, mimalloc"):
         chosen_library("/nowhere/libx.so")
 
 

@@ -275,3 +275,18 @@ def test_each_regime_is_timed_once_and_an_override_decides_both(monkeypatch):
         assert set(matmul.PROBES) == {"decode", "batch"} and matmul.PROBES["batch"][0] >= matmul.BATCH_ROWS
     finally:
         matmul.onednn_fp32_faster.cache_clear()
+
+
+@pytest.mark.parametrize("capability, bf16", [((7, 5), False), ((7, 0), False), ((8, 0), True), ((9, 0), True)])
+def test_auto_decodes_in_bf16_only_on_cards_with_bf16_units(monkeypatch, capability, bf16):
+    """A T4 (7.5) or V100 (7.0) emulates bf16 - torch's is_bf16_supported() says yes there - so auto keeps fp32
+    on them, as the learner does (platform.devices.bf16_capable); the card's capability is the one asked (here a
+    stand-in, no GPU being available)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    dw.bf16_matmul_hardware.cache_clear()
+    try:
+        assert dw.bf16_matmul_hardware("cuda") is bf16
+    finally:
+        dw.bf16_matmul_hardware.cache_clear()

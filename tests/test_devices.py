@@ -262,3 +262,20 @@ def test_cuda_generator_states_in_a_checkpoint_are_checked_and_kept_for_a_gpu(tm
     for bad in ("00", ["zz"], [1], ["0"], ["00"] * 2000):
         with pytest.raises(ValueError, match="random generator states"):
             _cuda_rng_states(bad)
+
+
+def test_adamw_is_fused_only_over_cuda_parameters():
+    """The fused kernel where every parameter is on CUDA (tensors or param groups); the CPU, the meta device and a
+    mix keep the for-each one."""
+    from rlvr.config.schema import TrainConfig
+    from rlvr.run.build import build_optimizer, fused_adamw
+
+    class OnCuda:  # a parameter's device is all the choice reads (no GPU here)
+        device = torch.device("cuda", 0)
+
+    cpu = torch.nn.Parameter(torch.zeros(2, device="cpu"))
+    assert fused_adamw([OnCuda(), OnCuda()]) and fused_adamw([{"params": [OnCuda()]}])
+    assert not fused_adamw([cpu]) and not fused_adamw([OnCuda(), cpu]) and not fused_adamw([])
+    assert not fused_adamw([torch.nn.Parameter(torch.zeros(2, device="meta"))])
+    optimizer = build_optimizer(torch.nn.Linear(2, 2), TrainConfig(), [cpu])
+    assert not optimizer.defaults["fused"]

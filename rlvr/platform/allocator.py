@@ -12,8 +12,10 @@ An allocator must be loaded before the process starts, so the ``rlvr`` command r
 mimalloc in ``LD_PRELOAD`` (the way PyTorch's own CPU launcher, ``torch.backends.xeon.run_cpu``, preloads jemalloc
 or tcmalloc), then takes it out of the environment again so that the processes it starts (rlvr serve, vLLM, code
 sandboxes) choose for themselves. ``RLVR_ALLOCATOR``: ``auto`` (the default: mimalloc where the ``cmeel-mimalloc``
-wheel is installed - Linux x86-64 -, else the system's), ``system`` (never preload), or the path of an allocator's
-shared library. Python programs that import rlvr (``GRPOTrainer``) run in a process rlvr did not start: preload it
+wheel is installed - Linux x86-64 - and no NVIDIA GPU is visible, else the system's: a GPU run's tensors live in
+CUDA's own caching allocator, so mimalloc would only change the host side under CUDA and NCCL, unmeasured),
+``mimalloc`` (mimalloc wherever it is installed), ``system`` (never preload), or the path of an allocator's shared
+library. Python programs that import rlvr (``GRPOTrainer``) run in a process rlvr did not start: preload it
 there with ``env $(python -m rlvr.platform.allocator --env) python train.py``.
 
 mimalloc's settings (``SETTINGS``, unless the environment sets them): freed pages are kept 10 s
@@ -26,6 +28,7 @@ stalled sampling. Figures: docs/experiments/performance.md, "Settings nobody tun
 
 from __future__ import annotations
 
+import glob
 import importlib.metadata
 import os
 import sys
@@ -47,17 +50,28 @@ def mimalloc_library() -> Path | None:
     return Path(found[0].locate()).resolve() if found else None
 
 
-def chosen_library(setting: str, platform: str = sys.platform) -> Path | None:
-    """The library ``RLVR_ALLOCATOR=setting`` asks for on ``platform`` (None: the system's allocator); a path that is
-    not a file is a ValueError saying what to set."""
+def nvidia_gpu_visible(environ: dict[str, str] | None = None) -> bool:
+    """Whether this process can see an NVIDIA GPU (a device node, and CUDA_VISIBLE_DEVICES not hiding them all),
+    decided without importing torch (the allocator is chosen before it loads)."""
+    environ = os.environ if environ is None else environ
+    if environ.get("CUDA_VISIBLE_DEVICES", "x").strip() in ("", "-1"):
+        return False
+    return bool(glob.glob("/dev/nvidia[0-9]*"))
+
+
+def chosen_library(setting: str, platform: str = sys.platform, gpu: bool | None = None) -> Path | None:
+    """The library ``RLVR_ALLOCATOR=setting`` asks for on ``platform`` (None: the system's allocator; ``gpu``: whether
+    an NVIDIA GPU is visible, looked up when None); a path that is not a file is a ValueError saying what to set."""
     if setting == "system" or not platform.startswith("linux"):
         return None
     if setting in ("", "auto"):
+        return None if (nvidia_gpu_visible() if gpu is None else gpu) else mimalloc_library()
+    if setting == "mimalloc":
         return mimalloc_library()
     path = Path(setting)
     if not path.is_file():
-        raise ValueError(f"{VARIABLE}={setting!r}: not a file; set it to auto, system or the path of an allocator's "
-                         "shared library (e.g. /usr/lib/x86_64-linux-gnu/libjemalloc.so.2)")
+        raise ValueError(f"{VARIABLE}={setting!r}: not a file; set it to auto, mimalloc, system or the path of an "
+                         "allocator's shared library (e.g. /usr/lib/x86_64-linux-gnu/libjemalloc.so.2)")
     return path.resolve()
 
 

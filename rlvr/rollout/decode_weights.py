@@ -32,6 +32,7 @@ from torch import nn
 from rlvr.core.head import OutputLayer
 from rlvr.models.architecture import unwrap
 from rlvr.models.policy import backbone_and_head
+from rlvr.platform.devices import bf16_capable
 from rlvr.platform.matmul import onednn_linear, uses_onednn
 
 PRECISIONS = ("auto", "fp32", "bf16")
@@ -265,11 +266,12 @@ def decoding(model: nn.Module, dtype: torch.dtype = torch.float32, cache: Decode
 # ----------------------------------------------------------------------------------------------- precision
 @functools.cache
 def bf16_matmul_hardware(device: str = "cpu") -> bool:
-    """Whether ``device`` has bf16 matmul units: CUDA with bf16 support, or a CPU with AMX-BF16 or AVX512-BF16
-    (without them bf16 is emulated, far slower than fp32: docs/experiments/performance.md, "Decoding: folded
-    adapters and precision per machine")."""
+    """Whether ``device`` has bf16 matmul units: a CUDA card of compute capability 8.0+ (the learner's own rule,
+    rlvr.platform.devices.bf16_capable: torch's ``is_bf16_supported`` also says yes on a T4 or V100, where bf16 is
+    emulated), or a CPU with AMX-BF16 or AVX512-BF16 (without them bf16 is emulated, far slower than fp32:
+    docs/experiments/performance.md, "Decoding: folded adapters and precision per machine")."""
     if device.startswith("cuda"):
-        return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+        return bool(torch.cuda.is_available()) and bf16_capable(torch.device(device))
     try:
         flags = Path("/proc/cpuinfo").read_text().split()
     except OSError:  # not Linux: do not guess
