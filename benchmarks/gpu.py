@@ -17,7 +17,14 @@ saved in bf16 like a released checkpoint, SmolLM2's tokenizer). Per model, each 
           beta 0.04, clip 0.2, group-std advantages, lr, seed, gradient checkpointing on, one micro-batch of B*G,
           bf16 base weights + bf16 compute on a bf16 GPU (fp32 on the CPU); each generates with its own engine
   default the same workload (model, LoRA, B, G, cap, steps, lr); everything else at each trainer's own defaults
-  vllm    TRL as in "equal" with use_vllm=True, vllm_mode="colocate" (where vLLM imports; CUDA only), vs rlvr equal
+  vllm    TRL as in "equal" with use_vllm=True, vllm_mode="colocate" (where vLLM imports; CUDA only), against
+          rlvr's colocated row where it ran, else rlvr equal
+  colocate (rlvr only) "equal" with rollout.backend=vllm_colocate, one row per --sleep-levels value (where vLLM
+          imports: vLLM's CPU build runs it too); its weight-sync time and the device's peak as the driver reports
+          it (vLLM's pools are outside torch's allocator statistics)
+Each run is a child process under a timeout (--child-timeout) that writes its result to a file (vLLM and TRL log
+to stdout) and exits at once (a stuck engine or NCCL teardown cannot hang the parent). --profile large is the
+one-GPU recipe's workload: 64 prompts x G=8, up to 256 new tokens; give it a real model (--models DIR_OR_HUB_ID).
 Measured per run: steady step time (mean over the steps after the first, a warm-up; TRL's steps timed between
 on_step_end callbacks after cuda.synchronize, rlvr's read from its metrics.jsonl: time/step_s minus evaluation),
 generation tokens/s (completion tokens / generation time: rlvr's rollout/gen_tokens_per_s, TRL's
@@ -57,11 +64,16 @@ SHAPES = {  # Qwen2-style decoders built from a config: hidden, intermediate, la
 PROFILES = {  # per device type: what a run measures unless flags say otherwise
     "cuda": {"models": "135m,0.5b", "prompts": 8, "group": 8, "new_tokens": 64, "steps": 5, "smoke_minutes": 2.0,
              "smoke_model": "135m", "smoke_eval": 100, "calibration_steps": 3, "smoke_overrides": []},
+    # the workload the one-GPU recipe is judged on (issue 54): 64 x 8 completions of up to 256 tokens; pass a real
+    # model (--models Qwen/Qwen2.5-0.5B-Instruct or its directory): its vocabulary and its EOS make the tail real
+    "cuda-large": {"models": "135m", "prompts": 64, "group": 8, "new_tokens": 256, "steps": 4, "smoke_minutes": 0.0,
+                   "smoke_model": "135m", "smoke_eval": 100, "calibration_steps": 2, "smoke_overrides": []},
     "cpu": {"models": "tiny", "prompts": 2, "group": 2, "new_tokens": 8, "steps": 2, "smoke_minutes": 0.0,
             "smoke_model": "tiny", "smoke_eval": 4, "calibration_steps": 2,
             "smoke_overrides": ["train.prompts_per_step=2", "rollout.group_size=4"]},
 }
 VARIANTS = ("equal", "default", "vllm")
+CHILD_TIMEOUT_S = {"cuda": 3600, "cpu": 600}  # one trainer's run, start to end; a stuck vLLM or NCCL teardown ends
 SECTION = "GPU: rlvr vs TRL on one CUDA device (benchmarks/gpu.py)"
 
 
@@ -107,10 +119,12 @@ def child_rlvr(spec: dict) -> dict:
                 f"train.prompts_per_step={s['prompts']}", f"rollout.group_size={s['group']}",
                 f"rollout.max_new_tokens={s['new_tokens']}", f"train.steps={s['steps']}", f"train.lr={LR['lora']}",
                 f"train.seed={SEED}", "eval.max_new_tokens=1", "eval.batch_size=100"]  # evaluation: one token
-    if spec["variant"] == "equal":
+    if spec["variant"] in ("equal", "colocate"):
         workload += ["algo.preset=grpo", f"algo.beta={BETA}", "rollout.temperature=1.0",
                      "model.gradient_checkpointing=true", f"train.micro_batch_size={s['prompts'] * s['group']}",
                      f"model.dtype={'bf16' if _bf16(spec['device']) else 'fp32'}"]
+    if spec["variant"] == "colocate":  # vLLM in the learner's process, asleep during the update at this level
+        workload += ["rollout.backend=vllm_colocate", f"rollout.vllm_sleep_level={spec['sleep_level']}"]
     _, records, cfg = _rlvr(spec, workload)
     weights = weight_dtype(cfg.model.dtype, resolve_device(spec["device"]), cfg.model.lora)
     resolved = {"model.dtype": cfg.model.dtype, "weights": str(weights).removeprefix("torch."),
@@ -120,6 +134,7 @@ def child_rlvr(spec: dict) -> dict:
     return {"step_s": _step_times(records), "generate_s": [r["rollout/time_generate_s"] for r in records],
             "generated_tokens": [r["rollout/gen_tokens_per_s"] * r["rollout/time_generate_s"] for r in records],
             "update_s": [r["update/time_s"] for r in records], "reward": [r["rollout/reward_mean"] for r in records],
+            "sync_s": [r["sampler/sync_s"] for r in records if "sampler/sync_s" in r],
             "overrides": workload, "settings": resolved}
 
 
@@ -210,20 +225,45 @@ def child_smoke(spec: dict) -> dict:
 CHILDREN = {"rlvr": child_rlvr, "trl": child_trl, "smoke": child_smoke}
 
 
+def _device_used_peak(device, stop) -> list[float]:
+    """Polls the device's used memory (total - free, as the driver reports it: vLLM's own pools and sleep-mode
+    allocations included, which torch's allocator statistics miss) every 0.1 s until ``stop`` is set; the list
+    holds the peak in MiB."""
+    import threading
+
+    import torch
+
+    peak = [0.0]
+
+    def poll() -> None:
+        while not stop.is_set():
+            free, total = torch.cuda.mem_get_info(device)
+            peak[0] = max(peak[0], (total - free) / 2**20)
+            stop.wait(0.1)
+
+    threading.Thread(target=poll, daemon=True).start()
+    return peak
+
+
 def child(spec: dict) -> dict:
+    import threading
+
     import torch
 
     device = torch.device(spec["device"])
+    stop = threading.Event()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+        used = _device_used_peak(device, stop)
     result = CHILDREN[spec["trainer"]](spec)
+    stop.set()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         free, total = torch.cuda.mem_get_info(device)
         result["device_name"] = torch.cuda.get_device_name(device)
         result["memory"] = {"peak_mb": torch.cuda.max_memory_allocated(device) / 2**20, "kind": "max_memory_allocated",
                             "peak_reserved_mb": torch.cuda.max_memory_reserved(device) / 2**20,
-                            "device_used_at_end_mb": (total - free) / 2**20}
+                            "device_used_peak_mb": used[0], "device_used_at_end_mb": (total - free) / 2**20}
     else:
         result["memory"] = {"peak_mb": _peak_rss_mb(), "kind": "peak RSS (CPU)"}
     return result
@@ -271,11 +311,19 @@ def _run_child(spec: dict) -> dict:
         index = int(spec["device"].split(":")[1])
         env["CUDA_VISIBLE_DEVICES"] = visible[index] if visible != [""] else str(index)
         spec = {**spec, "device": "cuda"}
-    done = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        return {"error": (done.stderr or done.stdout)[-3000:]}
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    with tempfile.TemporaryDirectory(prefix="gpu-bench-child-") as tmp:
+        result = Path(tmp) / "result.json"  # not stdout: vLLM and TRL log there
+        timeout_s = spec["settings"]["child_timeout_s"]
+        try:
+            done = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec), "--result", str(result)],
+                                  cwd=ROOT, env=env, capture_output=True, text=True, check=False, timeout=timeout_s,
+                                  start_new_session=True)
+        except subprocess.TimeoutExpired as e:
+            tail = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+            return {"error": f"timed out after {timeout_s} s (--child-timeout)\n{tail[-2000:]}"}
+        if done.returncode != 0 or not result.is_file():
+            return {"error": (done.stderr or done.stdout)[-3000:]}
+        return json.loads(result.read_text())
 
 
 def _summary(run: dict) -> dict:
@@ -300,7 +348,8 @@ def _ratios(ours: dict, theirs: dict) -> dict | None:
 
 def _pairs(runs: dict) -> dict:
     """(rlvr run, TRL run) per comparison: each row of the table."""
-    return {v: (runs["rlvr_equal" if v == "vllm" else f"rlvr_{v}"], runs[f"trl_{v}"]) for v in VARIANTS}
+    colocated = next((k for k in runs if k.startswith("rlvr_colocate") and "summary" in runs[k]), "rlvr_equal")
+    return {v: (runs[colocated if v == "vllm" else f"rlvr_{v}"], runs[f"trl_{v}"]) for v in VARIANTS}
 
 
 def _cell(ours: dict, theirs: dict, key: str, fmt: str) -> str:
@@ -314,7 +363,8 @@ def _cell(ours: dict, theirs: dict, key: str, fmt: str) -> str:
         f" (**{ratio:.2f}×**)" if ratio else "")
 
 
-LABELS = {"equal": "equal settings", "default": "each at its defaults", "vllm": "equal settings, TRL with vLLM"}
+LABELS = {"equal": "equal settings", "default": "each at its defaults",
+          "vllm": "equal settings, TRL's colocated vLLM (against rlvr's where measured)"}
 
 
 def markdown(results: dict) -> str:
@@ -338,6 +388,20 @@ def markdown(results: dict) -> str:
                 continue
             cells = " | ".join(_cell(ours, theirs, key, fmt) for key, fmt in RATIOS)
             lines.append(f"| {name} ({params:.0f}M) | {LABELS[variant]} | {cells} |")
+    colocated = [(name, key, run) for name, runs in results["runs"].items() for key, run in runs.items()
+                 if key.startswith("rlvr_colocate") and "summary" in run]
+    if colocated:
+        header = ("| model | sleep level | steady step (s) | generation tokens/s | weight sync (s) | "
+                  "peak memory: torch's allocator / the device (MiB) |")
+        lines += ["", "rlvr's colocated vLLM (`rollout.backend=vllm_colocate`), equal settings, per sleep level:", "",
+                  header, "|---|---|---|---|---|---|"]
+        for name, key, run in colocated:
+            sm, mem = run["summary"], run["memory"]
+            sync = statistics.mean(run["sync_s"]) if run.get("sync_s") else float("nan")
+            device = mem.get("device_used_peak_mb")
+            lines.append(f"| {name} | {key.rsplit('_s', 1)[1]} | {sm['steady_step_s']:.2f} | "
+                         f"{sm['gen_tokens_per_s'] or 0:.0f} | {sync:.3f} | {mem['peak_mb']:.0f} / "
+                         f"{'n/a' if device is None else f'{device:.0f}'} |")
     if "error" in smoke:
         lines += ["", "Learning smoke: failed (see the JSON)."]
     else:
@@ -360,7 +424,13 @@ def _skip(trainer: str, variant: str, trl: str | None, vllm: str | None, cuda: b
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cuda", help="cuda, cuda:N, or cpu (the dry mode the tests run)")
-    parser.add_argument("--models", help="comma-separated: 135m, 0.5b, tiny (default: 135m,0.5b; cpu: tiny)")
+    parser.add_argument("--profile", choices=("default", "large"), default="default",
+                        help="large: 64 prompts x G=8, 256 new tokens (CUDA)")
+    parser.add_argument("--models", help="comma-separated: 135m, 0.5b, tiny, or a model directory / Hub id "
+                        "(default: 135m,0.5b; cpu: tiny)")
+    parser.add_argument("--sleep-levels", default="1", help="rlvr's colocated vLLM rows, one per level (0,1,2)")
+    parser.add_argument("--child-timeout", type=int, help="seconds one trainer's run may take")
+    parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     for flag in ("prompts", "group", "new_tokens", "steps", "smoke_eval"):
         parser.add_argument("--" + flag.replace("_", "-"), type=int)
     parser.add_argument("--smoke-minutes", type=float)
@@ -371,8 +441,9 @@ def main() -> int:
     parser.add_argument("--child")
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(json.loads(args.child))))
-        return 0
+        args.result.write_text(json.dumps(child(json.loads(args.child))))
+        sys.stdout.flush(), sys.stderr.flush()
+        os._exit(0)  # nothing left to wait for: a vLLM engine's or NCCL's teardown must not hang the parent
 
     import torch  # the parent never touches the device: children report its name
 
@@ -380,13 +451,16 @@ def main() -> int:
     from rlvr.models.policy import resolve_model_dir
 
     started, cuda = time.perf_counter(), args.device.startswith("cuda")
-    settings = dict(PROFILES["cuda" if cuda else "cpu"])
+    settings = dict(PROFILES[("cuda-large" if args.profile == "large" else "cuda") if cuda else "cpu"])
+    settings["child_timeout_s"] = args.child_timeout or CHILD_TIMEOUT_S["cuda" if cuda else "cpu"]
     settings.update({k: v for k, v in vars(args).items() if k in settings and v is not None})
     settings["smoke_max_steps"] = args.smoke_max_steps
     models = [m.strip() for m in settings.pop("models").split(",") if m.strip()]
     trl = importlib.metadata.version("trl") if importlib.util.find_spec("trl") else None
     use_vllm = cuda and args.trl_vllm == "auto" and importlib.util.find_spec("vllm")
     vllm = importlib.metadata.version("vllm") if use_vllm else None
+    colocate = bool(importlib.util.find_spec("vllm"))  # rlvr's own colocated rows: vLLM's CPU build runs them too
+    levels = [int(x) for x in args.sleep_levels.split(",") if x.strip()]
     machine = {"device": f"CUDA ({args.device})" if cuda else "CPU (dry mode): " + describe(),
                "torch": torch.__version__, "cuda": torch.version.cuda, "trl": trl, "vllm": vllm}
 
@@ -399,7 +473,8 @@ def main() -> int:
     scratch, dirs = Path(tempfile.mkdtemp(prefix="gpu-bench-models-")), {}
     for name in dict.fromkeys([*models, settings["smoke_model"]]):
         phase(f"model {name}: {'the alias' if name == '135m' else 'building from a config'}")
-        dirs[name] = resolve_model_dir(ALIAS) if name == "135m" else build_model(name, scratch)
+        dirs[name] = resolve_model_dir(ALIAS) if name == "135m" else \
+            build_model(name, scratch) if name in SHAPES else resolve_model_dir(name)
     results: dict = {"command": "python benchmarks/gpu.py " + " ".join(sys.argv[1:]), "machine": machine,
                      "dry_run": not cuda, "settings": settings, "runs": {}, "phases": [],
                      "models": {n: {"dir": str(d), "params": _param_count(d)} for n, d in dirs.items()},
@@ -423,6 +498,11 @@ def main() -> int:
             spec = {"trainer": trainer, "variant": variant, "model_dir": str(dirs[name]),
                     "model": ALIAS if name == "135m" else str(dirs[name])}  # rlvr: the alias, as a user writes it
             runs[f"{trainer}_{variant}"] = {"skipped": skip} if skip else measure(f"{name} {trainer}_{variant}", spec)
+        for level in levels:  # rlvr's one-GPU recipe: vLLM in the learner's process, asleep during the update
+            spec = {"trainer": "rlvr", "variant": "colocate", "sleep_level": level, "model_dir": str(dirs[name]),
+                    "model": ALIAS if name == "135m" else str(dirs[name])}
+            key = f"rlvr_colocate_s{level}"
+            runs[key] = measure(f"{name} {key}", spec) if colocate else {"skipped": "vLLM not installed: skipped"}
     smoke = settings["smoke_model"]
     results["smoke"] = measure("smoke", {"trainer": "smoke", "model": ALIAS if smoke == "135m" else str(dirs[smoke])})
     names = [r["device_name"] for runs in results["runs"].values() for r in runs.values() if "device_name" in r]

@@ -25,7 +25,8 @@ def test_gpu_benchmark_dry_run(tmp_path):
     assert results["dry_run"] is True
     assert list(results["runs"]) == ["tiny"]
     runs = results["runs"]["tiny"]
-    assert set(runs) == {"rlvr_equal", "rlvr_default", "trl_equal", "trl_default", "trl_vllm"}
+    assert set(runs) == {"rlvr_equal", "rlvr_default", "trl_equal", "trl_default", "trl_vllm", "rlvr_colocate_s1"}
+    assert runs["rlvr_colocate_s1"] == {"skipped": "vLLM not installed: skipped"}  # rlvr's venv has no vLLM
     _measured(runs["rlvr_equal"])
     _measured(runs["rlvr_default"])
     assert runs["rlvr_equal"]["settings"]["model.gradient_checkpointing"] is True

@@ -37,6 +37,26 @@ def post(url: str, path: str, body) -> httpx.Response:
     return post_without_key(url, path, body, api_key=KEY)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def fixed_kernels():
+    """One fp32 kernel for the whole module, here and in the servers it starts: the trained adapter, and so whether
+    its completions reach EOS or call the calculator, must not hang on rlvr.platform.matmul's timed choice (a busy
+    machine can tip it, and a ulp then flips a sample)."""
+    import os
+
+    from rlvr.platform import matmul
+
+    before = os.environ.get("RLVR_FP32_MATMUL")
+    os.environ["RLVR_FP32_MATMUL"] = "blas"
+    matmul.onednn_fp32_faster.cache_clear()
+    yield
+    if before is None:
+        os.environ.pop("RLVR_FP32_MATMUL")
+    else:
+        os.environ["RLVR_FP32_MATMUL"] = before
+    matmul.onednn_fp32_faster.cache_clear()
+
+
 @pytest.fixture(scope="module")
 def model_dir() -> Path:
     return resolve_model_dir("smollm2-135m-instruct")
