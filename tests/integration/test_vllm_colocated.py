@@ -273,3 +273,16 @@ def test_two_learners_under_torchrun_each_with_its_engine(straight, tmp_path):
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
     two = _train(tmp_path / "two", "train.steps=1", launcher=launcher)
     assert _texts(two, 1) == _texts(straight[1], 1) and len(_texts(two, 1)) == 8
+
+
+def test_the_gpu_benchmark_s_colocated_row_in_its_dry_mode(tmp_path):
+    """benchmarks/gpu.py --device cpu in this venv: rlvr's colocated row runs beside rlvr's own (TRL is not
+    installed here), with its weight-sync time, and the table shows it."""
+    out = tmp_path / "gpu.json"
+    done = subprocess.run([sys.executable, "benchmarks/gpu.py", "--device", "cpu", "--sleep-levels", "0", "--out",
+                           str(out)], cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    run = json.loads(out.read_text())["runs"]["tiny"]["rlvr_colocate_s0"]
+    assert run["summary"]["steady_step_s"] > 0 and run["summary"]["gen_tokens_per_s"] > 0
+    assert len(run["sync_s"]) == 2 and all(s > 0 for s in run["sync_s"])
+    assert "| tiny | 0 |" in done.stdout
