@@ -17,6 +17,9 @@ import torch
 import torch.nn.functional as F
 
 
+AUTOCAST_DEVICES = ("cpu", "cuda")  # where model.autocast runs (rlvr.models.policy.autocast)
+
+
 @dataclass(frozen=True)
 class OutputLayer:
     weight: torch.Tensor  # [V, H]
@@ -26,7 +29,12 @@ class OutputLayer:
 
     def linear(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [..., H] -> hidden @ W.T + bias [..., V], in the weight's dtype (bf16 hidden states of a model whose
-        frozen head is kept in fp32 are upcast first; rlvr.models.architecture.output_layer)."""
+        frozen head is kept in fp32 are upcast first; rlvr.models.architecture.output_layer), autocast or not:
+        under bf16 autocast (model.autocast) the logits would otherwise keep 8 significant bits."""
+        kind = hidden.device.type
+        if kind in AUTOCAST_DEVICES and torch.is_autocast_enabled(kind):
+            with torch.autocast(kind, enabled=False):
+                return F.linear(hidden.to(self.weight.dtype), self.weight, self.bias)
         return F.linear(hidden.to(self.weight.dtype), self.weight, self.bias)
 
     def transform(self, z: torch.Tensor, inplace: bool = False) -> torch.Tensor:

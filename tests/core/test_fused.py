@@ -117,3 +117,21 @@ def test_whole_output_layer_equals_the_formula(scale, softcap, with_bias):
     assert torch.allclose(fused, naive, atol=1e-10, rtol=0)
     for a, b in zip(torch.autograd.grad(fused, params), naive_grads):
         assert torch.allclose(a, b, atol=1e-10, rtol=0)
+
+
+def test_the_output_layer_computes_in_its_weight_s_dtype_under_bf16_autocast():
+    """model.autocast=bf16 runs the body's matmuls in bf16; the logits stay the fp32 product (8 significant bits
+    would move a logit of 10 by up to 1/16): equal to the product outside autocast, in the learner's token_logprobs
+    and in the fused gradient path alike."""
+    torch.manual_seed(0)
+    hidden, weight = torch.randn(6, 32), torch.randn(50, 32, requires_grad=True)
+    layer, ids = OutputLayer(weight), torch.randint(0, 50, (1, 6))
+    plain = layer(hidden)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        under = layer(hidden)
+        logp, _ = token_logprobs(hidden[None], layer, ids)
+        fused, _ = fused_logprobs(hidden.clone().requires_grad_(), layer, ids[0])
+    assert under.dtype == torch.float32 and torch.equal(under, plain)
+    want = torch.log_softmax(plain, -1).gather(-1, ids[0, :, None])[:, 0]
+    torch.testing.assert_close(logp[0], want, atol=1e-6, rtol=0)
+    torch.testing.assert_close(fused, want, atol=1e-6, rtol=0)
