@@ -16,7 +16,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-
 AUTOCAST_DEVICES = ("cpu", "cuda")  # where model.autocast runs (rlvr.models.policy.autocast)
 
 
