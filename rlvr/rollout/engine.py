@@ -228,6 +228,7 @@ def decode(backbone: nn.Module, head: nn.Module, logits: torch.Tensor, cache, at
     k = top_logprobs
     top_ids = torch.zeros((n, params.max_new_tokens, k), dtype=torch.long, device=device) if k else None
     top_logp = torch.zeros((n, params.max_new_tokens, k), dtype=torch.float32, device=device) if k else None
+    history: list[list[int]] = [[] for _ in range(n)]  # the sampled tokens on the host, for stop strings only
     for t in range(params.max_new_tokens):
         tokens, token_logp, logp_all = _next_tokens(logits, params, generator, active, full=bool(k))
         ids[active, t] = tokens
@@ -237,9 +238,13 @@ def decode(backbone: nn.Module, head: nn.Module, logits: torch.Tensor, cache, at
             top_ids[active, t], top_logp[active, t] = best.indices, best.values
         lengths[active] = t + 1
         done = torch.isin(tokens, eos)
-        if stop is not None:  # stop strings: checked on each still-running row's tokens so far
-            done |= torch.tensor([bool(not d and stop(ids[row, : t + 1].tolist()))
-                                  for row, d in zip(active.tolist(), done.tolist())], device=done.device)
+        if stop is not None:  # stop strings: each still-running row's tokens so far, kept on the host
+            rows, new, ended = torch.stack([active, tokens, done.long()]).tolist()  # one copy per step, not per row
+            flags = []
+            for row, token, d in zip(rows, new, ended):
+                history[row].append(token)
+                flags.append(not d and bool(stop(history[row])))
+            done |= torch.tensor(flags, dtype=torch.bool, device=done.device)
         finished[active] = done
         if t + 1 == params.max_new_tokens or bool(done.all()):
             if leaving is not None:
