@@ -88,7 +88,8 @@ class Collectives:
             return
         backend = "nccl" if device.type == "cuda" else "gloo"
         if not dist.is_initialized():  # a script that set up its own group (accelerate) keeps it: we only join
-            dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+            bound = {"device_id": device} if device.type == "cuda" else {}  # NCCL binds its communicator at once
+            dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s), **bound)
             self.owned = True
         self.cpu_group = dist.group.WORLD if dist.get_backend() == "gloo" else \
             dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))  # CPU bookkeeping next to NCCL

@@ -368,7 +368,8 @@ def open_run(cfg: RunConfig, update: Update, rewards: list[WeightedReward] | Non
     model = build_policy(data.model_dir, cfg.model, device)
     reference = ReferencePolicy(model) if update.needs_reference else None  # before any weights are restored
     trainable, params = update.attach(model)
-    collectives.broadcast_from_main(list(trainable.parameters()))  # every learner starts from rank 0's weights
+    # every learner starts from rank 0's trained weights; the frozen ones come from the same files on every learner
+    collectives.broadcast_from_main([p for p in trainable.parameters() if p.requires_grad])
     if sharded_weights(cfg, world):  # FSDP2: each learner keeps its shard (rlvr/learn/sharding.py)
         if not cfg.train.heap_threshold_kb:  # FSDP's freed per-layer buffers would stay with glibc (sharding.py)
             return_freed_memory(SHARDED_HEAP_THRESHOLD)
