@@ -279,3 +279,19 @@ def test_adamw_is_fused_only_over_cuda_parameters():
     assert not fused_adamw([torch.nn.Parameter(torch.zeros(2, device="meta"))])
     optimizer = build_optimizer(torch.nn.Linear(2, 2), TrainConfig(), [cpu])
     assert not optimizer.defaults["fused"]
+
+
+@pytest.mark.parametrize("capability, want", [((8, 0), "bf16"), ((7, 5), "none")])
+def test_autocast_auto_is_bf16_for_fp32_weights_on_a_bf16_card_only(monkeypatch, capability, want):
+    """model.autocast=auto: full fine-tuning (fp32 weights) on a CUDA card with bf16 units runs its matmuls in bf16
+    (TRL's default there); a bf16 base, a T4/V100 and the CPU keep what they had; explicit settings pass through.
+    (The card is a stand-in: no GPU here.)"""
+    from rlvr.platform.devices import autocast_mode
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    cuda = torch.device("cuda", 0)
+    assert autocast_mode("auto", cuda, torch.float32) == want
+    assert autocast_mode("auto", cuda, torch.bfloat16) == "none"  # a bf16 base (LoRA) computes in bf16 already
+    assert autocast_mode("auto", torch.device("cpu"), torch.float32) == "none"
+    assert autocast_mode("none", cuda, torch.float32) == "none" and autocast_mode("bf16", torch.device("cpu"),
+                                                                                   torch.float32) == "bf16"

@@ -25,7 +25,7 @@ ARITHMETIC_SYSTEM_PROMPT = "Reply with only the number."
 TASKS = ("arithmetic", "word_problems", "tool_problems", "jsonl", "math_jsonl", "code_jsonl", "hf")
 
 # The values of the fields typed Literal[...] below: check_choices checks them, the docs list them.
-AUTOCAST, RUNTIMES, TRANSPORTS = ("none", "bf16"), ("embedded", "ray"), ("ws", "http")
+AUTOCAST, RUNTIMES, TRANSPORTS = ("auto", "none", "bf16"), ("embedded", "ray"), ("ws", "http")
 BACKENDS = ("local", "server", "vllm_colocate")
 ANSWER_FORMATS, PROBLEM_KINDS = ("raw", "gsm8k", "math"), ("products", "word", "two_step")
 GRAMMARS = ("varied", "simple", "mixed")
@@ -48,9 +48,11 @@ class ModelConfig:
     """Names of the linear modules that get adapters (e.g. [q_proj, v_proj]), or all-linear: every linear layer of the
     decoder whatever its naming scheme (fused qkv_proj, query_key_value, ...) and the stacked expert weights of MoE
     layers; never the output layer; MoE routers stay frozen."""
-    autocast: Literal[AUTOCAST] = "none"
+    autocast: Literal[AUTOCAST] = "auto"
     """none (fp32) or bf16: run generation and training matmuls under bf16 autocast (fp32 master weights;
-    log-probs and the loss stay fp32). Only worth it where the hardware has bf16 units (AMX, GPUs)."""
+    log-probs, the output layer and the loss stay fp32). Only worth it where the hardware has bf16 units (AMX,
+    GPUs). auto: bf16 for fp32 weights on a CUDA card with bf16 units (full fine-tuning there; TRL's default too),
+    none elsewhere, the CPU included."""
     gradient_checkpointing: bool | str = "auto"
     """Recompute each layer's activations in backward: far less memory for about one extra forward pass. auto: on
     for a CUDA device (where memory is what runs out; TRL's default), off on the CPU (where time is)."""

@@ -24,6 +24,7 @@ from rlvr.core.head import OutputLayer
 from rlvr.models.architecture import check_layers, lora_targets, output_layer, unwrap
 from rlvr.models.fused_lora import fuse_lora_layers
 from rlvr.models.offline import ALIASES, OFFLINE_MODELS, alias_dir
+from rlvr.platform.devices import autocast_mode
 from rlvr.platform.matmul import frozen_linear
 
 HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")  # "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -293,11 +294,12 @@ def backbone_and_head(model: nn.Module) -> tuple[nn.Module, OutputLayer]:
 
 
 def autocast(model: nn.Module, mode: str) -> contextlib.AbstractContextManager:
-    """bf16 autocast on the model's device for mode 'bf16'; nothing for 'none'."""
-    if mode == "none":
+    """bf16 autocast on the model's device for mode 'bf16' (or 'auto' where rlvr.platform.devices.autocast_mode
+    picks it for the model's weights); nothing for 'none'."""
+    weight = next(model.parameters())
+    if autocast_mode(mode, weight.device, weight.dtype) == "none":
         return contextlib.nullcontext()
-    device = next(model.parameters()).device.type
-    return torch.autocast(device_type=device, dtype=torch.bfloat16)
+    return torch.autocast(device_type=weight.device.type, dtype=torch.bfloat16)
 
 
 def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:

@@ -59,6 +59,14 @@ def bf16_capable(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 0)
 
 
+def autocast_mode(mode: str, device: torch.device, dtype: torch.dtype) -> str:
+    """``model.autocast`` for weights of ``dtype`` on ``device``: auto is bf16 for fp32 weights on a CUDA card with
+    bf16 units (full fine-tuning would otherwise run its matmuls in fp32 on CUDA cores), none elsewhere."""
+    if mode != "auto":
+        return mode
+    return "bf16" if dtype == torch.float32 and bf16_capable(device) else "none"
+
+
 def weight_dtype(spec: str, device: torch.device, lora: bool, name: str = "model.dtype") -> torch.dtype:
     """The dtype of the model's weights for ``model.dtype``: auto is bf16 for the frozen base under LoRA on a bf16
     GPU (the adapters peft adds stay fp32) and fp32 everywhere else, the CPU included (unchanged); bf16 is refused
