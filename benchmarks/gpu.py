@@ -15,7 +15,8 @@ Models: SmolLM2-135M-Instruct (rlvr's alias) and a ~0.47B Qwen2-style model buil
 saved in bf16 like a released checkpoint, SmolLM2's tokenizer). Per model, each trainer in a fresh subprocess:
   equal   both at the same settings: LoRA r=16/alpha=32 on all linear layers, B prompts x G, the same completion cap,
           beta 0.04, clip 0.2, group-std advantages, lr, seed, gradient checkpointing on, one micro-batch of B*G,
-          bf16 base weights + bf16 compute on a bf16 GPU (fp32 on the CPU); each generates with its own engine
+          bf16 base weights + bf16 compute on a bf16 GPU (fp32 on the CPU), the output layer in fp32 (TRL's
+          cast_lm_head_to_fp32, as rlvr's); each generates with its own engine
   default the same workload (model, LoRA, B, G, cap, steps, lr); everything else at each trainer's own defaults
   vllm    TRL as in "equal" with use_vllm=True, vllm_mode="colocate" (where vLLM imports; CUDA only), against
           rlvr's colocated row where it ran, else rlvr equal
@@ -173,6 +174,8 @@ def child_trl(spec: dict) -> dict:
                     model_init_kwargs={"dtype": "bfloat16" if bf16 else "float32"})
         if spec["variant"] == "vllm":
             args.update(use_vllm=True, vllm_mode="colocate")
+        elif bf16:  # rlvr's output layer computes in fp32 over a bf16 base: "equal" asks TRL for the same
+            args.update(cast_lm_head_to_fp32=True)
     marks: list[float] = []
 
     class Marks(TrainerCallback):
