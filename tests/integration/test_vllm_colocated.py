@@ -66,6 +66,7 @@ def model_dir():
 
 @pytest.fixture(scope="module")
 def learner(model_dir):
+    torch.manual_seed(0)  # lora_A's initialisation: the same adapter, so the same episodes, on every run
     model = load_trainable(model_dir, LoraSpec(r=16))
     _perturb_adapter(model, seed=1)
     return model.eval(), load_tokenizer(model_dir)
@@ -135,6 +136,40 @@ def test_colocated_samples_what_vllm_over_http_samples_for_the_same_seed(colocat
     sampled = colocated.sample(prompts, 4, SamplingParams(temperature=1.0, max_new_tokens=16), seed=12)
     assert _same_policy(model, sampled), _gap(model, sampled)
     remote.close()
+
+
+def test_episodes_on_the_colocated_engine_are_vllm_over_http_s(colocated, learner, http_vllm, tmp_path):
+    """Calculator episodes (the learner drives the turns, observation tokens appended by it): the colocated engine
+    and vLLM over HTTP, same adapter and seeds, give the same episodes token for token; sampled tokens carry the
+    learner's log-probs, observation tokens none."""
+    from rlvr.config.schema import EnvConfig
+    from rlvr.run.scoring import build_environment_setup, sample_scored
+    from rlvr.tasks.tool_problems import tool_problem_rows
+
+    model, tokenizer = learner
+    setup = build_environment_setup(EnvConfig(tools=("calculator",), max_turns=3, max_episode_tokens=160), tokenizer)
+    _, rows = tool_problem_rows(4, 8, 0, kind="products", shots=1)
+    params = SamplingParams(temperature=0.7, max_new_tokens=48)
+    colocated.sync(1)
+    pool = ServerPool([http_vllm], api_key=KEY)
+    pool.wait_ready(60)
+    remote = RemoteSampler(pool, tokenizer, model, AdapterBucket(tmp_path / "bucket"))
+    remote.sync(1)
+    ours = sample_scored(colocated, rows, 2, params, 3, [], setup)
+    theirs = sample_scored(remote, rows, 2, params, 3, [], setup)
+    remote.close()
+    g = ours.groups
+    assert g.completion_token_ids() == theirs.groups.completion_token_ids()
+    assert torch.equal(g.sampled_mask, theirs.groups.sampled_mask)
+    assert ours.episode_stats.tools.calls == theirs.episode_stats.tools.calls
+    assert ours.episode_stats.observation_tokens > 0  # tool results (or refusals) came back into the episodes
+    sampled = g.sampled_mask.bool()
+    n = g.completion_ids.shape[0]
+    with torch.no_grad():
+        logp, _ = completion_logprobs(model, StepBatch.from_groups(g, torch.zeros(n)), torch.arange(n))
+    gap = (logp - g.behaviour_logp)[sampled].abs()
+    assert gap.mean() < 3e-5 and gap.max() < 2e-4, (float(gap.mean()), float(gap.max()))
+    assert (g.behaviour_logp[g.completion_mask.bool() & ~sampled] == 0).all()
 
 
 def test_colocated_greedy_tokens_equal_rlvr_serve_s(colocated, learner, model_dir, tmp_path):
