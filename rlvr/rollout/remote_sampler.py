@@ -106,14 +106,16 @@ class RemoteSampler:
 
     def sample(self, prompts: list[Prompt], group_size: int, params: SamplingParams, seed: int,
                first: int = 0) -> Groups:
+        """Greedy decoding asks each server for one choice and repeats it ``group_size`` times: vLLM refuses n > 1
+        without sampling (the n would be equal)."""
         prompt_ids = [prompt_token_ids(self.tokenizer, p) for p in prompts]
-        version = self.version
-        bodies = [self._body(ids, group_size, params, request_seed(seed, first + i), version)
+        version, n = self.version, 1 if params.temperature == 0 else group_size
+        bodies = [self._body(ids, n, params, request_seed(seed, first + i), version)
                   for i, ids in enumerate(prompt_ids)]
 
         def parse(answer: object) -> list[ServerChoice]:
-            return parse_completions(answer, group_size, params.max_new_tokens, self.vocab_size)
+            return parse_completions(answer, n, params.max_new_tokens, self.vocab_size) * (group_size // n)
 
-        answers = self.pool.post_many("/v1/completions", bodies, [group_size * params.max_new_tokens] * len(bodies),
+        answers = self.pool.post_many("/v1/completions", bodies, [n * params.max_new_tokens] * len(bodies),
                                       [parse] * len(bodies))
         return groups_of(answers, prompt_ids, group_size, self.tokenizer, version, params.temperature)

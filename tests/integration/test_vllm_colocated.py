@@ -133,6 +133,8 @@ def test_colocated_samples_what_vllm_over_http_samples_for_the_same_seed(colocat
         assert (ours.version == 1).all() and ours.completion_ids.shape[0] == 4 * g
     greedy = colocated.sample(prompts, 3, SamplingParams(temperature=0.0, max_new_tokens=16), seed=0)
     assert greedy.completion_token_ids() == [ids for ids in ours.completion_token_ids() for _ in range(3)]
+    served = remote.sample(prompts, 3, SamplingParams(temperature=0.0, max_new_tokens=16), seed=0)  # vLLM: n = 1
+    assert served.completion_token_ids() == greedy.completion_token_ids()
     sampled = colocated.sample(prompts, 4, SamplingParams(temperature=1.0, max_new_tokens=16), seed=12)
     assert _same_policy(model, sampled), _gap(model, sampled)
     remote.close()
