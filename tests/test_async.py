@@ -107,7 +107,10 @@ def test_killed_servers_are_restarted_and_no_group_is_lost_or_trained_twice(tiny
     with the current adapter, and training goes on. The learner runs in this process; the servers it starts inherit
     RLVR_FAULT (adapter_load is a point of `rlvr serve` only)."""
     out = tmp_path / "run"
-    args = _overrides(tiny_model_dir, out) + ASYNC + ["train.steps=6", "log.progress=false"]
+    # 120 s for a server to be back: both can be down at once (the faulted one dies again at its 3rd load after a
+    # restart), and under make test's two busy workers a restart once took longer than 60 s
+    args = _overrides(tiny_model_dir, out) + ASYNC + ["train.steps=6", "log.progress=false",
+                                                      "rollout.server_wait_s=120"]
     monkeypatch.setenv("RLVR_FAULT", "adapter_load@3")
     _train_killing_a_server(args, out, after_records=4, server=1)  # after step 3: steps 4-6 go on without it
     monkeypatch.delenv("RLVR_FAULT")
