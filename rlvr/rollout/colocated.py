@@ -16,9 +16,11 @@ give the old policy's tokens.
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import tempfile
+import time
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -117,10 +119,13 @@ def base_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
 
 
 def memory_directory() -> Path:
-    """A fresh directory in memory (/dev/shm where it is writable) for the adapter vLLM loads from a path."""
+    """A fresh directory in memory (/dev/shm where it is writable) for the adapter vLLM loads from a path; removed
+    at exit if nothing removed it before (memory there is held until the directory goes)."""
     shm = Path("/dev/shm")
     root = str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
-    return Path(tempfile.mkdtemp(prefix="rlvr-colocate-", dir=root))
+    path = Path(tempfile.mkdtemp(prefix="rlvr-colocate-", dir=root))
+    atexit.register(shutil.rmtree, path, True)
+    return path
 
 
 class ColocatedSampler:
@@ -145,8 +150,6 @@ class ColocatedSampler:
     def _push(self, base: bool) -> None:
         """The learner's weights into the engine: all of them (full fine-tuning, or LoRA's base after a level-2
         sleep), then the adapter; the prefix cache reset after."""
-        import time
-
         started = time.perf_counter()
         if base or not self.lora:
             self.engine.collective_rpc("reload_weights", kwargs={"weights_iterator": base_weights(self.model)})
