@@ -11,6 +11,7 @@ The scale and cap are read off the model itself (rlvr.models.policy.output_layer
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -31,10 +32,9 @@ class OutputLayer:
         frozen head is kept in fp32 are upcast first; rlvr.models.architecture.output_layer), autocast or not:
         under bf16 autocast (model.autocast) the logits would otherwise keep 8 significant bits."""
         kind = hidden.device.type
-        if kind in AUTOCAST_DEVICES and torch.is_autocast_enabled(kind):
-            with torch.autocast(kind, enabled=False):
-                return F.linear(hidden.to(self.weight.dtype), self.weight, self.bias)
-        return F.linear(hidden.to(self.weight.dtype), self.weight, self.bias)
+        autocasting = kind in AUTOCAST_DEVICES and torch.is_autocast_enabled(kind)
+        with torch.autocast(kind, enabled=False) if autocasting else contextlib.nullcontext():
+            return F.linear(hidden.to(self.weight.dtype), self.weight, self.bias)
 
     def transform(self, z: torch.Tensor, inplace: bool = False) -> torch.Tensor:
         """Scale and soft-cap the linear output z [..., V] (in place when ``inplace``, else z is untouched)."""

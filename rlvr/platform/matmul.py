@@ -29,8 +29,8 @@ PROBES = {"decode": (32, 1024, 2048), "batch": (1024, 1024, 1024)}  # rows, in, 
 @functools.cache
 def onednn_fp32_faster(regime: str = "decode") -> bool:
     """Whether oneDNN's fp32 matmul beats ``F.linear``'s on this CPU by 10 % at ``regime``'s product (``PROBES``;
-    timed once per process and regime, tens of milliseconds); ``RLVR_FP32_MATMUL=blas|onednn`` decides instead
-    (tests, A/B measurements)."""
+    timed once per process and regime, on first use, in a fraction of a second);
+    ``RLVR_FP32_MATMUL=blas|onednn`` decides instead (tests, A/B measurements)."""
     if os.environ.get("RLVR_FP32_MATMUL") in ("blas", "onednn"):
         return os.environ["RLVR_FP32_MATMUL"] == "onednn"
     if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):

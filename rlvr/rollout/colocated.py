@@ -31,12 +31,12 @@ from torch import nn
 
 from rlvr.models.architecture import unwrap
 from rlvr.models.prompts import Prompt, prompt_token_ids
-from rlvr.platform.seeds import request_seed, turn_seed
+from rlvr.platform.seeds import request_seed
 from rlvr.rollout.engine import SamplingParams
-from rlvr.rollout.episodes import Environment, EpisodeBatch, EpisodeLimits, Turn, run_episodes
+from rlvr.rollout.episodes import Environment, EpisodeBatch, EpisodeLimits, run_episodes
 from rlvr.rollout.groups import Groups, eos_token_ids
-from rlvr.rollout.remote_sampler import vocab_size
-from rlvr.rollout.server_answers import ServerChoice, groups_of, parse_completions
+from rlvr.rollout.remote_sampler import served_turns, vocab_size
+from rlvr.rollout.server_answers import ServerChoice, choices_to_ask, groups_of, parse_group
 
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the ranks vLLM 0.32 accepts for max_lora_rank
 ADAPTER_NAME, ADAPTER_ID = "rlvr-policy", 1  # one adapter, replaced in place at every push
@@ -195,17 +195,18 @@ class ColocatedSampler:
 
     def _generate(self, contexts: list[list[int]], n: int, params: SamplingParams,
                   seeds: list[int]) -> list[list[ServerChoice]]:
-        """``n`` choices for each context (token ids), validated as a server's answer is. Greedy decoding asks
-        for one choice and repeats it (vLLM refuses n > 1 without sampling; the n would be equal)."""
+        """``n`` choices for each context (token ids), validated as a server's answer is (greedy: one asked,
+        repeated; ``choices_to_ask``)."""
         from vllm.inputs import TokensPrompt
         from vllm.lora.request import LoRARequest
 
         self._ready()
-        k = 1 if params.temperature == 0 else n
+        asked = choices_to_ask(n, params.temperature)
         lora = LoRARequest(ADAPTER_NAME, ADAPTER_ID, str(self.adapter_dir)) if self.lora else None
         outputs = self.engine.generate([TokensPrompt(prompt_token_ids=ids) for ids in contexts],
-                                       [self._params(params, k, s) for s in seeds], lora_request=lora, use_tqdm=False)
-        return [parse_completions(_answer(out), k, params.max_new_tokens, self.vocab_size) * (n // k)
+                                       [self._params(params, asked, s) for s in seeds], lora_request=lora,
+                                       use_tqdm=False)
+        return [parse_group(_answer(out), n, params.temperature, params.max_new_tokens, self.vocab_size)
                 for out in outputs]
 
     def sample(self, prompts: list[Prompt], group_size: int, params: SamplingParams, seed: int,
@@ -220,15 +221,9 @@ class ColocatedSampler:
 
     def sample_episodes(self, prompt_ids: list[list[int]], envs: list[Environment], group_size: int,
                         params: SamplingParams, seed: int, limits: EpisodeLimits, first: int = 0) -> EpisodeBatch:
-        """Episodes driven as over HTTP: each model turn one request per episode (n = 1, ``turn_seed``)."""
-        turn = [0]
-
-        def turns(contexts: list[list[int]], episodes: list[int]) -> list[Turn]:
-            seeds = [turn_seed(seed, first * group_size + i, turn[0]) for i in episodes]
-            turn[0] += 1
-            return [Turn(a[0].token_ids, a[0].logprobs, a[0].truncated)
-                    for a in self._generate(contexts, 1, params, seeds)]
-
+        """Episodes driven as over HTTP: each model turn one request per episode (n = 1, ``served_turns``)."""
+        turns = served_turns(lambda contexts, seeds: self._generate(contexts, 1, params, seeds), seed, first,
+                             group_size)
         try:
             return run_episodes(turns, self.tokenizer, prompt_ids, envs, group_size, params, limits,
                                 eos_token_ids(self.model, self.tokenizer), self.version)

@@ -228,7 +228,7 @@ def decode(backbone: nn.Module, head: nn.Module, logits: torch.Tensor, cache, at
     k = top_logprobs
     top_ids = torch.zeros((n, params.max_new_tokens, k), dtype=torch.long, device=device) if k else None
     top_logp = torch.zeros((n, params.max_new_tokens, k), dtype=torch.float32, device=device) if k else None
-    history: list[list[int]] = [[] for _ in range(n)]  # the sampled tokens on the host, for stop strings only
+    history: list[list[int]] = [[] for _ in range(n)] if stop is not None else []  # sampled tokens, on the host
     for t in range(params.max_new_tokens):
         tokens, token_logp, logp_all = _next_tokens(logits, params, generator, active, full=bool(k))
         ids[active, t] = tokens

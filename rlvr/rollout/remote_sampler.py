@@ -4,15 +4,23 @@ the trainer's adapter published to a bucket and loaded on every server at each s
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from rlvr.models.prompts import Prompt, prompt_token_ids
 from rlvr.platform.seeds import request_seed, turn_seed
 from rlvr.rollout.engine import SamplingParams
-from rlvr.rollout.episodes import Environment, EpisodeBatch, EpisodeLimits, Turn, run_episodes
+from rlvr.rollout.episodes import Environment, EpisodeBatch, EpisodeLimits, Turn, TurnSampler, run_episodes
 from rlvr.rollout.groups import Groups, eos_token_ids
 from rlvr.rollout.http_client import read_json
 from rlvr.rollout.pool import ServerPool
-from rlvr.rollout.server_answers import ServerChoice, groups_of, is_number, parse_completions
+from rlvr.rollout.server_answers import (
+    ServerChoice,
+    choices_to_ask,
+    groups_of,
+    is_number,
+    parse_completions,
+    parse_group,
+)
 from rlvr.rollout.server_errors import MalformedAnswer
 from rlvr.store.bucket import AdapterBucket
 
@@ -22,6 +30,21 @@ def vocab_size(model, tokenizer) -> int:
     model has none)."""
     embedding = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     return int(getattr(embedding, "num_embeddings", 0) or len(tokenizer))
+
+
+def served_turns(generate: Callable[[list[list[int]], list[int]], list[list[ServerChoice]]], seed: int, first: int,
+                 group_size: int) -> TurnSampler:
+    """Model turns for ``run_episodes`` from a server-style engine: ``generate(contexts, seeds)`` answers one
+    validated choice per context; turn t of episode i (its place in the batch, ``first`` prompts in) is seeded
+    ``turn_seed(seed, first * group_size + i, t)``, whichever engine runs it."""
+    turn = [0]
+
+    def turns(contexts: list[list[int]], episodes: list[int]) -> list[Turn]:
+        seeds = [turn_seed(seed, first * group_size + i, turn[0]) for i in episodes]
+        turn[0] += 1
+        return [Turn(a[0].token_ids, a[0].logprobs, a[0].truncated) for a in generate(contexts, seeds)]
+
+    return turns
 
 
 class RemoteSampler:
@@ -88,33 +111,30 @@ class RemoteSampler:
         """Episodes driven from here: each model turn is one stateless /v1/completions request whose prompt is the
         episode's token ids so far (n = 1, its own seed), sent to any live server; a server lost mid-episode only
         moves the next turn to another one, which has the same adapter version."""
-        version, turn = self.version, [0]
+        version = self.version
 
         def parse(answer: object) -> list[ServerChoice]:
             return parse_completions(answer, 1, params.max_new_tokens, self.vocab_size)
 
-        def turns(contexts: list[list[int]], episodes: list[int]) -> list[Turn]:
-            bodies = [self._body(ids, 1, params, turn_seed(seed, first * group_size + i, turn[0]), version)
-                      for ids, i in zip(contexts, episodes)]
-            turn[0] += 1
-            answers = self.pool.post_many("/v1/completions", bodies, [params.max_new_tokens] * len(bodies),
-                                          [parse] * len(bodies))
-            return [Turn(a[0].token_ids, a[0].logprobs, a[0].truncated) for a in answers]
+        def generate(contexts: list[list[int]], seeds: list[int]) -> list[list[ServerChoice]]:
+            bodies = [self._body(ids, 1, params, s, version) for ids, s in zip(contexts, seeds)]
+            return self.pool.post_many("/v1/completions", bodies, [params.max_new_tokens] * len(bodies),
+                                       [parse] * len(bodies))
 
-        return run_episodes(turns, self.tokenizer, prompt_ids, envs, group_size, params, limits,
-                            eos_token_ids(self.model, self.tokenizer), version)
+        return run_episodes(served_turns(generate, seed, first, group_size), self.tokenizer, prompt_ids, envs,
+                            group_size, params, limits, eos_token_ids(self.model, self.tokenizer), version)
 
     def sample(self, prompts: list[Prompt], group_size: int, params: SamplingParams, seed: int,
                first: int = 0) -> Groups:
         """Greedy decoding asks each server for one choice and repeats it ``group_size`` times: vLLM refuses n > 1
         without sampling (the n would be equal)."""
         prompt_ids = [prompt_token_ids(self.tokenizer, p) for p in prompts]
-        version, n = self.version, 1 if params.temperature == 0 else group_size
+        version, n = self.version, choices_to_ask(group_size, params.temperature)
         bodies = [self._body(ids, n, params, request_seed(seed, first + i), version)
                   for i, ids in enumerate(prompt_ids)]
 
         def parse(answer: object) -> list[ServerChoice]:
-            return parse_completions(answer, n, params.max_new_tokens, self.vocab_size) * (group_size // n)
+            return parse_group(answer, group_size, params.temperature, params.max_new_tokens, self.vocab_size)
 
         answers = self.pool.post_many("/v1/completions", bodies, [n * params.max_new_tokens] * len(bodies),
                                       [parse] * len(bodies))

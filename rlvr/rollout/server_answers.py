@@ -90,6 +90,19 @@ def _parse_choice(c: dict, i: int, max_tokens: int | None, vocab_size: int) -> S
     return ServerChoice(list(ids), clean, reason == "length")
 
 
+def choices_to_ask(n: int, temperature: float) -> int:
+    """How many choices to request for ``n`` completions of one prompt: one when decoding is greedy (vLLM refuses
+    n > 1 without sampling, and the n would be equal), repeated by ``parse_group``."""
+    return 1 if temperature == 0 else n
+
+
+def parse_group(answer: object, n: int, temperature: float, max_tokens: int | None,
+                vocab_size: int) -> list[ServerChoice]:
+    """The ``n`` choices of an answer to a request for ``choices_to_ask(n, temperature)`` (``parse_completions``)."""
+    asked = choices_to_ask(n, temperature)
+    return parse_completions(answer, asked, max_tokens, vocab_size) * (n // asked)
+
+
 def groups_from_completions(answers: list[dict], prompt_ids: list[list[int]], group_size: int, tokenizer,
                             version: int, temperature: float, max_tokens: int | None = None,
                             vocab: int | None = None) -> Groups:
