@@ -34,42 +34,17 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    import torch
-
-    from rlvr.models.policy import load_causal_lm
-    from rlvr.platform.devices import resolve_device, weight_dtype
-    from rlvr.run.build import build_local_sampler, load_data
-    from rlvr.run.evaluate import evaluate
+    from rlvr.run.eval_only import evaluate_model
 
     target = Path(args.config)
     run_dir = target if target.is_dir() else None
     reward_search_path([run_dir or target.parent])
     cfg = load_config(run_dir / "config.yaml" if run_dir else target, args.overrides)
     reward_search_path([run_dir or target.parent, *cfg.import_dirs])
-    torch.set_num_threads(cfg.train.threads or torch.get_num_threads())
-    data = load_data(cfg)
-    trained_full = run_dir is not None and (run_dir / "model").is_dir()
-    device = resolve_device(cfg.train.device)
-    dtype = weight_dtype(cfg.model.dtype, device, lora=not trained_full)  # nothing trains: bf16 on a bf16 GPU
-    model = load_causal_lm(run_dir / "model" if trained_full else data.model_dir, dtype).to(device)
-    if run_dir and (run_dir / "adapter").is_dir():
-        from peft import PeftModel
-
-        model = PeftModel.from_pretrained(model, run_dir / "adapter", torch_device=str(device))
-    sampler = build_local_sampler(cfg, model.eval(), data.tokenizer)
-
-    def accuracy_on(rows: list[dict]) -> float:
-        return evaluate(sampler, rows, data.check, cfg.eval.batch_size, cfg.eval.max_new_tokens
-                        or cfg.rollout.max_new_tokens, tuple(cfg.rollout.stop), data.env_setup)
-
-    accuracy = accuracy_on(data.eval_rows)
-    extra = {}
-    if data.extra_rows:  # eval.extra_path
-        extra = {"extra_size": len(data.extra_rows), "extra_accuracy": accuracy_on(data.extra_rows)}
-    data.close()
-    name = str(run_dir / "model") if trained_full else cfg.model.name
-    print(json.dumps({"model": name, "trained": run_dir is not None, "eval_size": len(data.eval_rows),
-                      "eval_accuracy": accuracy, **extra}))
+    if args.against_base and run_dir is None:
+        raise SystemExit("rlvr eval: --against-base compares a trained run with its base model: give a run directory")
+    out = evaluate_model(cfg, run_dir, Path(args.replies) if args.replies else None, args.against_base)
+    print(json.dumps(out))
     return 0
 
 
@@ -145,6 +120,11 @@ def main(argv: list[str] | None = None) -> int:
     p_eval = sub.add_parser("eval", help="greedy held-out accuracy of a base model (config) or a trained run (run dir)")
     p_eval.add_argument("config", help="YAML config, or a run directory written by 'rlvr train'")
     p_eval.add_argument("overrides", nargs="*", help="dotted overrides, e.g. task.eval_size=50")
+    p_eval.add_argument("--replies", default="", metavar="PATH",
+                        help="write every held-out reply with its scores to PATH (JSON lines)")
+    p_eval.add_argument("--against-base", action="store_true",
+                        help="a run directory: evaluate the base model too, and run the gaming check from it to the "
+                             "trained weights (a trained reward up while a measure it never trained on fell)")
     p_eval.set_defaults(run=_eval)
     p_serve = sub.add_parser("serve", help="an OpenAI-compatible inference server with vLLM's LoRA endpoints")
     p_serve.add_argument("model", help="built-in alias or a local model directory")

@@ -54,3 +54,17 @@ class Notebook:
 def environments_reward(prompts, completions, environments, **columns):
     """A reward that reads the environments (TRL's signature): 1 when the environment is a Notebook."""
     return [1.0 if isinstance(e, Notebook) else 0.0 for e in environments]
+
+
+def rising_reward(prompts, completions, trainer_state, **columns):
+    """0.2 + 0.3 per optimizer step taken, at most 1: a trained reward that rises at every evaluation."""
+    return [min(1.0, 0.2 + 0.3 * trainer_state.global_step)] * len(completions)
+
+
+def falling_measure(prompts, completions, trainer_state, **columns):
+    """0.9 - 0.3 per optimizer step taken, at least 0: an independent measure that falls at every evaluation."""
+    return [max(0.0, 0.9 - 0.3 * trainer_state.global_step)] * len(completions)
+
+
+def flat_measure(prompts, completions, **columns):
+    return [0.5] * len(completions)

@@ -132,6 +132,50 @@ def test_answers_are_cached_by_question(server):
     assert (stats["calls"], stats["cache_hits"], stats["unparsed"]) == (2, 0, 1)
 
 
+def test_the_cache_is_bounded_in_bytes_and_keeps_the_newest(server):
+    from rlvr.rewards.judge_client import entry_bytes
+
+    fn = _judge(server, cache_bytes=400)
+    texts = [f"answer number {i}" for i in range(12)]
+    assert fn(["q"] * 12, texts) == _by_hand(texts)
+    kept = fn.cache_entries()
+    assert 0 < len(kept) < 12 and sum(entry_bytes(k, v) for k, v in kept) <= 400
+    server.requests.clear()
+    assert fn(["q"], [texts[-1]]) == _by_hand([texts[-1]]) and not server.requests  # the newest is still cached
+    assert fn(["q"], [texts[0]]) == _by_hand([texts[0]]) and len(server.requests) == 1  # the oldest was dropped
+    with pytest.raises(ValueError, match="cache_bytes"):
+        _judge(server, cache_bytes=-1)
+
+
+def test_the_cache_carries_over_to_a_judge_with_another_secret(server):
+    """A resumed run builds its judges anew (a new secret, so new tags): the saved cache still answers them."""
+    texts = ["one reply", "another reply", "a third"]
+    first = _judge(server)
+    scores = first(["q"] * 3, texts)
+    saved = json.loads(json.dumps(first.cache_entries()))  # as a checkpoint's state.json holds it
+    server.requests.clear()
+    second = _judge(server)
+    assert second._secret != first._secret
+    assert second.restore_cache(saved) == 3
+    assert second(["q"] * 3, texts) == scores and not server.requests
+    assert second.stats.drain()["cache_hits"] == 3
+    group = _judge(server, per_group=True)
+    assert group(["q"] * 3, texts, group_size=3) == _by_hand(texts)
+    regrouped = _judge(server, per_group=True)
+    regrouped.restore_cache(json.loads(json.dumps(group.cache_entries())))
+    server.requests.clear()
+    assert regrouped(["q"] * 3, texts, group_size=3) == _by_hand(texts) and not server.requests
+
+
+@pytest.mark.parametrize("entries", [
+    {"k": 1.0}, [["a" * 64]], [["g" * 64, 0.5]], [["a" * 63, 0.5]], [["a" * 64, 1.5]], [["a" * 64, float("nan")]],
+    [["a" * 64, True]], [["a" * 64, []]], [["a" * 64, [0.5, [0.1]]]], [["a" * 64, "0.5"]],
+])
+def test_a_saved_cache_is_checked_before_it_is_loaded(server, entries):
+    with pytest.raises(ValueError, match="judge cache"):
+        _judge(server).restore_cache(entries)
+
+
 def test_at_most_concurrency_calls_are_in_flight(server):
     server.script.extend([("slow", 0.3)] * 6)
     fn = _judge(server, concurrency=2)

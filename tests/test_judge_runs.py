@@ -42,3 +42,34 @@ def test_a_run_is_rewarded_by_the_judge(tiny_model_dir, tmp_path, runtime):
     asked = sum(m["judge/calls"] + m["judge/cache_hits"] for m in steps)
     assert asked >= len(samples) and sum(m["judge/retries"] for m in steps) == 2
     assert all(m["judge/failures"] == 0 for m in steps)
+
+
+def test_a_resumed_run_keeps_the_judges_answers(tiny_model_dir, tmp_path):
+    """The checkpoint holds the judge's cache: resumed from it, the run does not ask again what it asked before
+    (held-out replies that did not change: lr 1e-12); the same resume without the cache asks more."""
+    import shutil
+
+    out = tmp_path / "run"
+    server = JudgeServer()
+    try:
+        _judged_run(tiny_model_dir, out, server.url, "train.steps=2", "train.checkpoint_every=1", "train.lr=1e-12",
+                    "eval.every=1")
+        state_path = out / "checkpoints" / "step-00000002" / "state.json"
+        cached = json.loads(state_path.read_text())["judge_cache"]["reward/judge"]
+        assert len(cached) >= 6 and all(len(k) == 64 and 0 <= v <= 1 for k, v in cached)
+        asked = {}
+        for keep in (True, False):
+            run = tmp_path / f"resumed-{keep}"
+            shutil.copytree(out, run)
+            if not keep:
+                path = run / "checkpoints" / "step-00000002" / "state.json"
+                state = json.loads(path.read_text())
+                del state["judge_cache"]
+                path.write_text(json.dumps(state))
+            server.requests.clear()
+            _judged_run(tiny_model_dir, run, server.url, "train.steps=3", "train.lr=1e-12", "eval.every=1",
+                        "resume=auto")
+            asked[keep] = len(server.requests)
+    finally:
+        server.close()
+    assert asked[True] + 6 <= asked[False]  # at least the 6 held-out replies, asked again without the cache

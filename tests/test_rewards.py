@@ -232,3 +232,41 @@ def test_check_rewards_contains_what_training_contains():
     crash = WeightedReward("crash", lambda prompts, completions, **kw: 1 / 0, on_error="none")
     scores = check_rewards([crash], _rows())
     assert scores.errors == {"crash": "ZeroDivisionError: division by zero"}
+
+
+def test_sentences_are_counted_by_their_ends():
+    from rlvr.rewards.format import sentences
+
+    assert sentences("Hi there. You did great!") == 2
+    assert sentences("Wait... what?! No way") == 3  # the last runs to the end of the text
+    assert sentences("Version 2.5 is out.") == 1  # a period inside a number ends nothing
+    assert sentences("") == 0 and sentences(" . ! ") == 0
+
+
+def test_reply_form_wants_a_short_finished_reply_not_a_review():
+    from rlvr.rewards import build_reward
+
+    fn = build_reward("reply_form", {"max_sentences": 2, "max_tokens": 8})
+    texts = ["So sorry! You'll pass next time.",                       # a reply: 1
+             "One. Two. Three.",                                       # three sentences: 0
+             "Your message conveys disappointment clearly.",           # reviews the message: 0
+             "Here\u2019s a refined version of your post: I passed.",  # rewrites it (a curly apostrophe): 0
+             "It has improved grammar now.",                           # "improved grammar": 0
+             "Your message made my day, congratulations!",             # addresses the writer about the news: 1
+             "Cut short at the limit"]                                 # 8 tokens: not finished: 0
+    ids = [[1] * 5] * 6 + [[1] * 8]
+    assert fn(["m"] * 7, texts, completion_ids=ids) == [1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0]
+    anything = build_reward("reply_form", {"max_sentences": 0, "reviews": False})
+    assert anything(["m"] * 7, texts, completion_ids=ids) == [1.0] * 7
+    with pytest.raises(ValueError, match="max_sentences"):
+        build_reward("reply_form", {"max_sentences": -1})
+
+
+def test_refusal_finds_a_declined_request():
+    from rlvr.rewards import build_reward
+
+    fn = build_reward("refusal")
+    texts = ["I'm sorry, but I can't help with that.", "I cannot assist with this request.",
+             "As an AI, I have no feelings.", "I\u2019m afraid, but I won\u2019t do that.",
+             "I'm sorry to hear that! Can't wait to see it.", "Sure, here you go."]
+    assert fn(["m"] * 6, texts) == [1.0, 1.0, 1.0, 1.0, 0.0, 0.0]

@@ -381,10 +381,24 @@ class EvalConfig:
     word_problems: rows of question and answer, each question put into the task's prompt (system message and
     worked examples), e.g. examples/data/word_problems_independent.jsonl; jsonl tasks: rows like
     task.eval_path's."""
+    metrics: tuple[RewardConfig, ...] = ()
+    """Measures of the held-out replies that the run never trains on, each logged as eval/metric/NAME (its mean over
+    the replies it scored) at every evaluation: a judge of another model or family asked whether the reply does what
+    the message asks, a lexicon, any reward function (entries as in rewards; weight unused). Every evaluation also
+    logs the run's own rewards on the held-out replies (eval/reward/NAME, eval/reward), their mean length, and the
+    truncated and refusing shares."""
+    gaming_rise: float = 0.1
+    """The gaming check (rlvr/run/gaming.py): it fires when a trained reward (weight > 0) on the held-out replies rose
+    by at least this much since the first evaluation while a measure the run does not train on (eval.metrics, a
+    weight-0 reward, or accuracy by a task.eval_reward that is not a trained reward) fell by at least gaming_fall:
+    the log says the run may be gaming its reward, summary.json's gaming holds the replies whose reward rose most.
+    0 in either turns the check off."""
+    gaming_fall: float = 0.1
+    """See gaming_rise."""
 
     def __post_init__(self) -> None:
         at_least(self, 1, "batch_size")
-        at_least(self, 0, "every", "max_new_tokens")
+        at_least(self, 0, "every", "max_new_tokens", "gaming_rise", "gaming_fall")
 
 
 @dataclass(frozen=True)

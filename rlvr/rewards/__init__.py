@@ -25,7 +25,7 @@ from rlvr.rewards.base import (
 from rlvr.rewards.code import code_tests
 from rlvr.rewards.compiled import compiled_tests
 from rlvr.rewards.equations import equations_correct, steps_correct
-from rlvr.rewards.format import format_match, tool_success
+from rlvr.rewards.format import format_match, refusal, reply_form, tool_success
 from rlvr.rewards.imports import RewardImportError, _import_module, _public_callables, import_object, reward_search_path
 from rlvr.rewards.judge import judge
 from rlvr.rewards.length import no_reward, overlong_penalty
@@ -43,6 +43,8 @@ BUILTINS = {
     "math_correct": math_correct,
     "no_reward": no_reward,
     "overlong_penalty": overlong_penalty,
+    "refusal": refusal,
+    "reply_form": reply_form,
     "reward_model": reward_model,
     "steps_correct": steps_correct,
     "tool_success": tool_success,

@@ -38,6 +38,7 @@ a core busy. Untrusted or hang-prone checks belong in the process-isolated verif
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 import math
 import numbers
@@ -117,6 +118,19 @@ class RewardContext:
 
 CONTEXT = RewardContext()  # the training loop's (rlvr/run/loop.py); one run per process
 TRL_ARGUMENTS = ("trainer_state", "log_metric", "log_extra")
+
+
+@contextlib.contextmanager
+def evaluation_context(global_step: int, epoch: float) -> Iterator[RewardLog]:
+    """Score held-out replies: the rewards see the state after the step just taken (as TRL's evaluation does) and
+    log into a log of the evaluation's own, yielded (not into the next training step's metrics)."""
+    global CONTEXT
+    kept = CONTEXT
+    CONTEXT = RewardContext(dataclasses.replace(kept.state, global_step=global_step, epoch=epoch), RewardLog())
+    try:
+        yield CONTEXT.log
+    finally:
+        CONTEXT = kept
 
 
 @contextlib.contextmanager

@@ -28,7 +28,7 @@ import secrets
 from collections.abc import Sequence
 
 from rlvr.rewards.base import completion_text
-from rlvr.rewards.judge_client import Answer, Endpoint, JudgeClient, JudgeStats
+from rlvr.rewards.judge_client import CACHE_BYTES, Answer, Endpoint, JudgeClient, JudgeStats
 from rlvr.rollout.http_client import api_key_from_env
 
 ANSWERS = ("number", "json", "logprobs")
@@ -184,15 +184,18 @@ class Judge:
     def __call__(self, prompts: list, completions: list, group_size: int | None = None, **columns) -> list:
         texts = [response_text(c, self.reads) for c in completions]
         if not self.per_group:
-            bodies = [self._body(self._single(p, t, _row(columns, i))) for i, (p, t) in enumerate(zip(prompts, texts))]
-            return self.client.ask_all(bodies, self._score)
+            asked = [(p, t, _row(columns, i)) for i, (p, t) in enumerate(zip(prompts, texts))]
+            bodies = [self._body(self._single(*a)) for a in asked]
+            keys = [self.client.key(self._body(self._single(*a, plain=True))) for a in asked]
+            return self.client.ask_all(bodies, self._score, keys)
         spans = _groups(prompts, group_size)
         orders = [self._order(texts[a:b]) for a, b in spans]
-        bodies = [self._body(self._group(prompts[a], [texts[a + j] for j in order], _row(columns, a)))
-                  for (a, b), order in zip(spans, orders)]
+        asked = [(prompts[a], [texts[a + j] for j in order], _row(columns, a)) for (a, b), order in zip(spans, orders)]
+        bodies = [self._body(self._group(*q)) for q in asked]
+        keys = [self.client.key(self._body(self._group(*q, plain=True))) for q in asked]
         out: list[float | None] = [None] * len(texts)
         reads = [functools.partial(self._group_scores, size=b - a) for a, b in spans]
-        for (a, b), order, scores in zip(spans, orders, self.client.ask_all(bodies, reads)):
+        for (a, b), order, scores in zip(spans, orders, self.client.ask_all(bodies, reads, keys)):
             for j, s in zip(order, scores or [None] * (b - a)):
                 out[a + j] = s
         return out
@@ -204,10 +207,12 @@ class Judge:
             self.stats.add(unparsed=1, failures=1)
         return scores
 
-    def _tagged(self, text: str) -> str:
+    def _tagged(self, text: str, plain: bool = False) -> str:
+        """The response between tags carrying its nonce (``plain``: a fixed one, for the cache key: the same
+        question keeps its key across processes, whose secrets differ)."""
         if not self.guard:
             return text
-        nonce = hmac.new(self._secret, text.encode(), hashlib.sha256).hexdigest()[:12]
+        nonce = "0" * 12 if plain else hmac.new(self._secret, text.encode(), hashlib.sha256).hexdigest()[:12]
         return f"<response-{nonce}>\n{text}\n</response-{nonce}>"
 
     def _values(self, prompt: object, row: dict[str, str]) -> dict[str, str]:
@@ -215,13 +220,13 @@ class Judge:
         rubric = _fill(self.rubric, row)  # the rubric may name the row's columns too
         return {**row, "rubric": rubric, "prompt": prompt_text(prompt), "lo": lo, "hi": hi}
 
-    def _single(self, prompt: object, text: str, row: dict[str, str]) -> str:
-        return _fill(self.template, {**self._values(prompt, row), "completion": self._tagged(text),
+    def _single(self, prompt: object, text: str, row: dict[str, str], plain: bool = False) -> str:
+        return _fill(self.template, {**self._values(prompt, row), "completion": self._tagged(text, plain),
                                      "answer_format": FORMATS[self.answer]})
 
-    def _group(self, prompt: object, texts: list[str], row: dict[str, str]) -> str:
+    def _group(self, prompt: object, texts: list[str], row: dict[str, str], plain: bool = False) -> str:
         G = len(texts)
-        listed = "\n\n".join(f"Response {j + 1}:\n{self._tagged(t)}" for j, t in enumerate(texts))
+        listed = "\n\n".join(f"Response {j + 1}:\n{self._tagged(t, plain)}" for j, t in enumerate(texts))
         fmt = f'Answer with JSON only: {{"scores": [...]}} with exactly {G} numbers, in the order of the responses.'
         return _fill(self.template, {**self._values(prompt, row), "completions": listed, "G": str(G),
                                      "answer_format": fmt})
@@ -263,6 +268,14 @@ class Judge:
             self.stats.add(unparsed=1, failures=1)
         return score
 
+    def cache_entries(self) -> list[list]:
+        """The answer cache as ``[key, score]`` pairs (what a checkpoint keeps; rlvr.run.lifecycle)."""
+        return self.client.cache_entries()
+
+    def restore_cache(self, entries: object) -> int:
+        """Load a checkpoint's ``cache_entries()`` (checked; bounded by ``cache_bytes``)."""
+        return self.client.restore_cache(entries)
+
     def close(self) -> None:
         self.client.close()
 
@@ -293,7 +306,7 @@ def judge(model: str, base_url: str, api_key_env: str = "", api: str = "chat", r
           labels: dict[str, float] | None = None, min_mass: float = MIN_MASS, per_group: bool = False,
           reads: str = "final", guard: bool = True, temperature: float = 0.0, top_p: float = 1.0, max_tokens: int = 0,
           seed: int | None = 0, shuffle: bool = True, concurrency: int = 8, call_timeout_s: float = 60.0,
-          retries: int = 3, backoff_s: float = 0.5) -> Judge:
+          retries: int = 3, backoff_s: float = 0.5, cache_bytes: int = CACHE_BYTES) -> Judge:
     """The built-in ``judge``: an LLM judge at ``base_url`` (…/v1) serving ``model``, its API key read from the
     environment variable ``api_key_env`` (none when empty); ``api``: chat (/chat/completions) or completions
     (/completions: a base model reading ``template`` as raw text). See the module docstring and
@@ -302,7 +315,7 @@ def judge(model: str, base_url: str, api_key_env: str = "", api: str = "chat", r
     if api_key_env and key is None:
         raise ValueError(f"judge: the environment variable {api_key_env} (api_key_env) is not set; export the "
                          "judge's API key there, or leave api_key_env empty for an endpoint without a key")
-    endpoint = Endpoint(base_url, model, key, api, concurrency, call_timeout_s, retries, backoff_s)
+    endpoint = Endpoint(base_url, model, key, api, concurrency, call_timeout_s, retries, backoff_s, cache_bytes)
     return Judge(endpoint, rubric=rubric, template=template, scale=scale, answer=answer, labels=labels,
                  min_mass=min_mass, per_group=per_group, reads=reads, guard=guard, temperature=temperature,
                  top_p=top_p, max_tokens=max_tokens, seed=seed, shuffle=shuffle)
@@ -318,3 +331,33 @@ def judge_metrics(rewards: Sequence) -> dict[str, float]:
     out = {k: sum(d[k] for d in drained) for k in drained[0] if k != "latency_s"}
     out["latency_s"] = sum(d["latency_s"] * d["calls"] for d in drained) / out["calls"] if out["calls"] else 0.0
     return out
+
+
+CHECKPOINT_CACHE_BYTES = 32 << 20  # all judges' caches together in a checkpoint's state.json (loaded up to 64 MiB)
+
+
+def cache_snapshot(judges: dict[str, Judge], limit_bytes: int = CHECKPOINT_CACHE_BYTES) -> dict[str, list]:
+    """Each judge's cache for a checkpoint: its most recently used entries, an equal share of ``limit_bytes``
+    each."""
+    from rlvr.rewards.judge_client import entry_bytes
+
+    out = {}
+    for name, j in judges.items():
+        kept, size = [], 0
+        for key, value in reversed(j.cache_entries()):
+            size += entry_bytes(key, value) + 1
+            if size > limit_bytes // max(len(judges), 1):
+                break
+            kept.append([key, value])
+        out[name] = kept[::-1]  # least recently used first, as restore_cache reads them
+    return out
+
+
+def restore_caches(judges: dict[str, Judge], saved: object) -> None:
+    """A checkpoint's ``cache_snapshot`` into the run's judges of the same names (a judge whose settings changed
+    simply finds no matching keys). Raises ValueError when it is malformed."""
+    if not isinstance(saved, dict):
+        raise ValueError("judge_cache must map judge names to their caches")  # noqa: TRY004 (bad input, one error type)
+    for name, entries in saved.items():
+        if name in judges:
+            judges[name].restore_cache(entries)

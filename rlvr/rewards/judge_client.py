@@ -29,7 +29,8 @@ from rlvr.rollout.retry import RetriedPoster, RetryPolicy
 from rlvr.rollout.server_errors import MalformedAnswer, PoolClosed
 
 T = TypeVar("T")
-CACHE_ENTRIES = 1 << 16  # scores kept (least recently used dropped first): each a key and at most a group's floats
+CACHE_BYTES = 4 << 20  # the cache's bound, counted as its entries' JSON (least recently used dropped first)
+MAX_GROUP = 4096  # scores in one cached value (a group judge's), at most
 
 
 class JudgeConfigError(RewardConfigError):
@@ -91,6 +92,7 @@ class Endpoint:
     call_timeout_s: float = 60.0
     retries: int = 3
     backoff_s: float = 0.5
+    cache_bytes: int = CACHE_BYTES  # the answer cache's bound (0: no cache)
 
     def __post_init__(self) -> None:
         if not self.base_url.startswith(("http://", "https://")):
@@ -99,6 +101,8 @@ class Endpoint:
             raise ValueError(f"judge api must be chat or completions; got {self.api!r}")
         if self.concurrency < 1 or self.retries < 0 or self.call_timeout_s <= 0 or self.backoff_s < 0:
             raise ValueError("judge: concurrency >= 1, retries >= 0, call_timeout_s > 0 and backoff_s >= 0")
+        if type(self.cache_bytes) is not int or self.cache_bytes < 0:
+            raise ValueError(f"judge: cache_bytes is a whole number of bytes >= 0; got {self.cache_bytes!r}")
 
 
 class JudgeClient:
@@ -113,18 +117,25 @@ class JudgeClient:
         self.poster = RetriedPoster(policy, endpoint.api_key, min(10.0, endpoint.call_timeout_s), endpoint.concurrency,
                                     "rlvr-judge", sleep)
         self._cache: OrderedDict[str, object] = OrderedDict()  # key -> what read made of its answer
+        self._cache_size = 0  # bytes: sum of entry_bytes over the cache
+        self.cache_bytes = endpoint.cache_bytes
         self._lock = threading.Lock()
 
-    def ask_all(self, bodies: list[dict], read: Read | list[Read]) -> list[T | None]:
+    def key(self, body: dict) -> str:
+        """The cache key of a request body: a digest of the URL, the model and the body."""
+        return hashlib.sha256((self.url + "\0" + json.dumps({"model": self.endpoint.model, **body},
+                                                            sort_keys=True)).encode()).hexdigest()
+
+    def ask_all(self, bodies: list[dict], read: Read | list[Read], keys: list[str] | None = None) -> list[T | None]:
         """What ``read`` (one for all, or one per body) makes of the answer to each request body (a score; None
-        where no answer could be had or ``read`` found none in it), in order. Only what ``read`` returns is cached,
-        never an answer's text (a broken endpoint's oversized replies hold no memory), and only when it is not None
-        (an unparsed answer is asked again)."""
+        where no answer could be had or ``read`` found none in it), in order. Only what ``read`` returns is cached
+        (under ``keys``, default ``key(body)``), never an answer's text (a broken endpoint's oversized replies hold
+        no memory), and only when it is not None (an unparsed answer is asked again)."""
         if not bodies:
             return []
         reads = read if isinstance(read, list) else [read] * len(bodies)
+        keys = [self.key(b) for b in bodies] if keys is None else keys
         bodies = [{"model": self.endpoint.model, **b} for b in bodies]
-        keys = [hashlib.sha256((self.url + "\0" + json.dumps(b, sort_keys=True)).encode()).hexdigest() for b in bodies]
         unique = {k: (b, r) for k, b, r in zip(keys, bodies, reads)}  # a question asked twice is asked once
         self.stats.add(cache_hits=len(keys) - len(unique))
         values = dict(zip(unique, self.poster.map(self._ask, unique.keys(), unique.values())))
@@ -144,10 +155,35 @@ class JudgeClient:
         value = read(answer)
         if value is not None:
             with self._lock:
-                self._cache[key] = value
-                if len(self._cache) > CACHE_ENTRIES:
-                    self._cache.popitem(last=False)
+                self._remember(key, value)
         return value
+
+    def _remember(self, key: str, value: object) -> None:
+        """Cache ``value`` under ``key``, dropping the least recently used entries past ``cache_bytes`` (the caller
+        holds the lock)."""
+        if key in self._cache:
+            self._cache_size -= entry_bytes(key, self._cache.pop(key))
+        self._cache[key] = value
+        self._cache_size += entry_bytes(key, value)
+        while self._cache_size > self.cache_bytes and self._cache:
+            old_key, old = self._cache.popitem(last=False)
+            self._cache_size -= entry_bytes(old_key, old)
+
+    def cache_entries(self) -> list[list]:
+        """The cache as ``[key, value]`` pairs, least recently used first (what a checkpoint keeps)."""
+        with self._lock:
+            return [[k, v] for k, v in self._cache.items()]
+
+    def restore_cache(self, entries: object) -> int:
+        """Load ``cache_entries()``'s pairs, from a checkpoint (untrusted: every pair is checked - a 64-digit hex
+        key, a score in [0, 1] or a list of at most MAX_GROUP of them - and ``cache_bytes`` bounds what is kept);
+        returns the entries kept. Raises ValueError on a malformed list."""
+        if not isinstance(entries, list) or not all(_cache_pair(e) for e in entries):
+            raise ValueError("a judge cache is a list of [64-digit hex key, score in [0, 1] or a list of scores]")
+        with self._lock:
+            for key, value in entries:
+                self._remember(key, [float(v) for v in value] if isinstance(value, list) else float(value))
+            return len(self._cache)
 
     def _with_retries(self, body: dict) -> Answer | None:
         """The answer to one request body, retried under the policy (None when there is none)."""
@@ -189,6 +225,26 @@ class JudgeClient:
     def close(self) -> None:
         """Stop the worker threads and the HTTP client (a later call starts them again)."""
         self.poster.close()
+
+
+def entry_bytes(key: str, value: object) -> int:
+    """A cache entry's size as a checkpoint stores it: its JSON pair."""
+    return len(json.dumps([key, value]))
+
+
+def _score(value: object) -> bool:
+    return type(value) in (int, float) and math.isfinite(value) and 0.0 <= value <= 1.0
+
+
+def _cache_pair(entry: object) -> bool:
+    if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str) and len(entry[0]) == 64):
+        return False
+    key, value = entry
+    if not all(c in "0123456789abcdef" for c in key):
+        return False
+    if isinstance(value, list):
+        return 0 < len(value) <= MAX_GROUP and all(_score(v) for v in value)
+    return _score(value)
 
 
 def _checked(pairs: list, limit: int = 64) -> tuple[tuple[str, float], ...]:

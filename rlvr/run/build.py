@@ -39,6 +39,7 @@ class TaskData:
     env_setup: EnvironmentSetup | None = None  # multi-turn episodes (env.factory, env.tools or env.url set)
     extra_rows: list[dict] = field(default_factory=list)  # eval.extra_path's held-out rows (none: [])
     task_rows: list[dict] = field(default_factory=list)  # every training row before a DiLoCo learner's shard
+    check_name: str = ""  # the reward ``check`` was built from (task.eval_reward, or the task's default)
 
     def close(self) -> None:
         """Release what the episodes' tools hold (nothing without episodes)."""
@@ -96,12 +97,19 @@ def load_data(cfg: RunConfig, environment: EnvironmentObjects | None = None) -> 
         extra_rows, dropped_extra = fit_prompts(tokenizer, extra_rows, room, cfg.task.drop_long_prompts,
                                                 "eval.extra_path", encode, budget)
     return TaskData(train_rows, eval_rows, check, dropped_train + dropped_eval + dropped_extra, model_dir, tokenizer,
-                    setup, extra_rows, task_rows)
+                    setup, extra_rows, task_rows, check_name)
 
 
-def build_rewards(rewards: tuple[RewardConfig, ...]) -> list[WeightedReward]:
-    return [WeightedReward(r.name, build_reward(r.name, {**r.kwargs, **({"model": r.model} if r.model else {})}),
-                           r.weight, r.on_error, r.timeout_s) for r in rewards]
+def build_rewards(rewards: tuple[RewardConfig, ...], device: str = "cpu") -> list[WeightedReward]:
+    """The configured reward functions; an in-process reward model that names no device of its own runs on
+    ``device`` (train.device: beside the policy)."""
+    out = []
+    for r in rewards:
+        kwargs = {**r.kwargs, **({"model": r.model} if r.model else {})}
+        if r.name == "reward_model" and not kwargs.get("base_url"):
+            kwargs.setdefault("device", device)
+        out.append(WeightedReward(r.name, build_reward(r.name, kwargs), r.weight, r.on_error, r.timeout_s))
+    return out
 
 
 def build_policy(model_dir: Path, model: ModelConfig, device: torch.device | None = None) -> nn.Module:

@@ -9,6 +9,7 @@ import contextlib
 import json
 import random
 import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -30,6 +31,8 @@ from rlvr.platform.devices import resolve_device
 from rlvr.platform.distributed import SINGLE, Collectives, learner_device, world_from_env
 from rlvr.platform.memory import return_freed_memory
 from rlvr.rewards import WeightedReward, check_rewards
+from rlvr.rewards.base import evaluation_context
+from rlvr.rewards.judge import Judge, cache_snapshot, restore_caches
 from rlvr.rollout import Sampler
 from rlvr.run.build import (
     TaskData,
@@ -40,7 +43,7 @@ from rlvr.run.build import (
     load_data,
     retune_optimizer,
 )
-from rlvr.run.evaluate import evaluate
+from rlvr.run.evaluate import HeldOut, environment_reward, held_out, measure_names, summed
 from rlvr.run.files import (
     absolute_paths,
     model_card,
@@ -49,8 +52,9 @@ from rlvr.run.files import (
     sent_system_prompt,
     write_config,
 )
+from rlvr.run.gaming import evaluation_record, gaming_alarm, measures
 from rlvr.run.learners import check_learners, sharded_weights
-from rlvr.run.resume_checks import check_loop_state, check_run_dir
+from rlvr.run.resume_checks import ResumeError, check_loop_state, check_run_dir
 from rlvr.run.scoring import EnvironmentObjects
 from rlvr.store.checkpoint import latest_valid, load_reference, load_training_state, read_text, save_training_state
 from rlvr.store.metrics import ACCURACY, EXTRA_ACCURACY, MetricsWriter, plot_run
@@ -183,6 +187,7 @@ class Run:
     sampler: Sampler | None = None
     collectives: Collectives = field(default_factory=lambda: Collectives(SINGLE, torch.device("cpu")))
     stop: stop_on_interrupt | None = None  # the loop's: an update that waits long (DiLoCo's round) reads it
+    eval_metrics: list = field(default_factory=list)  # eval.metrics, built
 
     @property
     def stop_requested(self) -> bool:
@@ -199,25 +204,52 @@ class Run:
         """This process logs, checkpoints and writes the summary (the only one, or rank 0 of a torchrun job)."""
         return self.collectives.world.main
 
-    def evaluate(self, rows: list[dict] | None = None) -> float:
-        """Greedy accuracy on the task's held-out rows (or ``rows``); under torchrun each learner evaluates its share
-        of them and the counts are summed."""
+    def evaluate(self, rows: list[dict] | None = None, scored: bool = False) -> HeldOut:
+        """Greedy evaluation of the task's held-out rows (or ``rows``): accuracy and, when ``scored``, the run's
+        rewards and eval.metrics on the replies (rlvr.run.evaluate); under torchrun each learner evaluates its share
+        of the rows and the sums are added up (the replies stay each learner's)."""
         cfg = self.cfg
         rows = self.data.eval_rows if rows is None else rows
         mine = [rows[i] for i in self.collectives.world.share(len(rows))]
-        accuracy = evaluate(self.sampler, mine, self.data.check, cfg.eval.batch_size,
-                            cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens, tuple(cfg.rollout.stop),
-                            self.data.env_setup) if mine else 0.0
+        measures = (self.rewards, self.eval_metrics) if scored else ([], [])
+        part = held_out(self.sampler, mine, self.data.check, cfg.eval.batch_size,
+                        cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens, tuple(cfg.rollout.stop),
+                        self.data.env_setup, *measures) if mine else HeldOut()
         if self.collectives.world.size == 1:
-            return accuracy
-        return self.collectives.sum_floats({"correct": accuracy * len(mine)})["correct"] / max(len(rows), 1)
+            return part
+        return summed(part, measure_names(*measures, self.data.env_setup if scored else None),
+                      self.collectives.sum_floats)
 
-    def evaluate_extra(self, metrics: dict) -> None:
-        """eval.extra_path's accuracy into ``metrics`` (nothing without one)."""
+    def evaluate_held_out(self, step: int, metrics: dict) -> None:
+        """The evaluation due at ``step`` into ``metrics`` (accuracy, the rewards and eval.metrics on the held-out
+        replies, eval.extra_path's accuracy) and the gaming check (rlvr.run.gaming) against the first evaluation."""
+        t0 = time.perf_counter()
+        cfg = self.cfg
+        epoch = step * cfg.train.prompts_per_step / max(len(self.data.train_rows), 1)
+        with evaluation_context(step * cfg.algo.num_iterations, epoch) as logged:  # the state after step's update
+            result = self.evaluate(scored=True)
+        metrics.update({f"eval/reward_log/{k}": v for k, v in logged.drain().items()})
+        self.state["eval_accuracy"] = metrics[ACCURACY] = result.accuracy
+        env = environment_reward(self.data.env_setup)  # episodes' own reward, weight 1 beside the run's
+        rewards = [*self.rewards, *([WeightedReward(env, None)] if env else [])]
+        metrics.update(result.metrics({r.name: r.weight for r in rewards}))
+        metrics["eval/time_s"] = time.perf_counter() - t0
         if self.data.extra_rows:
             t0 = time.perf_counter()
-            metrics[EXTRA_ACCURACY] = self.evaluate(self.data.extra_rows)
+            metrics[EXTRA_ACCURACY] = self.evaluate(self.data.extra_rows).accuracy
             metrics["eval/extra_time_s"] = time.perf_counter() - t0
+        trained, independent = measures(rewards, self.eval_metrics, self.data.check_name)
+        record = evaluation_record(step, metrics, result.replies, trained + independent)
+        first = self.state.get("eval_first")
+        if first is None:
+            self.state["eval_first"] = record
+        elif cfg.eval.gaming_rise and cfg.eval.gaming_fall:
+            alarm = gaming_alarm(step, first, record, trained, independent, cfg.eval.gaming_rise, cfg.eval.gaming_fall)
+            metrics["eval/gaming"] = float(alarm is not None)
+            if alarm is not None:
+                self.state["gaming"] = alarm.as_dict()
+                if self.main:
+                    print(f"rlvr: warning: {alarm.line()}", file=sys.stderr, flush=True)
 
     def checkpoint(self, step: int) -> Path | None:
         """Rank 0 writes (every learner holds the same weights and optimizer state; sharded ones are gathered from
@@ -227,9 +259,13 @@ class Run:
             return None
         elapsed = self.state["elapsed_s"] + time.perf_counter() - self.started
         reference = self.reference.state_tensors() if self.cfg.algo.ref_sync_steps and self.reference else None
+        state = {**self.state, "elapsed_s": elapsed, "judge_cache": cache_snapshot(self.judges)}
         return save_training_state(self.run_dir / "checkpoints", step, self.trainable, self.optimizer, self.scheduler,
-                                   {**self.state, "elapsed_s": elapsed}, to_yaml(self.cfg), self.cfg.train.keep_last,
-                                   reference, write=self.main)
+                                   state, to_yaml(self.cfg), self.cfg.train.keep_last, reference, write=self.main)
+
+    @property
+    def judges(self) -> dict[str, Judge]:
+        return run_judges(self.rewards, self.eval_metrics)
 
     def refresh_reference(self, step: int) -> None:
         """Move the KL reference towards the policy each time the optimizer steps taken cross a multiple of
@@ -241,9 +277,9 @@ class Run:
     def evaluate_before(self) -> None:
         """Held-out accuracy of the starting weights (a fresh run with held-out rows only)."""
         if self.start == 0 and self.data.eval_rows and self.cfg.eval.on_start:
-            self.state["eval_accuracy_before"] = self.state["eval_accuracy"] = self.evaluate()
-            metrics = {ACCURACY: self.state["eval_accuracy"], "eval/dropped_prompts": self.state["dropped_prompts"]}
-            self.evaluate_extra(metrics)
+            metrics = {"eval/dropped_prompts": self.state["dropped_prompts"]}
+            self.evaluate_held_out(0, metrics)
+            self.state["eval_accuracy_before"] = self.state["eval_accuracy"]
             self.writer.log(0, metrics)
 
     def after_step(self, step: int, metrics: dict, c: Collected, source_state: dict, started: float) -> None:
@@ -252,10 +288,7 @@ class Run:
         cfg = self.cfg
         due = step == cfg.train.steps or (cfg.eval.every and step % cfg.eval.every == 0)
         if due and self.data.eval_rows:  # none: task.eval_size 0 (a run whose rewards include no correctness check)
-            t0 = time.perf_counter()
-            self.state["eval_accuracy"] = metrics[ACCURACY] = self.evaluate()
-            metrics["eval/time_s"] = time.perf_counter() - t0
-            self.evaluate_extra(metrics)
+            self.evaluate_held_out(step, metrics)
         metrics["time/step_s"] = time.perf_counter() - started
         self.writer.log(step, metrics)
         self.writer.log_samples(step, sample_records(c, self.data.train_rows, cfg.log.sample_token_ids))
@@ -290,6 +323,7 @@ class Run:
             "skipped_updates": state["skipped_updates"],
             "dropped_prompts": state["dropped_prompts"],
             "allocator": allocator_in_use(),  # mimalloc where the rlvr command preloaded it
+            "gaming": state.get("gaming"),  # the gaming check's last alarm (rlvr.run.gaming), or None
         }
         whole = whole_state_dict(self.model) if shards(self.model) else None  # sharded: gathered by every learner
         if not self.main:  # rank 0 saves what every learner holds
@@ -303,6 +337,13 @@ class Run:
             title = f"{cfg.model.name} · {cfg.algo.preset} · {cfg.task.name}"
             plot_run(self.writer.path, self.run_dir / "plot.png", title=title)
         return summary
+
+
+def run_judges(rewards: list[WeightedReward], eval_metrics: list[WeightedReward]) -> dict[str, Judge]:
+    """The run's LLM judges by name (``reward/NAME``; ``metric/NAME`` for eval.metrics): their answer caches go into
+    checkpoints, so a resumed run asks no question twice."""
+    named = [(f"reward/{r.name}", r.fn) for r in rewards] + [(f"metric/{r.name}", r.fn) for r in eval_metrics]
+    return {name: fn for name, fn in named if isinstance(fn, Judge)}
 
 
 class BatchSource(Protocol):
@@ -362,9 +403,12 @@ def open_run(cfg: RunConfig, update: Update, rewards: list[WeightedReward] | Non
     collectives = Collectives(world, device, cfg.train.collective_timeout_s)
     data = load_data(cfg, environment)  # rows, environment and prompt lengths are checked before the model loads
     cfg = sent_system_prompt(cfg, data.train_rows)  # config.yaml records the system prompt the model was sent
-    rewards = build_rewards(cfg.rewards) if rewards is None else rewards
+    rewards = build_rewards(cfg.rewards, cfg.train.device) if rewards is None else rewards
+    eval_metrics = build_rewards(cfg.eval.metrics, cfg.train.device)
     environments = data.env_setup.check_environment if data.env_setup else None
     check_rewards(rewards, data.train_rows, environments=environments)  # fails here, in seconds, before the model loads
+    if eval_metrics:
+        check_rewards(eval_metrics, data.eval_rows or data.train_rows, environments=environments)
     model = build_policy(data.model_dir, cfg.model, device)
     reference = ReferencePolicy(model) if update.needs_reference else None  # before any weights are restored
     trainable, params = update.attach(model)
@@ -392,6 +436,11 @@ def open_run(cfg: RunConfig, update: Update, rewards: list[WeightedReward] | Non
             reference.load_state_tensors(load_reference(checkpoint))
         start = state.pop("step")
         check_loop_state(state, checkpoint)  # every field the loop reads, before a step runs
+        try:
+            restore_caches(run_judges(rewards, eval_metrics), state.pop("judge_cache", {}))
+        except ValueError as err:
+            raise ResumeError(f"checkpoint {checkpoint}: state.json field 'judge_cache': {err}; resume from another "
+                              "checkpoint") from None
         state.setdefault("cursor", start * cfg.train.prompts_per_step)  # checkpoints from before the cursor
         retune_optimizer(optimizer, scheduler, cfg.train)
         changes = config_changes(read_text(checkpoint, "config.yaml"), cfg)  # bounded, from inside the checkpoint
@@ -409,4 +458,4 @@ def open_run(cfg: RunConfig, update: Update, rewards: list[WeightedReward] | Non
                                project=cfg.log.project, run_name=cfg.log.run_name, config=to_dict(cfg))
     return Run(cfg=cfg, model=model, trainable=trainable, optimizer=optimizer, scheduler=scheduler,
                reference=reference, data=data, rewards=rewards, state=state, run_dir=run_dir, start=start,
-               writer=writer, started=started, collectives=collectives)
+               writer=writer, started=started, collectives=collectives, eval_metrics=eval_metrics)

@@ -11,6 +11,8 @@ import stat
 from pathlib import Path
 from typing import Any
 
+from rlvr.run.gaming import valid_record
+
 MAX_COUNT = 1 << 53  # counters and positions: above any real run, below float rounding and seed overflow
 COUNTERS = ("cursor", "skipped_updates", "consecutive_skips", "dropped_prompts", "curriculum_stage",
             "curriculum_stage_taken")
@@ -46,6 +48,10 @@ def check_loop_state(state: dict, checkpoint: Path) -> dict:
             raise refuse(field, "must be a list of distinct integers in [0, 2^53]")
         if field == "curriculum_recent" and not (isinstance(value, list) and all(_fraction(v) for v in value)):
             raise refuse(field, "must be a list of pass rates in [0, 1]")
+        if field == "eval_first" and not valid_record(value):
+            raise refuse(field, "must be an evaluation record (a step, finite metrics, replies with their scores)")
+        if field == "gaming" and not (value is None or isinstance(value, dict)):
+            raise refuse(field, "must be null or the gaming check's alarm")
     return state
 
 
