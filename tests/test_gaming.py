@@ -121,5 +121,5 @@ def test_rlvr_eval_reports_the_measures_the_replies_and_the_comparison_with_the_
     assert set(result["base"]) >= {"eval_accuracy", "eval/metric/tests.helpers:falling_measure"}
     assert result["gaming"] is None  # outside a run no optimizer step is taken: the scripted measures stay put
     lines = [json.loads(line) for line in replies.read_text().splitlines()]
-    assert len(lines) == 6 and all({"prompt", "reply", "scores"} <= set(r) for r in lines)
+    assert len(lines) == 6 and all({"prompt", "reply", "scores", "base_reply", "base_scores"} <= set(r) for r in lines)
     assert all(r["scores"]["metric/tests.helpers:falling_measure"] == pytest.approx(0.9) for r in lines)

@@ -73,3 +73,20 @@ def test_a_resumed_run_keeps_the_judges_answers(tiny_model_dir, tmp_path):
     finally:
         server.close()
     assert asked[True] + 6 <= asked[False]  # at least the 6 held-out replies, asked again without the cache
+
+
+def test_a_judge_as_an_evaluation_metric(tiny_model_dir, tmp_path):
+    """eval.metrics takes a judge like any reward: logged as eval/metric/judge at every evaluation; asked the same
+    questions as the run's own judge on the same held-out replies, it gives the same mean."""
+    server = JudgeServer()
+    try:
+        metric = f"eval.metrics=[{{name: judge, model: m, kwargs: {{base_url: '{server.url}', backoff_s: 0.01}}}}]"
+        _, metrics = _judged_run(tiny_model_dir, tmp_path / "run", server.url, metric, "eval.every=1",
+                                 "train.steps=2")
+    finally:
+        server.close()
+    evals = [m for m in metrics if "eval/accuracy" in m]
+    assert [m["step"] for m in evals] == [0, 1, 2]
+    for m in evals:
+        assert 0 <= m["eval/metric/judge"] <= 1
+        assert m["eval/metric/judge"] == pytest.approx(m["eval/reward/judge"], abs=1e-6)

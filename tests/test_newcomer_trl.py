@@ -58,8 +58,9 @@ def test_a_trl_run_from_the_python_api(tiny_model_dir, tmp_path, capsys):
 
     result = trainer.train()
     # each step's rewards saw the optimizer steps taken before it, of 2; 2 prompts a step of 4 rows: epochs 0, 0.5;
-    # the evaluation after the last step scores the held-out replies with them too (as TRL's does): 2 steps, 1 epoch
-    assert [s for s in SEEN if s[1] == 2] == [(0, 2, 0.0), (1, 2, 0.5), (2, 2, 1.0)]
+    # the evaluations before the first step and after the last score the held-out replies with them too (as TRL's
+    # evaluation does): 0 steps and 2, epochs 0 and 1
+    assert [s for s in SEEN if s[1] == 2] == [(0, 2, 0.0), (0, 2, 0.0), (1, 2, 0.5), (2, 2, 1.0)]
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r.get("reward_log/completions") for r in records] == [None, 4.0, 4.0]  # 2 prompts x G=2, each step
     assert trainer.state.global_step == 2 and trainer.state.epoch == 1.0

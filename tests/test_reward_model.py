@@ -144,6 +144,12 @@ def test_config_and_trl_forms(rm_dir, tiny_model_dir, tmp_path):
     expected = reward_model(str(rm_dir))(PROMPTS[:1], COMPLETIONS[:1])
     (built,) = build_rewards((RewardConfig(name="reward_model", model=str(rm_dir)),))
     assert built.fn(PROMPTS[:1], COMPLETIONS[:1]) == expected
+    # an in-process reward model follows train.device unless it names its own (here: a GPU this machine lacks)
+    with pytest.raises(ValueError, match="reward_model device=cuda"):
+        build_rewards((RewardConfig(name="reward_model", model=str(rm_dir)),), device="cuda")
+    (own,) = build_rewards((RewardConfig(name="reward_model", model=str(rm_dir), kwargs={"device": "cpu"}),),
+                           device="cuda")
+    assert own.fn(PROMPTS[:1], COMPLETIONS[:1]) == expected
     assert build_reward("reward_model", {"model": str(rm_dir)})(PROMPTS[:1], COMPLETIONS[:1]) == expected
 
     name, kwargs, fn, why = reward_entry(str(rm_dir), 0)  # TRL's reward_funcs="DIR"

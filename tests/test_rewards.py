@@ -260,6 +260,13 @@ def test_reply_form_wants_a_short_finished_reply_not_a_review():
     assert anything(["m"] * 7, texts, completion_ids=ids) == [1.0] * 7
     with pytest.raises(ValueError, match="max_sentences"):
         build_reward("reply_form", {"max_sentences": -1})
+    echo = build_reward("reply_form", {"copy_words": 4})
+    message = [{"role": "user", "content": "Flying a kite turns out to be much harder than every movie makes it look."}]
+    said = ["Flying a kite turns out to be much harder!", "Kites are hard, but you'll get the knack of it.",
+            "It turns out to be fun."]  # 7 words of the message in a row; none; 4 ("turns out to be")
+    assert echo([message] * 3, said) == [0.0, 1.0, 0.0]
+    said[2] = "It turns out fun."  # 2 in a row
+    assert echo([message] * 3, said) == [0.0, 1.0, 1.0]
 
 
 def test_refusal_finds_a_declined_request():

@@ -31,6 +31,7 @@ from rlvr.rewards.judge import judge
 from rlvr.rewards.length import no_reward, overlong_penalty
 from rlvr.rewards.math import math_correct
 from rlvr.rewards.reward_model import reward_model
+from rlvr.rewards.similarity import similarity
 
 # Built-in names map to factories that take the configured keyword arguments.
 BUILTINS = {
@@ -44,6 +45,7 @@ BUILTINS = {
     "no_reward": no_reward,
     "overlong_penalty": overlong_penalty,
     "refusal": refusal,
+    "similarity": similarity,
     "reply_form": reply_form,
     "reward_model": reward_model,
     "steps_correct": steps_correct,

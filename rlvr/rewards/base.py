@@ -121,12 +121,13 @@ TRL_ARGUMENTS = ("trainer_state", "log_metric", "log_extra")
 
 
 @contextlib.contextmanager
-def evaluation_context(global_step: int, epoch: float) -> Iterator[RewardLog]:
+def evaluation_context(global_step: int, max_steps: int, epoch: float) -> Iterator[RewardLog]:
     """Score held-out replies: the rewards see the state after the step just taken (as TRL's evaluation does) and
     log into a log of the evaluation's own, yielded (not into the next training step's metrics)."""
     global CONTEXT
     kept = CONTEXT
-    CONTEXT = RewardContext(dataclasses.replace(kept.state, global_step=global_step, epoch=epoch), RewardLog())
+    state = dataclasses.replace(kept.state, global_step=global_step, max_steps=max_steps, epoch=epoch)
+    CONTEXT = RewardContext(state, RewardLog())
     try:
         yield CONTEXT.log
     finally:

@@ -54,22 +54,39 @@ def sentences(text: str) -> int:
     return sum(1 for p in parts if re.search(r"\w", p))
 
 
-def reply_form(max_sentences: int = 2, max_tokens: int = 0, reviews: bool = True) -> RewardFn:
+def _words(text: str) -> list[str]:
+    return re.findall(r"[\w']+", text.casefold())
+
+
+def copies(reply: str, message: str, run: int) -> bool:
+    """``reply`` repeats ``run`` or more consecutive words of ``message`` (an echo, or a rewrite that quotes it)."""
+    said = _words(message)
+    grams = {tuple(said[i:i + run]) for i in range(len(said) - run + 1)}
+    words = _words(reply)
+    return any(tuple(words[i:i + run]) in grams for i in range(len(words) - run + 1))
+
+
+def reply_form(max_sentences: int = 2, max_tokens: int = 0, reviews: bool = True, copy_words: int = 0) -> RewardFn:
     """1.0 when a completion has the form of a reply, else 0.0: at most ``max_sentences`` sentences (0: any), fewer
     than ``max_tokens`` tokens when that is set (rollout.max_new_tokens: a reply cut at the limit was not finished),
-    and, with ``reviews``, no sentence that treats the message as a text to review or rewrite (``REVIEW``): a cheap,
-    verifiable term to mix with a judge that rewards the words of such reviews (docs/concepts/judges.md)."""
-    if max_sentences < 0 or max_tokens < 0:
-        raise ValueError(f"reply_form: max_sentences and max_tokens are >= 0; got {max_sentences}, {max_tokens}")
+    with ``reviews`` no sentence that treats the message as a text to review or rewrite (``REVIEW``), and with
+    ``copy_words`` no run of that many consecutive words of the message (an echo). A cheap, verifiable term to mix
+    with a judge that rewards the words of such replies (docs/concepts/judges.md)."""
+    if max_sentences < 0 or max_tokens < 0 or copy_words < 0:
+        raise ValueError(f"reply_form: max_sentences, max_tokens and copy_words are >= 0; got {max_sentences}, "
+                         f"{max_tokens}, {copy_words}")
     review = re.compile(REVIEW, re.IGNORECASE)
 
     def reply_form_reward(prompts, completions, completion_ids=None, **columns) -> list[float | None]:
+        from rlvr.rewards.judge import prompt_text
+
         out = []
-        for i, c in enumerate(completions):
+        for i, (p, c) in enumerate(zip(prompts, completions)):
             text = completion_text(c).replace("\u2019", "'")
             ok = not max_sentences or sentences(text) <= max_sentences
             ok = ok and not (max_tokens and completion_ids is not None and len(completion_ids[i]) >= max_tokens)
             ok = ok and not (reviews and review.search(text))
+            ok = ok and not (copy_words and copies(text, prompt_text(p), copy_words))
             out.append(1.0 if ok else 0.0)
         return out
 

@@ -101,12 +101,12 @@ def load_data(cfg: RunConfig, environment: EnvironmentObjects | None = None) -> 
 
 
 def build_rewards(rewards: tuple[RewardConfig, ...], device: str = "cpu") -> list[WeightedReward]:
-    """The configured reward functions; an in-process reward model that names no device of its own runs on
-    ``device`` (train.device: beside the policy)."""
+    """The configured reward functions; an in-process reward model (or similarity's encoder) that names no device
+    of its own runs on ``device`` (train.device: beside the policy)."""
     out = []
     for r in rewards:
         kwargs = {**r.kwargs, **({"model": r.model} if r.model else {})}
-        if r.name == "reward_model" and not kwargs.get("base_url"):
+        if r.name in ("reward_model", "similarity") and not kwargs.get("base_url"):
             kwargs.setdefault("device", device)
         out.append(WeightedReward(r.name, build_reward(r.name, kwargs), r.weight, r.on_error, r.timeout_s))
     return out

@@ -47,7 +47,8 @@ def evaluate_model(cfg: RunConfig, run_dir: Path | None, replies_path: Path | No
     """``rlvr eval``: the base model (``run_dir`` None) or a trained run's weights on the held-out rows - accuracy,
     the run's rewards and eval.metrics on the greedy replies (rlvr.run.evaluate.HeldOut.metrics), eval.extra_path's
     accuracy; ``replies_path``: every reply with its scores as JSON lines; ``against_base``: the base model evaluated
-    too, and the gaming check (rlvr.run.gaming) from it to the trained weights."""
+    too (its reply and scores beside each line), and the gaming check (rlvr.run.gaming) from it to the trained
+    weights."""
     import torch
 
     from rlvr.models.policy import load_causal_lm
@@ -84,9 +85,7 @@ def evaluate_model(cfg: RunConfig, run_dir: Path | None, replies_path: Path | No
                "eval_accuracy": result.accuracy, **result.metrics(weights)}
         if data.extra_rows:  # eval.extra_path
             out.update(extra_size=len(data.extra_rows), extra_accuracy=run(model, data.extra_rows, False).accuracy)
-        if replies_path is not None:
-            replies_path.write_text("".join(json.dumps({"prompt": r["prompt"], "reply": r["reply"],
-                                                        "scores": r["scores"]}) + "\n" for r in result.replies))
+        lines = [{"prompt": r["prompt"], "reply": r["reply"], "scores": r["scores"]} for r in result.replies]
         if against_base and run_dir is not None:
             del model
             base = run(load_causal_lm(data.model_dir, dtype).to(device), data.eval_rows)
@@ -100,6 +99,10 @@ def evaluate_model(cfg: RunConfig, run_dir: Path | None, replies_path: Path | No
                                  cfg.eval.gaming_fall or float("inf"))
             out["base"] = {"eval_accuracy": base.accuracy, **base.metrics(weights)}
             out["gaming"] = alarm.as_dict() if alarm else None
+            for line, r in zip(lines, base.replies):
+                line.update(base_reply=r["reply"], base_scores=r["scores"])
+        if replies_path is not None:
+            replies_path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     finally:
         data.close()
     return out

@@ -226,7 +226,8 @@ class Run:
         t0 = time.perf_counter()
         cfg = self.cfg
         epoch = step * cfg.train.prompts_per_step / max(len(self.data.train_rows), 1)
-        with evaluation_context(step * cfg.algo.num_iterations, epoch) as logged:  # the state after step's update
+        mu = cfg.algo.num_iterations
+        with evaluation_context(step * mu, cfg.train.steps * mu, epoch) as logged:  # the state after step's update
             result = self.evaluate(scored=True)
         metrics.update({f"eval/reward_log/{k}": v for k, v in logged.drain().items()})
         self.state["eval_accuracy"] = metrics[ACCURACY] = result.accuracy
