@@ -91,17 +91,9 @@ def held_out(
     return out
 
 
-def evaluate(
-    sampler: Sampler,
-    rows: list[dict],
-    check: RewardFn,
-    batch_size: int,
-    max_new_tokens: int,
-    stop: tuple[str, ...] = (),
-    env_setup: EnvironmentSetup | None = None,
-) -> float:
-    """Greedy accuracy alone (``held_out``'s): the share of ``rows`` whose reply ``check`` scores 1."""
-    return held_out(sampler, rows, check, batch_size, max_new_tokens, stop, env_setup).accuracy
+def evaluate(sampler: Sampler, rows: list[dict], check: RewardFn, *args, **kwargs) -> float:
+    """Greedy accuracy alone: ``held_out``'s, with its other arguments (batch size, token cap, stop, episodes)."""
+    return held_out(sampler, rows, check, *args, **kwargs).accuracy
 
 
 def environment_reward(env_setup: EnvironmentSetup | None) -> str | None:
