@@ -87,7 +87,8 @@ def measure(run: Path, url: str, again: bool = False) -> dict:
     metrics = INDEPENDENT + ([] if trains_similarity else [SIMILARITY])
     replies = run / "held_out.jsonl"
     done = subprocess.run([sys.executable, "-m", "rlvr", "eval", str(run), f"rewards={json.dumps(cfg['rewards'])}",
-                           f"eval.metrics={json.dumps(metrics)}", "train.threads=2", "--replies", str(replies),
+                           f"eval.metrics={json.dumps(metrics)}", "eval.gaming_rewards=[judge]", "train.threads=2",
+                           "--replies", str(replies),
                            "--against-base"], cwd=ROOT, capture_output=True, text=True, check=True,
                           env={**os.environ, "RLVR_FP32_MATMUL": "blas"})  # the same replies whatever the load
     result = json.loads(done.stdout.strip().splitlines()[-1])

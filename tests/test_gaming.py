@@ -58,6 +58,17 @@ def test_what_counts_as_trained_and_as_independent():
     assert independent == ["eval/metric/answers", "eval/reward/tone", "eval/accuracy"]
     trained, independent = measures([r("math_correct")], [], "math_correct")  # accuracy is what the run trains
     assert (trained, independent) == (["eval/reward/math_correct"], [])
+    trained, _ = measures([r("judge"), r("similarity"), r("tone", 0.0)], [], "", watched=("judge",))
+    assert trained == ["eval/reward/judge"]  # a relevance term rising at warmth's cost is a trade-off, not gaming
+
+
+def test_the_watched_rewards_must_be_trained_ones():
+    from rlvr.config.loading import ConfigError
+
+    base = ["rewards=[{name: judge_a, weight: 1.0}, {name: tone, weight: 0.0}]"]
+    assert load_config(None, [*base, "eval.gaming_rewards=[judge_a]"]).eval.gaming_rewards == ("judge_a",)
+    with pytest.raises(ConfigError, match="eval.gaming_rewards names 'tone'.*some of 'judge_a'"):
+        load_config(None, [*base, "eval.gaming_rewards=[tone]"])
 
 
 @pytest.mark.parametrize("bad", [

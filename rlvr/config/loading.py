@@ -98,6 +98,12 @@ def _validate(cfg: RunConfig) -> None:
                           "against the others of its group, so a group of one has no signal (8 is usual)")
     if not cfg.rewards:
         raise ConfigError("rewards must list at least one reward function")
+    trained = [r.name for r in cfg.rewards if r.weight > 0]
+    unknown = [n for n in cfg.eval.gaming_rewards if n not in trained]
+    if unknown:
+        raise ConfigError(f"eval.gaming_rewards names {', '.join(map(repr, unknown))}, which is not a reward the run "
+                          f"trains on (weight > 0): name some of {', '.join(map(repr, trained))}, or leave it empty to "
+                          "watch them all")
     if cfg.algo.name == "ppo":
         if cfg.algo.beta != 0:
             raise ConfigError(f"algo.name=ppo puts the KL penalty in the reward (ppo.kl_coef), but algo.beta is "

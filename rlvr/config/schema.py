@@ -395,6 +395,10 @@ class EvalConfig:
     0 in either turns the check off."""
     gaming_fall: float = 0.1
     """See gaming_rise."""
+    gaming_rewards: tuple[str, ...] = ()
+    """The trained rewards the gaming check watches rise (names in rewards, weight > 0; empty: every trained reward).
+    Name the judge when other trained terms may rise at the cost of an independent measure by design (a relevance
+    term trading some warmth): that is a trade-off, not the judge being gamed."""
 
     def __post_init__(self) -> None:
         at_least(self, 1, "batch_size")

@@ -90,7 +90,7 @@ def evaluate_model(cfg: RunConfig, run_dir: Path | None, replies_path: Path | No
             del model
             base = run(load_causal_lm(data.model_dir, dtype).to(device), data.eval_rows)
             scored = [*rewards, *([WeightedReward(env, None)] if env else [])]
-            trained, independent = measures(scored, metrics, data.check_name)
+            trained, independent = measures(scored, metrics, data.check_name, cfg.eval.gaming_rewards)
             names = trained + independent
             then = evaluation_record(0, {"eval/accuracy": base.accuracy, **base.metrics(weights)}, base.replies, names)
             now = evaluation_record(1, {"eval/accuracy": result.accuracy, **result.metrics(weights)}, result.replies,

@@ -33,11 +33,13 @@ class Alarm:
         return asdict(self)
 
 
-def measures(rewards: list, eval_metrics: list, eval_reward: str) -> tuple[list[str], list[str]]:
-    """(trained, independent): the held-out measures of the rewards the run trains on (weight > 0), and of what it
-    does not train on - eval.metrics, weight-0 rewards, and accuracy when task.eval_reward is not a trained reward."""
+def measures(rewards: list, eval_metrics: list, eval_reward: str, watched: tuple[str, ...] = ()
+             ) -> tuple[list[str], list[str]]:
+    """(trained, independent): the held-out measures of the rewards the run trains on (weight > 0; only those named in
+    ``watched`` when it is given), and of what it does not train on - eval.metrics, weight-0 rewards, and accuracy
+    when task.eval_reward is not a trained reward."""
     weights = {r.name: r.weight for r in rewards}
-    trained = [f"eval/reward/{r.name}" for r in rewards if r.weight > 0]
+    trained = [f"eval/reward/{r.name}" for r in rewards if r.weight > 0 and (not watched or r.name in watched)]
     independent = [f"eval/metric/{r.name}" for r in eval_metrics]
     independent += [f"eval/reward/{r.name}" for r in rewards if r.weight == 0]
     if not weights.get(eval_reward):

@@ -239,7 +239,7 @@ class Run:
             t0 = time.perf_counter()
             metrics[EXTRA_ACCURACY] = self.evaluate(self.data.extra_rows).accuracy
             metrics["eval/extra_time_s"] = time.perf_counter() - t0
-        trained, independent = measures(rewards, self.eval_metrics, self.data.check_name)
+        trained, independent = measures(rewards, self.eval_metrics, self.data.check_name, cfg.eval.gaming_rewards)
         record = evaluation_record(step, metrics, result.replies, trained + independent)
         first = self.state.get("eval_first")
         if first is None:
