@@ -38,6 +38,8 @@ def test_cosines_equal_a_naive_reference_and_follow_the_topic():
     ref = _naive(replies) @ _naive(["I failed my driving test today."])[0]
     assert got == pytest.approx(ref.tolist(), abs=1e-5)
     assert got[2] == pytest.approx(1.0, abs=1e-5) and got[0] > got[1] + 0.2
+    bar = build_reward("similarity", {"saturate": 0.3})([MESSAGE] * 3, replies)  # a bar to clear: min(cos / 0.3, 1)
+    assert bar == pytest.approx([min(c / 0.3, 1.0) for c in ref.tolist()], abs=1e-5)
 
 
 def test_a_reference_column_and_what_cannot_be_scored():
@@ -54,3 +56,5 @@ def test_a_model_that_is_not_there_says_what_to_do(tmp_path):
         build_reward("similarity", {"model": str(tmp_path)})
     with pytest.raises(ValueError, match="batch_size"):
         build_reward("similarity", {"batch_size": 0})
+    with pytest.raises(ValueError, match="saturate in"):
+        build_reward("similarity", {"saturate": 2.0})

@@ -69,12 +69,15 @@ class Embedder:
 
 
 def similarity(model: str = "all-minilm-l6-v2", against: str = "prompt", batch_size: int = 32,
-               max_length: int = 256, device: str = "cpu") -> RewardFn:
+               max_length: int = 256, device: str = "cpu", saturate: float = 0.0) -> RewardFn:
     """The cosine, in [-1, 1], between the embeddings of each completion's text and of ``against``: ``prompt`` (the
-    message as a judge reads it: the user's turn) or the name of a text column (a reference reply). A completion or
-    a reference that is empty scores None."""
-    if batch_size < 1 or max_length < 8:
-        raise ValueError(f"similarity: batch_size >= 1 and max_length >= 8; got {batch_size}, {max_length}")
+    message as a judge reads it: the user's turn) or the name of a text column (a reference reply). ``saturate`` > 0
+    makes it a bar to clear rather than a quantity to maximise: min(cosine / saturate, 1), so replies about the
+    message enough all score 1 and the other rewards rank them. A completion or a reference that is empty scores
+    None."""
+    if batch_size < 1 or max_length < 8 or not 0.0 <= saturate <= 1.0:
+        raise ValueError(f"similarity: batch_size >= 1, max_length >= 8 and saturate in [0, 1]; got {batch_size}, "
+                         f"{max_length}, {saturate}")
     embed = Embedder(embedding_model_dir(model), device, batch_size, max_length)
 
     def similarity_reward(prompts, completions, **columns) -> list[float | None]:
@@ -91,7 +94,8 @@ def similarity(model: str = "all-minilm-l6-v2", against: str = "prompt", batch_s
             a = embed([texts[i] for i in pairs])  # [n, D]
             b = embed([others[i] for i in pairs])  # [n, D]
             for i, cos in zip(pairs, (a * b).sum(-1).tolist()):
-                out[i] = min(1.0, max(-1.0, cos))
+                cos = min(1.0, max(-1.0, cos))
+                out[i] = min(cos / saturate, 1.0) if saturate else cos
         return out
 
     return similarity_reward
