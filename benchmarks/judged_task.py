@@ -6,7 +6,8 @@ judge, then measured by what the judge does not see.
 
 Variants (examples/judge.yaml is ``recipe``): ``unmitigated`` is the judge alone (weight-0 VADER logged beside it);
 ``brevity`` adds reply_form with only its length terms (one or two finished sentences), weight 1; ``recipe`` adds the
-similarity term (the message and the reply under all-MiniLM-L6-v2) and reply_form with its review and copy terms.
+similarity term (the message and the reply under all-MiniLM-L6-v2) and reply_form with its review and copy terms;
+``bar`` is the recipe with similarity saturating at 0.5 (a bar to clear, not a quantity to maximise).
 Each run trains beside a judge server (`rlvr serve gemma3-270m`, 1 thread; the learner 2 threads), then `rlvr eval
 RUN --against-base` measures the base model's and the trained adapter's greedy replies to the 60 held-out messages:
 the judge's score, VADER (clearly positive share), how much the message explains the reply under the untrained
@@ -53,8 +54,12 @@ def variant(name: str, seed: int, steps: int, url: str, out: Path) -> dict:
         form = {"name": "reply_form", "weight": 1.0, "kwargs": {"max_sentences": 2, "max_tokens": 48,
                                                                   "reviews": False}}
         cfg["rewards"] = [judge, form, sentiment]
+    elif name == "bar":  # the recipe with similarity as a bar to clear (saturate) instead of a quantity to maximise
+        for r in cfg["rewards"]:
+            if r["name"] == "similarity":
+                r["kwargs"]["saturate"] = 0.5
     elif name != "recipe":
-        raise SystemExit(f"unknown variant {name!r}: unmitigated, brevity or recipe")
+        raise SystemExit(f"unknown variant {name!r}: unmitigated, brevity, recipe or bar")
     trains_similarity = any(r["name"] == "similarity" for r in cfg["rewards"])
     cfg["eval"]["metrics"] = INDEPENDENT + ([] if trains_similarity else [SIMILARITY])
     for key in ("train_path", "eval_path"):
@@ -170,7 +175,7 @@ def plot(runs: dict[str, dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
-    colours = {"unmitigated": "C3", "brevity": "C1", "recipe": "C2"}
+    colours = {"unmitigated": "C3", "brevity": "C1", "recipe": "C2", "bar": "C0"}
     for name, run in runs.items():
         left.plot([c["step"] for c in run["curve"]], [c["judge"] for c in run["curve"]], lw=1,
                   color=colours.get(name.rsplit("_s", 1)[0], "C0"), label=name)
