@@ -182,15 +182,22 @@ def plot(runs: dict[str, dict], path: Path) -> None:
     left.set(xlabel="step", ylabel="judge: P(warm) of the sampled replies", ylim=(0.3, 1.0))
     left.legend(fontsize=7)
     first = next(iter(runs.values()))
-    parts = [("base model", first["eval"]["base"])] + [(n, r["eval"]) for n, r in runs.items()]
-    keys = [("eval/metric/relevance:about_the_message", "about the message (SmolLM2)"),
+
+    def hand(labels: list | None) -> float:
+        return _mean([x["answers"] for x in labels]) if labels else 0.0
+
+    parts = [("base model", {**first["eval"]["base"],
+                             "hand": hand(hand_labels("base", first["replies"], "base_reply"))})]
+    parts += [(n, {**r["eval"], "hand": hand(hand_labels(n, r["replies"], "reply"))}) for n, r in runs.items()]
+    keys = [("hand", "answers the message (hand labels)"),
+            ("eval/metric/relevance:about_the_message", "about the message (SmolLM2)"),
             ("eval_accuracy", "VADER clearly positive"), ("review_share", "reviews the message")]
     width = 0.8 / len(keys)
     for k, (key, label) in enumerate(keys):
         right.bar([i + k * width for i in range(len(parts))], [p[key] for _, p in parts], width, label=label)
-    right.set_xticks([i + width for i in range(len(parts))], [n for n, _ in parts], rotation=30, fontsize=7)
-    right.set(ylabel="share of the 60 held-out replies", ylim=(0, 1.05))
-    right.legend(fontsize=7)
+    right.set_xticks([i + 1.5 * width for i in range(len(parts))], [n for n, _ in parts], rotation=30, fontsize=7)
+    right.set(ylabel="share of the 60 held-out replies", ylim=(0, 1.35))
+    right.legend(fontsize=7, loc="upper center", ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
