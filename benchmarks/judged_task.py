@@ -1,13 +1,13 @@
 """The judged task with and without its mitigations: examples/judge.yaml trained per variant and seed against its
 judge, then measured by what the judge does not see.
 
-    python benchmarks/judged_task.py [--variants unmitigated brevity recipe] [--seeds 0 1 2] [--steps 40]
+    python benchmarks/judged_task.py [--variants unmitigated brevity maximise recipe] [--seeds 0 1 2] [--steps 40]
     python benchmarks/judged_task.py --runs DIR      # measure runs already trained, in DIR/VARIANT_sSEED
 
 Variants (examples/judge.yaml is ``recipe``): ``unmitigated`` is the judge alone (weight-0 VADER logged beside it);
 ``brevity`` adds reply_form with only its length terms (one or two finished sentences), weight 1; ``recipe`` adds the
-similarity term (the message and the reply under all-MiniLM-L6-v2) and reply_form with its review and copy terms;
-``bar`` is the recipe with similarity saturating at 0.5 (a bar to clear, not a quantity to maximise).
+similarity term (the message and the reply under all-MiniLM-L6-v2) as a bar to clear (saturate 0.5) and reply_form
+with its review and copy terms; ``maximise`` is the recipe with the raw cosine (a quantity to maximise).
 Each run trains beside a judge server (`rlvr serve gemma3-270m`, 1 thread; the learner 2 threads), then `rlvr eval
 RUN --against-base` measures the base model's and the trained adapter's greedy replies to the 60 held-out messages:
 the judge's score, VADER (clearly positive share), how much the message explains the reply under the untrained
@@ -54,12 +54,12 @@ def variant(name: str, seed: int, steps: int, url: str, out: Path) -> dict:
         form = {"name": "reply_form", "weight": 1.0, "kwargs": {"max_sentences": 2, "max_tokens": 48,
                                                                   "reviews": False}}
         cfg["rewards"] = [judge, form, sentiment]
-    elif name == "bar":  # the recipe with similarity as a bar to clear (saturate) instead of a quantity to maximise
+    elif name == "maximise":  # the recipe with similarity as a quantity to maximise instead of a bar to clear
         for r in cfg["rewards"]:
             if r["name"] == "similarity":
-                r["kwargs"]["saturate"] = 0.5
+                r["kwargs"].pop("saturate", None)
     elif name != "recipe":
-        raise SystemExit(f"unknown variant {name!r}: unmitigated, brevity, recipe or bar")
+        raise SystemExit(f"unknown variant {name!r}: unmitigated, brevity, maximise or recipe")
     trains_similarity = any(r["name"] == "similarity" for r in cfg["rewards"])
     cfg["eval"]["metrics"] = INDEPENDENT + ([] if trains_similarity else [SIMILARITY])
     for key in ("train_path", "eval_path"):
@@ -175,7 +175,7 @@ def plot(runs: dict[str, dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
-    colours = {"unmitigated": "C3", "brevity": "C1", "recipe": "C2", "bar": "C0"}
+    colours = {"unmitigated": "C3", "brevity": "C1", "maximise": "C2", "recipe": "C0"}
     for name, run in runs.items():
         left.plot([c["step"] for c in run["curve"]], [c["judge"] for c in run["curve"]], lw=1,
                   color=colours.get(name.rsplit("_s", 1)[0], "C0"), label=name)
@@ -204,7 +204,7 @@ def plot(runs: dict[str, dict], path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--variants", nargs="+", default=["unmitigated", "brevity", "recipe"])
+    parser.add_argument("--variants", nargs="+", default=["unmitigated", "brevity", "maximise", "recipe"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--runs", type=Path, default=None, help="measure runs already trained in DIR/VARIANT_sSEED")

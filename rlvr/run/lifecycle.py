@@ -211,13 +211,13 @@ class Run:
         cfg = self.cfg
         rows = self.data.eval_rows if rows is None else rows
         mine = [rows[i] for i in self.collectives.world.share(len(rows))]
-        measures = (self.rewards, self.eval_metrics) if scored else ([], [])
+        scorers = (self.rewards, self.eval_metrics) if scored else ([], [])
         part = held_out(self.sampler, mine, self.data.check, cfg.eval.batch_size,
                         cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens, tuple(cfg.rollout.stop),
-                        self.data.env_setup, *measures) if mine else HeldOut()
+                        self.data.env_setup, *scorers) if mine else HeldOut()
         if self.collectives.world.size == 1:
             return part
-        return summed(part, measure_names(*measures, self.data.env_setup if scored else None),
+        return summed(part, measure_names(*scorers, self.data.env_setup if scored else None),
                       self.collectives.sum_floats)
 
     def evaluate_held_out(self, step: int, metrics: dict) -> None:
