@@ -2,8 +2,9 @@
 
 Each request takes the next action of ``script`` (then ``default``): ``("text", s)`` answers s; ``("status", code,
 headers)`` an error; ``("slow", seconds)`` answers by ``default`` after sleeping; ``("malformed",)`` a body that is
-not JSON; ``("drop",)`` closes the connection without an answer. ``default(body) -> str`` answers from the request
-(by default: the length of the tagged response modulo 11, so tests know every score by hand)."""
+not JSON; ``("drop",)`` closes the connection without an answer. ``default(body)`` answers from the request: a
+text (by default: the length of the tagged response modulo 11, so tests know every score by hand), a whole answer
+(a dict), or an action tuple as above (a judge that fails some questions)."""
 
 from __future__ import annotations
 
@@ -53,6 +54,9 @@ class JudgeServer:
                     action = server.script.popleft() if server.script else ("default",)
                     server.in_flight += 1
                     server.max_in_flight = max(server.max_in_flight, server.in_flight)
+                if action == ("default",):
+                    got = server.default(body)
+                    action = got if isinstance(got, tuple) else ("answer", got)
                 try:
                     self._act(action, body)
                 finally:
@@ -74,7 +78,7 @@ class JudgeServer:
                     return
                 if kind == "slow":
                     time.sleep(action[1])
-                text = action[1] if kind == "text" else server.default(body)
+                text = action[1] if kind in ("text", "answer") else server.default(body)
                 self._send(200, chat_answer(text) if isinstance(text, str) else text, {})
 
             def _send(self, status: int, payload, headers: dict) -> None:

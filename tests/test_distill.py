@@ -19,9 +19,11 @@ from rlvr.learn.distill import LocalTeacher, ServedTeacher, build_teacher
 from rlvr.learn.step import micro_batches
 from rlvr.models.teacher import load_teacher
 from rlvr.rollout import SamplingParams
+from rlvr.rollout.retry import RetryPolicy
 from rlvr.rollout.server_errors import MalformedAnswer
 from rlvr.rollout.teacher_client import TeacherClient, TeacherError, token_logprobs
 from tests.conftest import make_model, make_tokenizer, sample_tiny
+from tests.judge_server import JudgeServer
 from tests.serving import ServerProcess
 from tests.test_e2e import _overrides
 
@@ -158,6 +160,27 @@ def test_the_prompt_logprobs_answer_is_read_as_vllm_writes_it():
                 {"choices": [{"prompt_logprobs": [None, {}, {"8": {"logprob": -1.0}}, {"2": {"logprob": -1}}]}]}):
         with pytest.raises(MalformedAnswer):
             token_logprobs(bad, 2, [7, 2])
+
+
+@pytest.mark.parametrize("logprob", [-1e300, -(10 ** 400)])
+def test_a_served_log_prob_that_float32_cannot_hold_is_a_malformed_answer_in_one_line(logprob):
+    """-1e300 is finite in JSON and -inf in the trainer's float32 (three skipped steps stopped the run); a 401-digit
+    integer raised OverflowError. Both are malformed: retried, then the step stops with one line naming the server."""
+    answer = {"choices": [{"text": "x", "prompt_logprobs": [None, {"5": {"logprob": -0.5}},
+                                                           {"7": {"logprob": logprob}}, {"2": {"logprob": -1}}]}]}
+    with pytest.raises(MalformedAnswer, match="no log-prob <= 0 finite in float32 for token 7"):
+        token_logprobs(answer, 2, [7, 2])
+    server = JudgeServer(default=lambda body: answer)  # any JSON on any route: a teacher that answers this
+    try:
+        client = TeacherClient(server.url, "m", "", timeout_s=10,
+                               policy=RetryPolicy(attempts=2, backoff_s=0.0, errors=(MalformedAnswer,)))
+        with pytest.raises(TeacherError) as caught:
+            client.score([([1, 5], [7, 2], 1.0)])
+        client.close()
+    finally:
+        server.close()
+    assert "\n" not in str(caught.value) and "finite in float32" in str(caught.value)
+    assert "after 2 attempt(s)" in str(caught.value) and len(server.requests) == 2
 
 
 def test_a_teacher_of_another_tokenizer_is_refused_in_one_line(pair, tmp_path):

@@ -170,10 +170,30 @@ def test_the_cache_carries_over_to_a_judge_with_another_secret(server):
 @pytest.mark.parametrize("entries", [
     {"k": 1.0}, [["a" * 64]], [["g" * 64, 0.5]], [["a" * 63, 0.5]], [["a" * 64, 1.5]], [["a" * 64, float("nan")]],
     [["a" * 64, True]], [["a" * 64, []]], [["a" * 64, [0.5, [0.1]]]], [["a" * 64, "0.5"]],
+    [["a" * 64, 10 ** 400]], [["a" * 64, [0.5, -(10 ** 400)]]],  # no float holds them: refused, no OverflowError
 ])
 def test_a_saved_cache_is_checked_before_it_is_loaded(server, entries):
     with pytest.raises(ValueError, match="judge cache"):
         _judge(server).restore_cache(entries)
+
+
+BIG = "1" * 401  # 401 digits: float() of the int raises OverflowError, of the text gives inf
+
+
+@pytest.mark.parametrize("settings, reply", [
+    ({}, BIG), ({"answer": "json"}, f'{{"score": {BIG}}}'), ({"answer": "json"}, '{"score": -1e300}'),
+    ({"per_group": True}, f'{{"scores": [1, {BIG}]}}'),
+    ({"answer": "logprobs", "scale": [1, 5]}, chat_answer("4", [("4", -(10 ** 400)), ("5", -0.5)])),
+    ({"answer": "logprobs", "scale": [1, 5]}, chat_answer("4", [("4", -1e300), ("5", -0.5)])),
+])
+def test_a_number_no_float32_holds_is_a_failed_call_never_a_traceback(server, settings, reply):
+    """A 401-digit integer, or a finite float64 that is infinite in float32, in a judge's answer: that question is
+    scored None and counted as failed (before: OverflowError out of the reward, or a clamped 1.0)."""
+    server.default = lambda body: reply  # a text, or a whole answer
+    fn = _judge(server, retries=0, **settings)
+    assert fn(["q"] * 2, ["a", "b"], group_size=2) == [None, None]
+    stats = fn.stats.drain()
+    assert stats["failures"] == stats["calls"] == len(server.requests)
 
 
 def test_at_most_concurrency_calls_are_in_flight(server):

@@ -4,15 +4,19 @@ scores, and the steps' metrics count the judge's calls under judge/."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 
 import pytest
 
 from rlvr.config.loading import load_config
 from rlvr.launch import train
-from tests.judge_server import JudgeServer
+from rlvr.run.resume_checks import ResumeError
+from tests.judge_server import JudgeServer, length_score
 from tests.test_async import ASYNC
 from tests.test_e2e import _overrides
+from tests.test_security_resume import rewrite
 
 
 def _judged_run(model_dir, out, url: str, *extra: str) -> tuple[list[dict], list[dict]]:
@@ -25,7 +29,7 @@ def _judged_run(model_dir, out, url: str, *extra: str) -> tuple[list[dict], list
     return samples, metrics
 
 
-@pytest.mark.parametrize("runtime", ["sync", "async"])
+@pytest.mark.parametrize("runtime", ["sync", pytest.param("async", marks=pytest.mark.long)])
 def test_a_run_is_rewarded_by_the_judge(tiny_model_dir, tmp_path, runtime):
     server = JudgeServer()
     server.script.extend([("status", 503)] * 2)  # the first question (check_rewards' placeholder) retried twice
@@ -73,12 +77,32 @@ def test_a_resumed_run_keeps_the_judges_answers(tiny_model_dir, tmp_path):
     finally:
         server.close()
     assert asked[True] + 6 <= asked[False]  # at least the 6 held-out replies, asked again without the cache
+    # a score no float holds (before: OverflowError out of the check, a traceback) is the one-line refusal
+    run = tmp_path / "resumed-big"
+    shutil.copytree(out, run)
+    path = run / "checkpoints" / "step-00000002" / "state.json"
+    state = json.loads(path.read_text())
+    state["judge_cache"]["reward/judge"][0][1] = 10 ** 400
+    rewrite(path.parent, "state.json", json.dumps(state))  # its manifest too: else the resume takes step 1
+    with pytest.raises(ResumeError) as caught:
+        _judged_run(tiny_model_dir, run, "http://127.0.0.1:9/v1", "train.steps=3", "resume=auto")
+    assert "\n" not in str(caught.value) and "state.json field 'judge_cache'" in str(caught.value)
 
 
 def test_a_judge_as_an_evaluation_metric(tiny_model_dir, tmp_path):
     """eval.metrics takes a judge like any reward: logged as eval/metric/judge at every evaluation; asked the same
-    questions as the run's own judge on the same held-out replies, it gives the same mean."""
-    server = JudgeServer()
+    questions as the run's own judge on the same held-out replies, it gives the same mean. The judge fails every
+    question of a third of the hashes (400, not retried): every request the server saw is counted
+    once, by the steps (judge/) or the evaluations (eval/judge/) - before, the evaluations' calls were counted by the
+    next step or, after the last step, by nothing."""
+    def failing(body):  # the same questions for both judges (their tags' nonces aside)
+        question = re.sub(r"response-\w+", "", body["messages"][-1]["content"])
+        return hashlib.sha256(question.encode()).digest()[0] % 3 == 0
+
+    def flaky(body):
+        return ("status", 400) if failing(body) else length_score(body)
+
+    server = JudgeServer(flaky)
     try:
         metric = f"eval.metrics=[{{name: judge, model: m, kwargs: {{base_url: '{server.url}', backoff_s: 0.01}}}}]"
         _, metrics = _judged_run(tiny_model_dir, tmp_path / "run", server.url, metric, "eval.every=1",
@@ -90,3 +114,8 @@ def test_a_judge_as_an_evaluation_metric(tiny_model_dir, tmp_path):
     for m in evals:
         assert 0 <= m["eval/metric/judge"] <= 1
         assert m["eval/metric/judge"] == pytest.approx(m["eval/reward/judge"], abs=1e-6)
+    counted = sum(m.get("judge/calls", 0) + m.get("eval/judge/calls", 0) for m in metrics)
+    assert counted == len(server.requests)
+    assert sum(m.get("judge/failures", 0) + m.get("eval/judge/failures", 0) for m in metrics) == \
+        sum(map(failing, server.requests)) > 0
+    assert any(m["eval/judge/failures"] for m in evals)

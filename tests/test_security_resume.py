@@ -109,6 +109,25 @@ def test_resume_stops_on_a_bad_state_field(run):
         resume(overrides)
 
 
+def test_a_number_no_float_holds_in_eval_first_is_the_one_line_refusal(run):
+    """A 401-digit integer among the first evaluation's metrics or scores raised OverflowError out of the check (a
+    traceback); -1e300 passed as finite. Each is now the one-line refusal naming the field."""
+    out, overrides = run
+    checkpoint = out / "checkpoints" / STEP
+    state = json.loads((checkpoint / "state.json").read_text())
+    record = {"step": 0, "metrics": {"eval/accuracy": 0.5}, "replies": [{"prompt": "p", "reply": "r",
+                                                                          "scores": {"check": 1.0}}]}
+    assert check_loop_state({"eval_first": record}, Path("ck"))
+    for bad in ({**record, "metrics": {"eval/accuracy": 10 ** 400}},
+                {**record, "replies": [{"prompt": "p", "reply": "r", "scores": {"check": -1e300}}]}):
+        with pytest.raises(ResumeError, match="field 'eval_first' must be an evaluation record"):
+            check_loop_state({"eval_first": bad}, Path("ck"))
+    rewrite(checkpoint, "state.json", json.dumps({**state, "eval_first": {**record, "metrics": {"m": 10 ** 400}}}))
+    with pytest.raises(ResumeError) as caught:
+        resume(overrides)
+    assert "\n" not in str(caught.value) and "state.json field 'eval_first'" in str(caught.value)
+
+
 def test_a_planted_link_is_refused_and_the_outside_file_kept(run, tmp_path):
     out, overrides = run
     outside = tmp_path / "precious.txt"

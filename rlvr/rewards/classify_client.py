@@ -21,7 +21,6 @@ stderr); a 401, 403 or 404 is an error (a wrong key, model name or URL: no reque
 
 from __future__ import annotations
 
-import math
 import sys
 import threading
 from typing import Any
@@ -29,6 +28,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from rlvr.platform.numbers import finite_float32
 from rlvr.rewards.base import RewardConfigError, plain_text
 from rlvr.rollout.http_client import SMALL_ANSWER_BYTES, api_key_from_env, error_message, printable, read_json, show
 from rlvr.rollout.retry import RetriedPoster, RetryPolicy
@@ -64,10 +64,10 @@ def scores_of(body: object, n: int) -> list[float]:
             raise MalformedAnswer(f"an item index {show(index)} (expected each of 0..{n - 1} once)")
         if not isinstance(probs, list) or len(probs) != 1:
             raise MalformedAnswer(f"probs {show(probs)}: a reward model has one label, one score")
-        value = probs[0]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise MalformedAnswer(f"a score {show(value)} that is not a finite number")
-        values[index] = float(value)
+        value = finite_float32(probs[0])
+        if value is None:
+            raise MalformedAnswer(f"a score {show(probs[0])} that is not a number finite in float32")
+        values[index] = value
     return values  # type: ignore[return-value]
 
 

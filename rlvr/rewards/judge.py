@@ -18,6 +18,7 @@ What this does not stop: a judge model that follows the injected text anyway (me
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import hmac
@@ -25,8 +26,9 @@ import json
 import math
 import re
 import secrets
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
+from rlvr.platform.numbers import finite_float32, is_finite_float32
 from rlvr.rewards.base import completion_text
 from rlvr.rewards.judge_client import CACHE_BYTES, Answer, Endpoint, JudgeClient, JudgeStats
 from rlvr.rollout.http_client import api_key_from_env
@@ -58,7 +60,8 @@ def _clamped(value: float, lo: float, hi: float) -> float:
 def parse_number(text: str, lo: float, hi: float) -> float | None:
     """The reply when it is a number and nothing else (a trailing period allowed), on [0, 1]; else None."""
     m = _NUMBER.fullmatch(text)
-    return _clamped(float(m.group(1)), lo, hi) if m else None
+    value = finite_float32(float(m.group(1))) if m else None  # 400 digits: inf, no answer
+    return None if value is None else _clamped(value, lo, hi)
 
 
 def _json(text: str) -> object:
@@ -70,16 +73,11 @@ def _json(text: str) -> object:
         return None
 
 
-def _real(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def parse_json_score(text: str, lo: float, hi: float) -> float | None:
     """``{"score": N}`` and nothing else, N on [0, 1]; else None."""
     data = _json(text)
-    if not isinstance(data, dict) or set(data) != {"score"} or not _real(data["score"]):
-        return None
-    return _clamped(float(data["score"]), lo, hi)
+    score = finite_float32(data["score"]) if isinstance(data, dict) and set(data) == {"score"} else None
+    return None if score is None else _clamped(score, lo, hi)
 
 
 def parse_group(text: str, group_size: int, lo: float, hi: float) -> list[float] | None:
@@ -87,10 +85,10 @@ def parse_group(text: str, group_size: int, lo: float, hi: float) -> list[float]
     data = _json(text)
     if not isinstance(data, dict) or not isinstance(data.get("scores"), list):
         return None
-    scores = data["scores"]
-    if len(scores) != group_size or not all(_real(s) for s in scores):
+    scores = [finite_float32(s) for s in data["scores"]]
+    if len(scores) != group_size or None in scores:
         return None
-    return [_clamped(float(s), lo, hi) for s in scores]
+    return [_clamped(s, lo, hi) for s in scores]
 
 
 def expected_score(top_logprobs: Sequence[tuple[str, float]], labels: dict[str, float], lo: float, hi: float,
@@ -150,7 +148,8 @@ class Judge:
                  shuffle: bool = True):
         if answer not in ANSWERS or reads not in READS:
             raise ValueError(f"judge: answer is one of {', '.join(ANSWERS)} and reads one of {', '.join(READS)}")
-        well_formed = labels and all(isinstance(k, str) and k.strip() and _real(v) for k, v in labels.items())
+        well_formed = labels and all(isinstance(k, str) and k.strip() and is_finite_float32(v)
+                                     for k, v in labels.items())
         if labels is not None and (answer != "logprobs" or not well_formed):
             raise ValueError("judge: labels (answer: logprobs only) map each answer token's text to a number, "
                              "e.g. {warm: 1, cold: 0}")
@@ -324,13 +323,38 @@ def judge(model: str, base_url: str, api_key_env: str = "", api: str = "chat", r
 def judge_metrics(rewards: Sequence) -> dict[str, float]:
     """What the run's judges did since the last call (``judge/`` in a step's metrics): counts summed over judges,
     latency the mean per call; {} when the run has no judge."""
-    judges = [r.fn for r in rewards if isinstance(getattr(r, "fn", None), Judge)]
-    if not judges:
+    return _summed([r.fn for r in rewards if isinstance(getattr(r, "fn", None), Judge)])
+
+
+def _summed(judges: Sequence[Judge]) -> dict[str, float]:
+    """Drain each judge's counters (each judge once) and add them up; {} without judges."""
+    drained = [j.stats.drain() for j in {id(j): j for j in judges}.values()]
+    if not drained:
         return {}
-    drained = [j.stats.drain() for j in judges]
     out = {k: sum(d[k] for d in drained) for k in drained[0] if k != "latency_s"}
     out["latency_s"] = sum(d["latency_s"] * d["calls"] for d in drained) / out["calls"] if out["calls"] else 0.0
     return out
+
+
+@contextlib.contextmanager
+def counted_apart(judges: Sequence[Judge], stepped: Sequence = ()) -> Iterator[dict[str, float]]:
+    """Count what ``judges`` do inside the block apart from the step's counters (an evaluation's calls, logged as
+    ``eval/judge/``): yields a dict that holds, once the block ends, the block's counters as ``judge_metrics`` names
+    them. What the judges of ``stepped`` (the rewards whose judges a step's ``judge/`` drains) counted before the
+    block is left for the step; the others' (an eval.metrics judge's check_rewards questions) is counted with the
+    block. So every call an endpoint sees is counted once, by a step or by an evaluation."""
+    judges = list({id(j): j for j in judges}.values())
+    kept_for_steps = {id(r.fn) for r in stepped}
+    before = [j.stats.drain() if id(j) in kept_for_steps else None for j in judges]
+    counted: dict[str, float] = {}
+    try:
+        yield counted
+    finally:
+        counted.update(_summed(judges))
+        for j, kept in zip(judges, before):
+            if kept is not None:
+                j.stats.add(**{k: v for k, v in kept.items() if k != "latency_s"},
+                            latency_s=kept["latency_s"] * kept["calls"])
 
 
 CHECKPOINT_CACHE_BYTES = 32 << 20  # all judges' caches together in a checkpoint's state.json (loaded up to 64 MiB)

@@ -23,6 +23,7 @@ from typing import TypeVar
 
 import httpx
 
+from rlvr.platform.numbers import finite_float32
 from rlvr.rewards.base import RewardConfigError
 from rlvr.rollout.http_client import answer_limit, error_message, printable
 from rlvr.rollout.retry import RetriedPoster, RetryPolicy
@@ -233,7 +234,8 @@ def entry_bytes(key: str, value: object) -> int:
 
 
 def _score(value: object) -> bool:
-    return type(value) in (int, float) and math.isfinite(value) and 0.0 <= value <= 1.0
+    x = finite_float32(value)
+    return x is not None and 0.0 <= x <= 1.0
 
 
 def _cache_pair(entry: object) -> bool:
@@ -253,10 +255,10 @@ def _checked(pairs: list, limit: int = 64) -> tuple[tuple[str, float], ...]:
     for token, lp in pairs[:limit]:
         if lp == -math.inf:
             continue
-        if not isinstance(token, str) or isinstance(lp, bool) or not isinstance(lp, (int, float)) \
-                or not math.isfinite(lp) or lp > 1e-6:
+        value = finite_float32(lp)  # -1e300 or a 401-digit integer: malformed, like NaN
+        if not isinstance(token, str) or value is None or value > 1e-6:
             raise MalformedAnswer(f"a top log-prob not (token, finite logprob <= 0): {printable((token, lp), 80)}")
-        out.append((token, float(lp)))
+        out.append((token, value))
     return tuple(out)
 
 

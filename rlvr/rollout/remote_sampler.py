@@ -3,10 +3,10 @@ the trainer's adapter published to a bucket and loaded on every server at each s
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 from rlvr.models.prompts import Prompt, prompt_token_ids
+from rlvr.platform.numbers import finite_float32
 from rlvr.platform.seeds import request_seed, turn_seed
 from rlvr.rollout.engine import SamplingParams
 from rlvr.rollout.episodes import Environment, EpisodeBatch, EpisodeLimits, Turn, TurnSampler, run_episodes
@@ -17,7 +17,6 @@ from rlvr.rollout.server_answers import (
     ServerChoice,
     choices_to_ask,
     groups_of,
-    is_number,
     parse_completions,
     parse_group,
 )
@@ -83,8 +82,9 @@ class RemoteSampler:
                 busy = read_json(r).get("busy_s")
             except (MalformedAnswer, AttributeError):
                 continue
-            if is_number(busy) and math.isfinite(busy) and busy >= 0:
-                out[server.url] = float(busy)
+            busy = finite_float32(busy)  # a 401-digit integer is refused, not an OverflowError
+            if busy is not None and busy >= 0:
+                out[server.url] = busy
         return out
 
     def stats(self) -> dict[str, float]:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from rlvr.models.prompts import left_pad
+from rlvr.platform.numbers import finite_float32
 from rlvr.rollout.groups import Groups
 from rlvr.rollout.http_client import show
 from rlvr.rollout.server_errors import MalformedAnswer
@@ -34,10 +35,6 @@ class ServerChoice:
 
 def is_int(x: object) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
-
-
-def is_number(x: object) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
 def parse_completions(answer: object, n: int, max_tokens: int | None, vocab_size: int) -> list[ServerChoice]:
@@ -81,9 +78,10 @@ def _parse_choice(c: dict, i: int, max_tokens: int | None, vocab_size: int) -> S
             raise MalformedAnswer(f"choice {i}: token id {show(t)} outside the vocabulary (0..{vocab_size - 1})")
     clean = []
     for x in logps:
-        if not is_number(x) or not LOGP_FLOOR <= x <= LOGP_ROUNDING:  # NaN fails the comparison too
+        value = finite_float32(x)
+        if value is None or not LOGP_FLOOR <= value <= LOGP_ROUNDING:
             raise MalformedAnswer(f"choice {i}: log-prob {show(x)} is not a finite number in [{LOGP_FLOOR:g}, 0]")
-        clean.append(min(float(x), 0.0))
+        clean.append(min(value, 0.0))
     reason = c.get("finish_reason")
     if reason not in FINISH_REASONS:
         raise MalformedAnswer(f"choice {i}: finish_reason {show(reason)} is not one of {', '.join(FINISH_REASONS)}")

@@ -14,11 +14,11 @@ the step with an error naming the server: the student is never trained on a gues
 
 from __future__ import annotations
 
-import math
 from urllib.parse import urlsplit
 
 import httpx
 
+from rlvr.platform.numbers import finite_float32
 from rlvr.rollout.http_client import (
     SMALL_ANSWER_BYTES,
     api_key_from_env,
@@ -60,12 +60,11 @@ def token_logprobs(body: object, prompt_len: int, completion: list[int]) -> list
     for t, token in enumerate(completion):
         entry = entries[prompt_len + t]
         item = entry.get(str(token)) if isinstance(entry, dict) else None
-        value = item.get("logprob") if isinstance(item, dict) else None
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-                or value > TOLERANCE:
-            raise MalformedAnswer(f"no finite log-prob <= 0 for token {token} at completion position {t}: "
+        value = finite_float32(item.get("logprob")) if isinstance(item, dict) else None
+        if value is None or value > TOLERANCE:  # -1e300: finite in JSON, -inf in the trainer's float32
+            raise MalformedAnswer(f"no log-prob <= 0 finite in float32 for token {token} at completion position {t}: "
                                   f"{show(item)}")
-        out.append(min(float(value), 0.0))
+        out.append(min(value, 0.0))
     return out
 
 

@@ -32,7 +32,7 @@ from rlvr.platform.distributed import SINGLE, Collectives, learner_device, world
 from rlvr.platform.memory import return_freed_memory
 from rlvr.rewards import WeightedReward, check_rewards
 from rlvr.rewards.base import evaluation_context
-from rlvr.rewards.judge import Judge, cache_snapshot, restore_caches
+from rlvr.rewards.judge import Judge, cache_snapshot, counted_apart, restore_caches
 from rlvr.rollout import Sampler
 from rlvr.run.build import (
     TaskData,
@@ -227,9 +227,11 @@ class Run:
         cfg = self.cfg
         epoch = step * cfg.train.prompts_per_step / max(len(self.data.train_rows), 1)
         mu = cfg.algo.num_iterations
-        with evaluation_context(step * mu, cfg.train.steps * mu, epoch) as logged:  # the state after step's update
+        with evaluation_context(step * mu, cfg.train.steps * mu, epoch) as logged, \
+                counted_apart(list(self.judges.values()), self.rewards) as judged:  # the state after step's update
             result = self.evaluate(scored=True)
         metrics.update({f"eval/reward_log/{k}": v for k, v in logged.drain().items()})
+        metrics.update({f"eval/judge/{k}": v for k, v in judged.items()})  # failed calls too: the server saw them
         self.state["eval_accuracy"] = metrics[ACCURACY] = result.accuracy
         env = environment_reward(self.data.env_setup)  # episodes' own reward, weight 1 beside the run's
         rewards = [*self.rewards, *([WeightedReward(env, None)] if env else [])]

@@ -5,12 +5,12 @@ traceback, a planted link would make the run write outside its directory, and a 
 
 from __future__ import annotations
 
-import math
 import os
 import stat
 from pathlib import Path
 from typing import Any
 
+from rlvr.platform.numbers import is_finite_float32
 from rlvr.run.gaming import valid_record
 
 MAX_COUNT = 1 << 53  # counters and positions: above any real run, below float rounding and seed overflow
@@ -41,14 +41,14 @@ def check_loop_state(state: dict, checkpoint: Path) -> dict:
             raise refuse(field, f"must be an integer in [0, 2^53], not {_shown(value)}")
         if field in ACCURACIES and value is not None and not _fraction(value):
             raise refuse(field, f"must be null or a number in [0, 1], not {_shown(value)}")
-        if field == "elapsed_s" and not (type(value) in (int, float) and math.isfinite(value) and value >= 0):
+        if field == "elapsed_s" and not (type(value) in (int, float) and is_finite_float32(value) and value >= 0):
             raise refuse(field, f"must be a finite number of seconds >= 0, not {_shown(value)}")
         if field == "pending" and not (isinstance(value, list) and all(_count(v) for v in value)
                                        and len(set(value)) == len(value)):
             raise refuse(field, "must be a list of distinct integers in [0, 2^53]")
         if field == "curriculum_recent" and not (isinstance(value, list) and all(_fraction(v) for v in value)):
             raise refuse(field, "must be a list of pass rates in [0, 1]")
-        if field == "eval_first" and not valid_record(value):
+        if field == "eval_first" and not (_numbers_finite(value) and valid_record(value)):
             raise refuse(field, "must be an evaluation record (a step, finite metrics, replies with their scores)")
         if field == "gaming" and not (value is None or isinstance(value, dict)):
             raise refuse(field, "must be null or the gaming check's alarm")
@@ -56,7 +56,17 @@ def check_loop_state(state: dict, checkpoint: Path) -> dict:
 
 
 def _fraction(value: Any) -> bool:
-    return type(value) in (int, float) and 0 <= value <= 1
+    return type(value) in (int, float) and is_finite_float32(value) and 0 <= value <= 1
+
+
+def _numbers_finite(value: Any, depth: int = 0) -> bool:
+    """Every number in a JSON value finite in float32 (a 401-digit integer would raise OverflowError in the
+    checks that follow); a JSON value nested deeper than 32 is refused too."""
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, list):
+        return depth < 32 and all(_numbers_finite(v, depth + 1) for v in value)
+    return not isinstance(value, (int, float)) or isinstance(value, bool) or is_finite_float32(value)
 
 
 def _shown(value: Any) -> str:

@@ -3,10 +3,11 @@
 
 A request is admitted, or refused at once: 400 (``EngineError``) when it alone is larger than the bound, 503 with
 Retry-After (``ServerBusy``) while admitting it would put more than ``max_rows`` rows (completions, texts) in the
-hands of the engine, 503 once the server is shutting down. Its rows count until its future is done (answered,
-failed or cancelled). The engine thread takes what arrived in arrival order, waiting ``window_s`` after the first so
-that requests sent together join one batch; a request whose client went away (its future cancelled) is dropped and
-counted in ``cancelled``.
+hands of the engine, or more than ``max_entries`` answer entries that grow with the prompt rather than the
+completions (``prompt_logprobs``: one per prompt token and log-prob asked), 503 once the server is shutting down.
+Its rows and entries count until its future is done (answered, failed or cancelled). The engine thread takes what
+arrived in arrival order, waiting ``window_s`` after the first so that requests sent together join one batch; a
+request whose client went away (its future cancelled) is dropped and counted in ``cancelled``.
 """
 
 from __future__ import annotations
@@ -51,9 +52,11 @@ class AdmissionQueue:
     rows accepted and not finished (``rows``, at most ``max_rows``). ``unit``: what a row is, ``sent``: what a
     client sends fewer of, as error answers say them."""
 
-    def __init__(self, max_rows: int, unit: str, sent: str):
+    def __init__(self, max_rows: int, unit: str, sent: str, max_entries: int = 0):
         self.max_rows, self.unit, self.sent = max_rows, unit, sent
+        self.max_entries = max_entries  # prompt log-prob entries accepted and unfinished, at most (0: none may be)
         self.rows = 0  # accepted and not finished
+        self.entries = 0  # prompt log-prob entries of the rows accepted and not finished
         self.cancelled = 0  # jobs dropped because their client went away
         self._jobs: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
@@ -67,9 +70,11 @@ class AdmissionQueue:
             raise EngineError(f"{described or f'{rows} {self.unit}'} is more than this server accepts at once "
                               f"(--max-queued-rows {self.max_rows}): send fewer {self.sent} per request")
 
-    def submit(self, job, rows: int = 0) -> concurrent.futures.Future:
-        """Queue ``job`` behind every job before it; its ``rows`` count against the bound until its future is done.
-        EngineError (400) if they never fit, ServerBusy (503) while the queue is too full, 503 once closed."""
+    def submit(self, job, rows: int = 0, entries: int = 0) -> concurrent.futures.Future:
+        """Queue ``job`` behind every job before it; its ``rows`` and ``entries`` (prompt log-probs its answer will
+        hold: the caller refuses with ``EngineError`` one that could never fit) count against the bounds until its
+        future is done. EngineError (400) if its rows never fit, ServerBusy (503) while the queue is too full, 503
+        once closed."""
         self.check_size(rows)
         with self._lock:
             if self._closed:
@@ -77,15 +82,20 @@ class AdmissionQueue:
             if self.rows + rows > self.max_rows:
                 raise ServerBusy(f"the server is busy ({self.rows} {self.unit} queued, at most {self.max_rows}); "
                                  "retry later or on another server")
+            if entries and self.entries + entries > self.max_entries:
+                raise ServerBusy(f"the server is busy ({self.entries} prompt log-prob entries queued, at most "
+                                 f"{self.max_entries}); retry later or on another server")
             self.rows += rows
+            self.entries += entries
             self._jobs.put(job)  # under the lock: nothing is queued behind close()
-        if rows:
-            job.future.add_done_callback(lambda _: self._release(rows))
+        if rows or entries:
+            job.future.add_done_callback(lambda _: self._release(rows, entries))
         return job.future
 
-    def _release(self, rows: int) -> None:
+    def _release(self, rows: int, entries: int = 0) -> None:
         with self._lock:
             self.rows -= rows
+            self.entries -= entries
 
     def close(self) -> None:
         """Refuse (503) every job from now on; the engine thread still takes those accepted before."""

@@ -89,8 +89,13 @@ def prepare_completion(s: Serving, body: bytes) -> tuple[Job, CompletionRequest]
 
 
 def answer_completion(s: Serving, req: CompletionRequest, gens: list[Generation]) -> dict:
+    """The /v1/completions answer. ``prompt_logprobs`` are built once per prompt and sit on its first choice (index
+    i * n), null on its other n - 1: vLLM repeats the same list on every choice of a prompt, so an answer grows as
+    n x prompt tokens x entries; a client reading ``choices[i * n].prompt_logprobs`` (rlvr's teacher client reads
+    choices[0]) gets the same list from both servers."""
     choices = []
     for i, g in enumerate(gens):
+        scored = prompt_logprobs_entries(s.tokenizer, g) if req.prompt_logprobs is not None else None
         for j, tokens in enumerate(g.token_ids):
             choice = {"index": i * req.n + j, "text": text_of(s, tokens, g.stop_reason[j], req),
                       "logprobs": None, "finish_reason": g.finish_reason[j], "stop_reason": g.stop_reason[j]}
@@ -99,7 +104,7 @@ def answer_completion(s: Serving, req: CompletionRequest, gens: list[Generation]
             if req.return_token_ids:
                 choice["prompt_token_ids"], choice["token_ids"] = g.prompt_ids, tokens
             if req.prompt_logprobs is not None:
-                choice["prompt_logprobs"] = prompt_logprobs_entries(s.tokenizer, g)
+                choice["prompt_logprobs"] = scored if j == 0 else None
             choices.append(choice)
     body = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
             "model": req.model or s.served_name, "choices": choices, "usage": usage(gens)}

@@ -117,6 +117,14 @@ class Job:
         """KV-cache positions this prompt's n completions take in a batch."""
         return self.n * (len(prompt) + self.params.max_new_tokens)
 
+    @property
+    def prompt_logprob_entries(self) -> int:
+        """What ``prompt_logprobs`` adds to the answer, once per prompt whatever n (completion_routes): per prompt
+        token after the first, the token's own entry and k more; 0 when not asked."""
+        if self.prompt_logprobs is None:
+            return 0
+        return sum(len(p) - 1 for p in self.prompts) * (self.prompt_logprobs + 1)
+
 
 @dataclass
 class AdapterJob:
@@ -238,7 +246,8 @@ class Engine:
                              "--max-batch-tokens and --prefix-cache-mb at least 0")
         self.max_loras, self.max_num_seqs = max_loras, max_num_seqs
         self.max_batch_tokens = max_batch_tokens or max(DEFAULT_BATCH_TOKENS, self.max_model_len)
-        self.admission = AdmissionQueue(max_queued_rows, "completions", "prompts")  # its rows, cancelled: /stats
+        # its rows, cancelled: /stats; prompt log-probs bounded like a batch's KV positions (--max-batch-tokens)
+        self.admission = AdmissionQueue(max_queued_rows, "completions", "prompts", self.max_batch_tokens)
         self.policy = adapter_policy or AdapterPolicy.default("127.0.0.1")
         self.batch_wait_s, self.threads = batch_wait_s, threads
         self.lora_modules = lora_modules  # (name, path): loaded once the model is, before the server is ready
@@ -283,13 +292,19 @@ class Engine:
             raise EngineError(f"n={job.n} x ({len(longest)} prompt + {job.params.max_new_tokens} completion tokens) "
                               f"= {job.tokens(longest)} tokens is more than one batch holds (--max-batch-tokens "
                               f"{self.max_batch_tokens}): lower n, max_tokens or the prompt length")
+        entries = job.prompt_logprob_entries  # counted before anything is scored or built
+        if entries > self.max_batch_tokens:
+            raise EngineError(f"prompt_logprobs={job.prompt_logprobs} on {entries // (job.prompt_logprobs + 1)} prompt "
+                              f"tokens = {entries} entries is more than this server answers at once "
+                              f"(--max-batch-tokens {self.max_batch_tokens}): lower prompt_logprobs, or send fewer "
+                              "or shorter prompts per request")
 
     def submit(self, job: Job | AdapterJob) -> concurrent.futures.Future:
         """Queue a job; EngineError (400) if it can never fit, ServerBusy (503) while the queue is full (an adapter
         job holds no rows: never), 503 once closed."""
         if isinstance(job, Job):
             self.check(job)
-            return self.admission.submit(job, job.rows)
+            return self.admission.submit(job, job.rows, job.prompt_logprob_entries)
         return self.admission.submit(job)
 
     # --- the engine thread ------------------------------------------------------------------------------

@@ -31,7 +31,6 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
-import math
 import os
 import random
 import re
@@ -47,6 +46,7 @@ from safetensors.torch import load_file, save_file
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from rlvr.platform.faults import fault_point
+from rlvr.platform.numbers import is_finite_float32
 
 MANIFEST = "manifest.json"
 PREFIX = "step-"
@@ -252,7 +252,7 @@ def _words(value, n: int) -> bool:
 
 
 def _number(value) -> bool:
-    return type(value) in (int, float) and math.isfinite(value)
+    return type(value) in (int, float) and is_finite_float32(value)  # 10**400: no OverflowError
 
 
 def _rng_setter(rng) -> Callable[[], None]:
