@@ -27,6 +27,7 @@ The weights are constants (no gradient flows through w); the KL penalty is not w
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import torch
@@ -57,6 +58,14 @@ def importance_weight(log_weight: torch.Tensor, mode: ISMode, cap: float) -> tup
     if mode == "mask":
         return torch.where(capped, torch.zeros_like(w), w), capped
     raise ValueError(f"is_mode must be one of {IS_MODES}, got {mode!r}")
+
+
+def floored_behaviour_logp(behaviour_logp: torch.Tensor, logp: torch.Tensor, cap: float) -> torch.Tensor:
+    """max(logp_behav, logp - log cap) elementwise: behaviour log-probs no lower than ``logp`` (a policy's own,
+    frozen) allows at ``cap``, so that pi / pi_behav <= cap wherever pi is that policy. With ratio_to="behaviour"
+    the ratio is the correction and no weight caps it; a receiver that cannot vouch for pi_behav (a peer's log-probs,
+    rlvr/run/shared_rollouts.py) floors them at its own log-probs first, and the ratio then starts at most at cap."""
+    return torch.maximum(behaviour_logp, (logp.detach() - math.log(cap)).to(behaviour_logp.dtype))
 
 
 def gap_mask(logp: torch.Tensor, behaviour_logp: torch.Tensor, adv: torch.Tensor, delta: float) -> torch.Tensor:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import time
 from collections import defaultdict
 
@@ -30,7 +31,8 @@ from rlvr.learn.learner import Learner
 from rlvr.models.policy import resolve_model_dir
 from rlvr.platform.faults import fault_point
 from rlvr.run.lifecycle import Run, Update
-from rlvr.store.rounds import DELTA_TORCH_DTYPES, Decision, RefusedDelta, RoundBucket
+from rlvr.store.bucket import ManifestError
+from rlvr.store.rounds import DELTA_TORCH_DTYPES, Decision, RefusedDelta, RoundBucket, UnreadableDelta, state_digest
 
 POLL_S = 0.2
 STATE_FILE = "diloco.json"
@@ -129,12 +131,12 @@ class DilocoUpdate:
                                     t.prompts_per_step, t.seed if d.rollouts == "step" else None]
         return identity
 
-    def _check_job(self, latest: int, fresh: bool, rows: list[dict]) -> None:
+    def _check_job(self, latest: int, fresh: bool, recorded: dict, mine: dict) -> None:
         """Stop in one line when the bucket's job is not this learner's: other settings, or (for a fresh learner not
         told diloco.join=true) a job already under way; a joining learner says which job and round it joined."""
-        mine = self._identity(rows)
-        recorded = self.bucket.job(json.loads(json.dumps(mine)))  # as JSON reads it back (lists, not tuples)
-        differ = sorted(k for k in {*mine, *recorded} if json.dumps(mine.get(k)) != json.dumps(recorded.get(k)))
+        mine = json.loads(json.dumps(mine))  # as JSON reads it back (lists, not tuples)
+        keys = {*mine, *recorded} - {"start"}  # the start's digest is the job's, not a setting
+        differ = sorted(k for k in keys if json.dumps(mine.get(k)) != json.dumps(recorded.get(k)))
         if differ:
             # job.json is bucket content: each value shown escaped (repr) and cut, so it cannot flood the message
             shown = "; ".join(f"{k if k in mine else repr(k)[:40]}: job {recorded.get(k)!r:.80}, this learner "
@@ -151,15 +153,17 @@ class DilocoUpdate:
 
     def _join(self, run: Run) -> None:
         """At the first step of this process: where the job is (its last decided round), and whether this learner's
-        weights are current."""
+        weights are current. A new job's start is one learner's weights: that learner (the start's claimant) records
+        their digest in job.json before publishing them, and every read of them is checked against it."""
         self.step = self.round_start_step = run.start
         saved = self._saved_position(run)
-        self._check_job(self.bucket.decided(), fresh=not run.start and not saved, rows=run.data.task_rows)
-        if self.bucket.latest_state() is None:  # a new job: one learner's start is round 0's, every learner's then
-            if self.bucket.claim_start():
-                weights = {n: p.detach().float() for n, p in self._params(run).items()}
-                self.bucket.publish_state(0, weights, None, {"learner": self.learner, "reason": "start"})
-            self.bucket.wait_for_state(0, self.cfg.diloco.round_timeout_s)
+        mine, timeout = self._identity(run.data.task_rows), self.cfg.diloco.round_timeout_s
+        if not self.bucket.has_job() and self.bucket.claim_start():  # a new job: its start is this learner's weights
+            weights = {n: p.detach().float() for n, p in self._params(run).items()}
+            self.bucket.job({**mine, "start": state_digest(weights)})
+            self.bucket.publish_state(0, weights, None, {"learner": self.learner, "reason": "start"})
+        self._check_job(self.bucket.decided(), not run.start and not saved, self.bucket.job(None, timeout), mine)
+        self.bucket.wait_for_state(0, timeout)
         latest = self.bucket.decided()
         if run.start and saved.get("round") == latest + 1 and run.start >= saved["round_start_step"]:
             like = {n: p.detach() for n, p in self._params(run).items()}  # resumed inside the current round
@@ -218,30 +222,56 @@ class DilocoUpdate:
                     try:
                         digests[k] = self.bucket.read_delta(round_, k, like, self.dtype)[1]
                     except RefusedDelta as err:
-                        self.totals["refused"] += 1
-                        print(f"rlvr: diloco: refused {err}", flush=True)
+                        self._refused(str(err))
                 enough = len(digests) >= (d.min_learners if timed_out else 1)
                 reason = "timeout" if timed_out else "all"
                 members = sorted(digests) if enough else []
-                self.bucket.decide(Decision(round_, tuple(members), {k: digests[k] for k in members}, self.learner,
-                                            reason if enough else "too few"))
+                try:
+                    self.bucket.decide(Decision(round_, tuple(members), {k: digests[k] for k in members},
+                                                self.learner, reason if enough else "too few"))
+                except (ManifestError, OSError) as err:  # rounds/ made unwritable (a link): read as unreadable above
+                    print(f"rlvr: diloco: could not write round {round_}'s decision: {err}", flush=True)
+                    time.sleep(POLL_S)
                 continue
             time.sleep(POLL_S)
 
-    def _pinned_delta(self, round_: int, k: int, like: dict[str, torch.Tensor], digest: str) -> dict:
-        """Learner ``k``'s delta of ``round_``: the bytes its decision pins. While they differ (replaced or removed
-        after the decision) they are read again for up to round_timeout_s, then the run stops in one line: every
-        learner applies the pinned bytes or stops, so no two learners go on with different weights."""
+    def _pinned_delta(self, round_: int, k: int, like: dict[str, torch.Tensor], digest: str) -> dict | None:
+        """Learner ``k``'s delta of ``round_``: the bytes its decision pins, or None when every learner drops it.
+
+        Bytes that are the pinned ones but not a delta of this model (names, shapes, dtype, a value not finite) are
+        refused by every learner alike (the same bytes, the same verdict). Bytes that cannot be had (missing, torn,
+        replaced, linked out of the bucket) may be there for one learner and not for another, so the first learner
+        that reads them, or gives up after round_timeout_s, records a verdict (rounds/{round}-{k}.verdict, created
+        once) and every learner follows it: no two learners apply different deltas, and a peer's delta costs that
+        peer's share, never the run. What stops a learner: a delta that others applied and whose bytes were then
+        removed or replaced before this learner read them - it cannot compute the weights the others hold."""
         deadline = time.monotonic() + self.cfg.diloco.round_timeout_s
         while True:
+            verdict = self.bucket.verdict(round_, k)
+            if verdict is False:
+                return None
             try:
-                return self.bucket.read_delta(round_, k, like, self.dtype, digest)[0]
-            except RefusedDelta as err:
-                if time.monotonic() >= deadline:
-                    raise RefusedDelta(f"diloco: {err}; the round was decided on bytes this learner cannot read, so "
-                                       "it would no longer hold what the others hold. Restore that delta in "
-                                       f"{self.bucket.url}, or start a new job (another diloco.bucket)") from None
-                time.sleep(POLL_S)
+                tensors = self.bucket.read_delta(round_, k, like, self.dtype, digest)[0]
+            except UnreadableDelta as err:
+                if time.monotonic() < deadline:
+                    time.sleep(POLL_S)
+                    continue
+                if verdict is None and self.bucket.verdict(round_, k, taken=False) is False:
+                    self._refused(f"{err}; dropped from round {round_} by every learner")
+                    return None
+                raise RefusedDelta(f"diloco: {err}; the other learners applied it, so without those bytes this "
+                                   "learner would no longer hold what they hold. Restore that delta in "
+                                   f"{self.bucket.url}, or start a new job (another diloco.bucket)") from None
+            except RefusedDelta as err:  # the pinned bytes, refused on what they hold: by every learner alike
+                self._refused(str(err))
+                return None
+            if verdict is None and self.bucket.verdict(round_, k, taken=True) is False:
+                return None  # another learner gave up on it first
+            return tensors
+
+    def _refused(self, message: str) -> None:
+        self.totals["refused"] += 1
+        print(f"rlvr: diloco: refused {message}", flush=True)
 
     def _outer_step(self, round_: int, decision: Decision, start: dict, momentum: dict | None,
                     like: dict[str, torch.Tensor]) -> tuple[dict, dict | None, int, int]:
@@ -252,7 +282,10 @@ class DilocoUpdate:
         bound = d.max_delta_norm or d.max_delta_ratio * delta_norm(start)  # 0: no bound
         deltas, bounded = [], 0
         for k in decision.members:  # learner order: every learner sums in the same order
-            tensors, scaled = bound_norm(self._pinned_delta(round_, k, like, decision.digests[k]), bound)
+            pinned = self._pinned_delta(round_, k, like, decision.digests[k])
+            if pinned is None:  # dropped by every learner: that learner's share of the round, not the round
+                continue
+            tensors, scaled = bound_norm(pinned, bound)
             deltas.append(tensors)
             bounded += scaled
         if not deltas:
@@ -265,8 +298,14 @@ class DilocoUpdate:
         return *stepped, len(deltas), bounded
 
     def _job_start(self, like: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The job's starting weights (global/v0, published once by the learner that claimed the start)."""
-        return self.bucket.read_state(0, like)[0]
+        """The job's starting weights (global/v0, published once by the learner that claimed the start), checked
+        against the digest job.json recorded for them: a replaced start would split the job."""
+        digest = self.bucket.job(None).get("start")
+        if not (isinstance(digest, str) and re.fullmatch(r"[0-9a-f]{64}", digest)):
+            raise RefusedDelta(f"diloco: {self.bucket.url}/job.json holds no digest of the job's start weights (a job "
+                               "begun by an older rlvr, or a job.json rewritten): start a new job with another "
+                               "diloco.bucket")
+        return self.bucket.read_state(0, like, digest)[0]
 
     def _replay(self, first: int, last: int, start: dict, momentum: dict | None,
                 like: dict[str, torch.Tensor]) -> tuple[dict, dict | None]:
@@ -300,7 +339,11 @@ class DilocoUpdate:
         like = {n: p.detach() for n, p in params.items()}
         delta = {n: (p.detach().float() - self.start[n]).to(self.dtype) for n, p in params.items()}
         fault_point("diloco_delta", round_)
-        sent = self.bucket.publish_delta(round_, delta, {"steps": d.inner_steps})
+        try:
+            sent = self.bucket.publish_delta(round_, delta, {"steps": d.inner_steps})
+        except (ManifestError, OSError) as err:  # its directory made unwritable (a planted link): the round goes on
+            print(f"rlvr: diloco: could not publish this learner's delta of round {round_}: {err}", flush=True)
+            sent = 0
         t0 = time.monotonic()
         decision = self._wait_for_decision(round_, like)
         waited = time.monotonic() - t0
@@ -310,8 +353,11 @@ class DilocoUpdate:
             return {"outer_wait_s": waited, "outer_round_sent_bytes": float(sent)}
         weights, momentum, averaged, bounded = self._outer_step(round_, decision, self.start, self.momentum, like)
         if decision.closed_by == self.learner:  # one writer; the others compute the same weights themselves
-            self.bucket.publish_state(round_, weights, momentum, {"members": list(decision.members),
-                                                                  "reason": decision.reason})
+            try:  # only compared by a joiner's replay, never taken: a refused write costs nothing
+                self.bucket.publish_state(round_, weights, momentum, {"members": list(decision.members),
+                                                                      "reason": decision.reason})
+            except (ManifestError, OSError) as err:
+                print(f"rlvr: diloco: could not publish the shared weights of round {round_}: {err}", flush=True)
         self.totals["rounds"] += 1
         self.totals["late"] += self.learner not in decision.members
         self.totals["bounded"] += bounded

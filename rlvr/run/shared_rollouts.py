@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import replace
 
 import torch
@@ -29,13 +30,17 @@ import torch
 from rlvr.config.diloco import parse_learner
 from rlvr.config.schema import RunConfig
 from rlvr.core import informative_groups
+from rlvr.core.off_policy import floored_behaviour_logp
+from rlvr.learn.batch import StepBatch
 from rlvr.learn.collected import Collected, Round
+from rlvr.learn.step import frozen_logprobs
 from rlvr.models.prompts import encode_prompts
 from rlvr.rollout import Groups, Sampler
 from rlvr.rollout.groups import eos_token_ids, stop_string_checker
 from rlvr.run.collect import SyncSource, round_share, scored_batch
 from rlvr.run.lifecycle import Run
 from rlvr.run.scoring import score_groups
+from rlvr.store.bucket import ManifestError
 from rlvr.store.shared_groups import GroupBucket, GroupLimits, RefusedGroups, SharedGroups
 
 POLL_S = 0.2
@@ -44,12 +49,17 @@ KEEP_VERSIONS = 64  # steps of its own groups a learner keeps in the bucket (a r
 
 class Receiver:
     """What a learner makes of a peer's groups: each rebuilt as its own would be, from its own copy of the rows
-    (``rows``: every training row of the task), its tokenizer and its reward functions."""
+    (``rows``: every training row of the task), its tokenizer and its reward functions. ``own_logp`` (under
+    algo.ratio_to=behaviour, where the ratio pi_theta / mu is the correction and no importance weight caps it): the
+    learner's own log-probs of a Groups' tokens [n, T]; a peer's mu is then floored at own - log(is_cap), so a
+    peer's token starts the step at a ratio of at most is_cap, whatever log-probs it claims."""
 
     def __init__(self, rows: list[dict], tokenizer, rewards: list, limits: GroupLimits, eos_ids: list[int],
-                 stop: tuple[str, ...], temperature: float):
+                 stop: tuple[str, ...], temperature: float,
+                 own_logp: Callable[[Groups], torch.Tensor] | None = None, is_cap: float = 2.0):
         self.rows, self.tokenizer, self.rewards, self.limits = rows, tokenizer, rewards, limits
         self.eos, self.stopped, self.temperature = set(eos_ids), stop_string_checker(tokenizer, stop), temperature
+        self.own_logp, self.is_cap = own_logp, is_cap
 
     def rebuilt(self, shared: SharedGroups) -> tuple[Round, torch.Tensor, int]:
         """The peer's groups as a Round of this learner's: prompts from its rows, texts decoded and truncation
@@ -69,6 +79,9 @@ class Receiver:
             texts=tokenizer.batch_decode(tokens, skip_special_tokens=True), group_size=G,
             version=torch.full((n,), shared.version, dtype=torch.long, device="cpu"),
             temperature=torch.full((n,), float(self.temperature), device="cpu"))
+        if self.own_logp is not None:  # [n, T]: mu no lower than this learner's own policy allows at the cap
+            floored = floored_behaviour_logp(groups.behaviour_logp, self.own_logp(groups).float(), self.is_cap)
+            groups = replace(groups, behaviour_logp=floored.masked_fill(~mask, 0.0))
         scores = score_groups(self.rewards, groups, rows)
         claimed, ours = shared.rewards, scores.total.float()
         same = (claimed == ours) | (torch.isnan(claimed) & torch.isnan(ours))
@@ -89,6 +102,8 @@ class SharingSource:
         if self.mode == "step":
             inner.share = (self.learner, self.learners)
         self.waiting = set(range(self.learners)) - {self.learner}  # the peers a step waits for (rollouts=step)
+        self.strikes = dict.fromkeys(self.waiting, 0)  # steps each peer missed or was refused (rollouts=step)
+        self.on_time = dict.fromkeys(self.waiting, 0)  # its steps on time and valid since its last strike
         self.used: set[tuple[int, int]] = set()  # (peer, step) already trained on (rollouts=recent)
         self.totals = dict.fromkeys(("published_groups", "external_groups", "refused", "reward_mismatch",
                                      "rescored_flat", "missed", "bytes_sent", "bytes_received"), 0.0)
@@ -102,8 +117,10 @@ class SharingSource:
         limits = GroupLimits(max_groups=cfg.train.prompts_per_step * self.inner.rounds_reserved(),
                              group_size=cfg.rollout.group_size, max_tokens=cfg.rollout.max_new_tokens,
                              vocab=run.model.get_input_embeddings().weight.shape[0], rows=len(rows))
+        own = policy_logprobs(run.model, cfg.train.logprob_chunk) if cfg.algo.ratio_to == "behaviour" else None
         self.receiver = Receiver(rows, run.data.tokenizer, run.rewards, limits, eos_token_ids(run.model,
-                                 run.data.tokenizer), tuple(cfg.rollout.stop), cfg.rollout.temperature)
+                                 run.data.tokenizer), tuple(cfg.rollout.stop), cfg.rollout.temperature, own,
+                                 cfg.algo.is_cap)
         return sampler
 
     def next(self, run: Run, step: int) -> Collected:
@@ -149,9 +166,13 @@ class SharingSource:
             completion_ids=groups.completion_ids.masked_fill(~mask, 0),
             lengths=mask.sum(dim=1), behaviour_logp=groups.behaviour_logp.float().masked_fill(~mask, 0.0),
             rewards=scores.total.float())
-        written = self.bucket.publish(shared)
-        if step % 16 == 0:
-            self.bucket.gc(KEEP_VERSIONS)
+        try:
+            written = self.bucket.publish(shared)
+            if step % 16 == 0:
+                self.bucket.gc(KEEP_VERSIONS)
+        except (ManifestError, OSError) as err:  # its directory made unwritable (a planted link): it trains on
+            print(f"rlvr: shared rollouts: could not publish step {step}'s groups: {err}", flush=True)
+            return 0
         return written
 
     # ------------------------------------------------------------------------------------------ receiving
@@ -198,8 +219,11 @@ class SharingSource:
         return found
 
     def _gather_step(self, run: Run, step: int, cursor: int) -> list[SharedGroups]:
-        """Every peer's groups of ``step``: waited for (rollout_timeout_s) from the peers that published the last
-        step; a peer that misses a step is waited for again once it publishes one."""
+        """Every peer's groups of ``step``: those already there, and the waited-for peers' up to rollout_timeout_s.
+        A peer that misses the deadline or is refused takes a strike and is not waited for until it has been on time
+        and valid for as many steps as its strikes: a late or hostile peer costs its own share, and at most a
+        timeout once per so many steps of its good behaviour (about sqrt(2 x steps) timeouts in all), never one a
+        step."""
         deadline = time.monotonic() + self.cfg.diloco.rollout_timeout_s
         got: dict[int, SharedGroups | None] = {}
         while True:
@@ -212,9 +236,15 @@ class SharingSource:
         missed = self.waiting - set(got)
         if missed:
             self.totals["missed"] += len(missed)
-            print(f"rlvr: shared rollouts: step {step} goes on without learner(s) {sorted(missed)}'s groups",
-                  flush=True)
-        self.waiting = set(got)
+            print(f"rlvr: shared rollouts: step {step} goes on without learner(s) {sorted(missed)}'s groups; not "
+                  "waited for again until they publish in time", flush=True)
+        for k in self.strikes:
+            if got.get(k) is None:  # missed (waited for or not) or refused
+                self.strikes[k] += k in missed or k in got
+                self.on_time[k] = 0
+            else:
+                self.on_time[k] += 1
+        self.waiting = {k for k in self.strikes if got.get(k) is not None and self.on_time[k] >= self.strikes[k]}
         return [got[k] for k in sorted(got) if got[k] is not None and got[k].num_groups]
 
     def _combined(self, own: Collected, mine: torch.Tensor, external: list[SharedGroups]) -> tuple[Collected, int]:
@@ -255,3 +285,17 @@ def _trimmed(groups: Groups) -> Groups:
     return replace(groups, prompt_ids=groups.prompt_ids[:, -p:], prompt_mask=groups.prompt_mask[:, -p:],
                    completion_ids=groups.completion_ids[:, :t], completion_mask=groups.completion_mask[:, :t],
                    behaviour_logp=groups.behaviour_logp[:, :t], sampled_mask=groups.sampled_mask[:, :t])
+
+
+def policy_logprobs(model: torch.nn.Module, chunk_tokens: int = 512) -> Callable[[Groups], torch.Tensor]:
+    """``model``'s log-probs [n, T] of a Groups' completion tokens at their temperatures, without gradient, on the
+    CPU (0 on padding): what a receiver under ratio_to=behaviour floors a peer's log-probs at."""
+
+    def own_logp(groups: Groups) -> torch.Tensor:
+        n = groups.completion_ids.shape[0]
+        device = next(model.parameters()).device
+        batch = StepBatch.from_groups(groups, torch.zeros(n, device="cpu")).to(device)
+        rows = torch.arange(n, device=device)
+        return frozen_logprobs(model, batch, [rows], chunk_tokens, True).float().to("cpu")
+
+    return own_logp

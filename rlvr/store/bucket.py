@@ -104,18 +104,33 @@ def _parse_manifest(raw: bytes, version: int, where: str) -> dict[str, tuple[int
 
 
 def inside(path: str, root: str) -> bool:
-    """Whether ``path`` (below ``root``) is where it says: no symlink on the way from ``root`` leads elsewhere."""
+    """Whether ``path`` (below ``root``) is where it says: no symlink on the way from ``root`` leads elsewhere.
+
+    The one check every local read, write and delete below a bucket makes, against the *job's* bucket root (a
+    version, a learner's directory, ``global/``, ``rounds/``: a link at any level below that root fails it)."""
     relative = os.path.relpath(path, root)
     return relative != ".." and not relative.startswith("../") and (
         os.path.realpath(path) == os.path.normpath(os.path.join(os.path.realpath(root), relative)))
 
 
 def local_directory(path: str, root: str) -> str:
-    """Make the directory ``path`` below ``root`` (the bucket); ManifestError if a symlink on the way leads
-    elsewhere (a writer never follows one)."""
-    os.makedirs(path, exist_ok=True)
-    if not inside(path, root):
-        raise ManifestError(f"{path} leads outside the bucket {root} (a symlink): remove it")
+    """Make the directory ``path`` below ``root`` (the bucket) one level at a time, never through a link: a level
+    that exists as a symlink or as anything but a directory is refused (ManifestError) before anything is created
+    below it, so no directory is ever made outside the bucket."""
+    relative = os.path.relpath(path, root)
+    if relative == ".." or relative.startswith("../") or os.path.isabs(relative):
+        raise ManifestError(f"{path} is not below the bucket {root}")
+    os.makedirs(root, exist_ok=True)  # the bucket itself: the user's choice, links and all
+    current = root
+    for part in ([] if relative == "." else relative.split(os.sep)):
+        current = os.path.join(current, part)
+        try:
+            os.mkdir(current)
+        except FileExistsError:
+            pass
+        if os.path.islink(current) or not os.path.isdir(current):
+            raise ManifestError(f"{current} leads outside the bucket {root} (a symlink) or is not a directory: "
+                                "remove it")
     return path
 
 
@@ -176,10 +191,18 @@ def write_local(path: str, data: bytes, root: str, exclusive: bool = False) -> b
 class AdapterBucket:
     """Versioned adapters under one URL; safe for one writer and any number of readers."""
 
-    def __init__(self, url: str | Path):
+    def __init__(self, url: str | Path, within: str | Path | None = None):
+        """``within``: the URL of the bucket this one lies in (a job's bucket, for its learners' and shared
+        directories); every local read, write and delete is checked against it (``inside``). Default: ``url``."""
         self.url = str(url).rstrip("/")
         self.fs, self.root = fsspec.core.url_to_fs(self.url)
         self.local = _is_local(self.fs)
+        self.trust = self.root if within is None else fsspec.core.url_to_fs(str(within).rstrip("/"))[1]
+
+    def confined(self, path: str) -> bool:
+        """Whether ``path`` may be read or deleted: on a file system, below the trust root with no link on the way
+        (``inside``); an object store has no links, and every path rlvr builds is below its bucket."""
+        return not self.local or inside(path, self.trust)
 
     def version_url(self, version: int) -> str:
         return f"{self.url}/v{version:08d}"
@@ -196,13 +219,13 @@ class AdapterBucket:
                                "files": {n: {"bytes": len(d), "sha256": _sha256(d)} for n, d in files.items()}})
         if self.local:  # every file renamed into place, no link followed (write_local)
             old = self._path(version, MANIFEST)
-            local_directory(self._path(version), self.root)
+            local_directory(self._path(version), self.trust)
             if os.path.lexists(old):  # republishing (a resumed run): hide the old one first
                 if not stat.S_ISREG(os.lstat(old).st_mode):
                     raise ManifestError(f"{old} is a symlink or not a regular file, which rlvr never writes: remove it")
                 os.unlink(old)
             for name, data in [*files.items(), (MANIFEST, manifest.encode())]:
-                write_local(self._path(version, name), data, self.root)
+                write_local(self._path(version, name), data, self.trust)
         else:
             if self.fs.exists(self._path(version, MANIFEST)):
                 self.fs.rm(self._path(version, MANIFEST))
@@ -221,6 +244,8 @@ class AdapterBucket:
         return self.publish_files(version, files)
 
     def _directories(self) -> list[int]:
+        if not self.confined(self.root):  # a linked learner-k/, global/ or momentum/: nothing of it is listed
+            return []
         try:
             entries = self.fs.ls(self.root, detail=False)
         except FileNotFoundError:
@@ -240,7 +265,7 @@ class AdapterBucket:
         """At most ``limit`` bytes of one file of ``version`` (FileNotFoundError when it is missing)."""
         where = self.version_url(version)
         if self.local:
-            return read_local(self._path(version), name, limit, where, self.root)
+            return read_local(self._path(version), name, limit, where, self.trust)
         path = self._path(version, name)
         if self.fs.info(path).get("type", "file") != "file":
             raise ManifestError(f"{where}: {name} is not a file; publish the version again")
@@ -278,6 +303,7 @@ class AdapterBucket:
         kept = set(complete[-keep:]) if keep > 0 else set()
         newest = complete[-1] if complete else -1
         doomed = [v for v in self._directories() if v not in kept and v <= newest]
+        doomed = [v for v in doomed if self.confined(self._path(v))]  # never through a link (rm follows them)
         for version in doomed:
             self.fs.rm(self._path(version), recursive=True)
         return doomed

@@ -3,8 +3,11 @@
 Layout under ``diloco.bucket``::
 
     learner-0003/v00000005/   learner 3's delta of round 5 (payload, then manifest.json: rlvr.store.bucket's format)
-    job.json                  the job's identity: the settings its learners must share (created once, exclusively)
+    job.json                  the job's identity: the settings its learners must share and the SHA-256 of its start
+                              weights (created once, exclusively, by the learner that claims the start)
     rounds/00000005.json      round 5's decision: which learners' deltas it averaged (created once, exclusively)
+    rounds/00000005-0001.verdict  whether learner 1's pinned delta of round 5 is applied or dropped by every
+                              learner (created once, by the first that read it or gave up on it: rlvr.run.diloco)
     global/v00000005/         the shared weights after round 5 (for learners that join or resume)
     momentum/v00000005/       the outer optimizer's momentum after round 5
 
@@ -49,6 +52,11 @@ class RefusedDelta(ValueError):
     """A delta (or decision) that is not what a learner of this run writes; never applied."""
 
 
+class UnreadableDelta(RefusedDelta):
+    """A delta whose bytes could not be had (missing, torn, linked out of the bucket, other bytes than a decision
+    pins): unlike a delta refused on its bytes, another learner may read it (rlvr.run.diloco: verdicts)."""
+
+
 @dataclass(frozen=True)
 class Decision:
     round: int
@@ -73,18 +81,23 @@ def _tensor_bytes(tensors: dict[str, torch.Tensor]) -> bytes:
     return save({k: v.detach().to("cpu").contiguous() for k, v in sorted(tensors.items())})
 
 
+def state_digest(weights: dict[str, torch.Tensor]) -> str:
+    """The SHA-256 of the payload ``publish_state`` writes for ``weights`` (job.json's ``start``)."""
+    return hashlib.sha256(_tensor_bytes(weights)).hexdigest()
+
+
 class RoundBucket:
     """The bucket of one DiLoCo job, as learner ``learner`` of ``learners`` sees it."""
 
     def __init__(self, url: str, learner: int, learners: int):
         self.url, self.learner, self.learners = str(url).rstrip("/"), learner, learners
-        self.global_ = AdapterBucket(f"{self.url}/global")
-        self.momentum = AdapterBucket(f"{self.url}/momentum")
+        self.global_ = AdapterBucket(f"{self.url}/global", within=self.url)  # every path checked against the job's
+        self.momentum = AdapterBucket(f"{self.url}/momentum", within=self.url)  # bucket root (rlvr.store.bucket)
         self.fs, self.root = self.global_.fs, self.global_.root.rsplit("/", 1)[0]  # the bucket's own path
         self.rounds = f"{self.root}/rounds"
 
     def _learner_bucket(self, k: int) -> AdapterBucket:
-        return AdapterBucket(f"{self.url}/learner-{k:04d}")
+        return AdapterBucket(f"{self.url}/learner-{k:04d}", within=self.url)
 
     # ------------------------------------------------------------------------------------------- deltas
     def publish_delta(self, round_: int, delta: dict[str, torch.Tensor], record: dict) -> int:
@@ -107,10 +120,10 @@ class RoundBucket:
         try:
             files = self._learner_bucket(k).read(round_, {TENSORS: expected_bytes(like, dtype), RECORD: 64 << 10})
         except (ManifestError, TornVersionError, FileNotFoundError, OSError) as err:
-            raise RefusedDelta(f"{where}: {err}") from None
+            raise UnreadableDelta(f"{where}: {err}") from None
         got = hashlib.sha256(files[TENSORS]).hexdigest()
         if digest is not None and got != digest:
-            raise RefusedDelta(f"{where} changed after the round's decision")
+            raise UnreadableDelta(f"{where} changed after the round's decision")
         try:
             tensors = load(files[TENSORS])
         except (SafetensorError, ValueError, RuntimeError):
@@ -136,15 +149,24 @@ class RoundBucket:
                            "closed_by": decision.closed_by, "reason": decision.reason}).encode()
         return self._create_once(self._decision_path(decision.round), data)
 
-    def job(self, identity: dict) -> dict:
-        """The job this bucket belongs to: ``identity`` recorded in job.json when it has none (created once,
-        exclusively), else the identity recorded there (RefusedDelta when that is not a small JSON object)."""
-        self._create_once(f"{self.root}/{JOB}", json.dumps(identity, sort_keys=True).encode())
-        recorded = self._record(self.root, JOB, f"diloco: {self.url}/{JOB}")
-        if recorded is None:
-            raise RefusedDelta(f"diloco: {self.url}/{JOB} vanished as it was read; remove it or use another "
-                               "diloco.bucket")
+    def job(self, identity: dict | None, timeout_s: float = 0.0) -> dict:
+        """The job this bucket belongs to: ``identity`` recorded in job.json when given and there is none (created
+        once, exclusively, by the learner that claimed the start: it holds the start weights' digest), else the
+        identity recorded there, waited for up to ``timeout_s``; RefusedDelta when that is not a small JSON object
+        or none appears."""
+        if identity is not None:
+            self._create_once(f"{self.root}/{JOB}", json.dumps(identity, sort_keys=True).encode())
+        deadline = time.monotonic() + timeout_s
+        while (recorded := self._record(self.root, JOB, f"diloco: {self.url}/{JOB}")) is None:
+            if time.monotonic() >= deadline:
+                raise RefusedDelta(f"diloco: {self.url}/{JOB} did not appear within {timeout_s:g} s "
+                                   "(diloco.round_timeout_s): is the learner that claimed the job's start "
+                                   "(rounds/start.claim) running? Else remove rounds/start.claim")
+            time.sleep(0.2)
         return recorded
+
+    def has_job(self) -> bool:
+        return self.fs.exists(f"{self.root}/{JOB}")
 
     def _record(self, directory: str, name: str, what: str) -> dict | None:
         """The small JSON object at ``directory/name`` (None when there is none): read bounded, as a regular file
@@ -167,6 +189,22 @@ class RoundBucket:
             raise RefusedDelta(f"{what} is not what rlvr writes (a small JSON object); remove it or use another "
                                "diloco.bucket")
         return record
+
+    def verdict(self, round_: int, k: int, taken: bool | None = None) -> bool | None:
+        """Whether learner ``k``'s pinned delta of ``round_`` is applied (True) or dropped (False) by every learner:
+        recorded once, by the first learner that read it (``taken=True``) or gave up on reading it (``False``), in
+        ``rounds/{round}-{k}.verdict``; returns the recorded verdict (None: none yet, or one rlvr does not write)."""
+        name = f"{round_:08d}-{k:04d}.verdict"
+        if taken is not None:
+            try:
+                self._create_once(f"{self.rounds}/{name}", json.dumps({"taken": taken}).encode())
+            except (ManifestError, OSError):  # rounds/ made unwritable: no verdict recorded (the caller's None)
+                pass
+        try:
+            record = self._record(self.rounds, name, f"learner {k}'s verdict of round {round_}")
+        except RefusedDelta:
+            return None
+        return record.get("taken") if record is not None and type(record.get("taken")) is bool else None
 
     def claim_start(self) -> bool:
         """Whether this learner is the one that publishes the job's starting weights (created once, exclusively)."""
@@ -239,18 +277,26 @@ class RoundBucket:
                                    "running?")
             time.sleep(0.2)
 
-    def read_state(self, round_: int, like: dict[str, torch.Tensor]) -> tuple[dict, dict | None]:
-        """(weights, momentum or None) after ``round_``, checked against ``like``."""
-        weights = self._checked(self.global_, round_, like, "the shared weights")
+    def read_state(self, round_: int, like: dict[str, torch.Tensor],
+                   digest: str | None = None) -> tuple[dict, dict | None]:
+        """(weights, momentum or None) after ``round_``, checked against ``like``; with ``digest`` (the job's start,
+        job.json), the weights must be those bytes (RefusedDelta naming the file and what to do)."""
+        weights = self._checked(self.global_, round_, like, "the shared weights", digest)
         momentum = None
         if round_ in self.momentum.versions():
             momentum = self._checked(self.momentum, round_, like, "the outer momentum")
         return weights, momentum
 
-    def _checked(self, bucket: AdapterBucket, round_: int, like: dict[str, torch.Tensor], what: str) -> dict:
+    def _checked(self, bucket: AdapterBucket, round_: int, like: dict[str, torch.Tensor], what: str,
+                 digest: str | None = None) -> dict:
         for attempt in range(50):  # a version replaced while read (a republish) reads torn for a moment
             try:
-                tensors = load(bucket.read(round_)[TENSORS])
+                payload = bucket.read(round_)[TENSORS]
+                if digest is not None and hashlib.sha256(payload).hexdigest() != digest:
+                    raise RefusedDelta(f"{bucket.version_url(round_)}/{TENSORS} is not the job's start (job.json's "
+                                       "'start' digest): it was replaced. Restore it, or start a new job with another "
+                                       "diloco.bucket")
+                tensors = load(payload)
                 break
             except (TornVersionError, FileNotFoundError) as err:
                 if attempt == 49:

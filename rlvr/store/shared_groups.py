@@ -92,7 +92,9 @@ class GroupBucket:
 
     def __init__(self, url: str, learner: int, learners: int):
         self.url, self.learner, self.learners = f"{str(url).rstrip('/')}/rollouts", learner, learners
-        self._buckets = [AdapterBucket(f"{self.url}/learner-{k:04d}") for k in range(learners)]
+        # every path checked against the job's bucket root: a linked rollouts/ or learner-k/ is never followed
+        self._buckets = [AdapterBucket(f"{self.url}/learner-{k:04d}", within=str(url).rstrip("/"))
+                         for k in range(learners)]
 
     def publish(self, shared: SharedGroups) -> int:
         """Write this learner's groups of ``shared.step``; returns the bytes written."""
