@@ -77,8 +77,10 @@ def markdown(results: dict, n: int, machine: str) -> str:
         "",
         (f"`python benchmarks/compiled_verifiers.py --n {n}` on {machine}: {n} distinct correct solutions of one "
         "MultiPL-E-style row per language (tests/verifiers/compiled_rows.py) judged in one batch on a 2-slot "
-        "sandbox pool, each a build (C/C++: the completion's unit, the tests' unit once per row, a link) and one "
-        "run of the assertion program; then the same solutions again (every build a cache hit); then new ones "
+        "sandbox pool, each a build (C/C++: the completion's unit, the tests' unit once per row, a link; Rust: the "
+        "completion's library crate, then the tests' binary crate) and one run of the assertion program (JavaScript: "
+        "a runner that runs the tests in a vm context of their own); "
+        "then the same solutions again (every build a cache hit); then new ones "
         "while two busy processes load both cores. The C++ row includes <bits/stdc++.h>, as MultiPL-E's do: "
         "about 1.5 s of -O2 compile a unit (a precompiled header would cut it; not done)."),
         "",

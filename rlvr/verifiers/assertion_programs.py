@@ -1,25 +1,41 @@
 """MultiPL-E's assertion programs (prompt + completion + tests), assembled so that only running every test passes.
 
-A naive harness passes a program that exits 0. Here the run passes only if its last line is ``NONCE N``: a nonce
-the harness gives the run (argv) and N, the number of distinct assertion lines of the tests that ran - printed by
-a trailer the harness appends, after the tests' own main returned. So an early exit (``exit(0)``, a static
-initialiser, an exit or signal handler, ``System.exit``, ``process.exit``, ``std::process::exit``) fails. Per
-language:
+A naive harness passes a program that exits 0. Here the run passes only if its last line is ``NONCE PROOF``: a
+nonce the harness writes to the file ``rlvr_nonce`` for this run only (never on the command line or in the
+environment), which the trailer's own code reads and deletes first, and PROOF, the XOR of a secret per assertion
+line of the tests that ran (``site_secrets``: derived from a key of this process, so no dataset shows them and
+the number of lines cannot be guessed), printed by a trailer after the tests' own main returned. So an early exit
+(``exit(0)``, a static initialiser, an exit or signal handler, ``System.exit``, ``process.exit``) fails, and so
+does printing a nonce read before the trailer deleted it. The completion never shares a source file, a
+compilation unit or a scope with the tests or the trailer:
 
-- C, C++: the completion and the tests are separate translation units linked together: no macro (``#define
-  assert``), overload (``operator==``) or ``NDEBUG`` of the completion reaches the tests, which see the prompt's
-  declarations only; their ``assert`` is the harness's (a trap, no ``__assert_fail`` to replace).
-- Rust: the tests' assertion macros are called by path (``::std::assert_eq!``), which ``macro_rules!`` cannot shadow.
-- Java: run with ``-ea``; the trailer is a class of its own; a class the completion declares under a name the
-  tests use fails (``compiled.judge_assertions``).
-- JavaScript: the tests get the assert functions captured before the completion ran (frozen), and the program is
-  read from stdin, so it cannot read its own tests from a file.
+- C, C++: the completion's unit is compiled while the tests' source is absent (``compiled.py``'s build order), so
+  ``#include "tests.c"`` or ``#include __FILE__`` finds no tests; the tests' unit holds the trailer and its counter
+  (statics the completion cannot name), sees the prompt's declarations only - no macro (``#define assert``),
+  overload (``operator==``) or ``NDEBUG`` of the completion reaches it - and asserts with a trap (no
+  ``__assert_fail`` to replace); the binary is stripped.
+- Rust: the prompt and completion are a library crate built first (the prompt's function made ``pub``), the tests a
+  binary crate built after, which imports that one function; the assertion macros are called by path
+  (``::std::assert_eq!``), which ``macro_rules!`` cannot shadow.
+- Java: run with ``-ea``; ``RlvrMain.main`` reads the nonce into a local variable, loads every class and deletes
+  the class files before any of the completion's code runs (no test's constant is left to read from disk); the
+  counter is a private map that grows as lines run; a class the completion declares under a name the tests use
+  fails (``compiled.judge_assertions``).
+- JavaScript: a trusted runner reads the nonce, the completion and the tests into memory and deletes the files
+  (itself included); the completion runs in the main realm, the tests in a ``vm`` context of their own (its own
+  builtins, so a patched ``Array.prototype`` does not reach them) compiled before the completion ran, strict, and
+  reachable from no name of the completion's; the prompt's functions are handed to the tests through wrappers that
+  copy arguments in and results out as plain data, and the assert module is captured (frozen) before the
+  completion ran.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
+import secrets
 from dataclasses import dataclass
 
 from rlvr.verifiers.languages import Language, java_main_class
@@ -27,13 +43,16 @@ from rlvr.verifiers.languages import Language, java_main_class
 JAVATUPLES = "/usr/share/java/javatuples.jar"  # MultiPL-E's Java rows import org.javatuples (apt: libjavatuples-java)
 _FENCE = re.compile(r"```([A-Za-z0-9_+#-]*)[ \t]*\n(.*?)```", re.DOTALL)
 _ASSERT_LINE = re.compile(r"^([ \t]*)((?:::std::)?assert\w*\b.*;)[ \t]*$", re.MULTILINE)
+_KEY = secrets.token_bytes(32)  # this process's: the secrets of a row's lines stay the same (its builds cache)
+NONCE_FILE = "rlvr_nonce"  # written for the run only; the trailer reads and deletes it before the tests run
 
 
 @dataclass(frozen=True)
 class Assembled:
     files: dict[str, str]  # file name -> source; the first is the program's (or the completion's unit)
     main: str  # Java: the class the run starts; else ""
-    sites: int  # assertion lines instrumented: the trailer must report this many
+    sites: int  # assertion lines instrumented
+    proof: str  # what the trailer prints after the nonce when every line ran: the XOR of their secrets
 
 
 # -- the completion's code -------------------------------------------------------------------------------------------
@@ -92,16 +111,37 @@ def _rename_main(tests: str, pattern: str, replacement: str, what: str) -> str:
     return renamed
 
 
-def _instrument(tests: str, call: str) -> tuple[str, int]:
-    """Append ``call.format(k)`` to the k-th one-line assertion statement of the tests."""
+def site_secrets(tests: str, count: int) -> list[int]:
+    """A non-zero 32-bit secret per assertion line, from this process's key and the tests (stable for a row)."""
+    out = []
+    for k in range(count):
+        digest = hashlib.sha256(_KEY + tests.encode() + k.to_bytes(4, "little")).digest()
+        out.append(int.from_bytes(digest[:4], "little") or 1)
+    return out
+
+
+def _instrument(tests: str, call: str) -> tuple[str, int, str]:
+    """Append ``call.format(k, secret_k)`` to the k-th one-line assertion statement of the tests; (tests, the
+    number of lines, the proof: the XOR of every line's secret)."""
+    lines = _ASSERT_LINE.findall(tests)
+    keys = site_secrets(tests, len(lines))
     count = 0
 
     def mark(match: re.Match) -> str:
         nonlocal count
         count += 1
-        return f"{match.group(1)}{match.group(2)} {call.format(count - 1)}"
+        return f"{match.group(1)}{match.group(2)} {call.format(count - 1, keys[count - 1])}"
 
-    return _ASSERT_LINE.sub(mark, tests), count
+    proof = 0
+    for key in keys:
+        proof ^= key
+    return _ASSERT_LINE.sub(mark, tests), count, str(proof)
+
+
+def _closing(tests: str) -> tuple[str, str]:
+    """(the tests' first line when it closes the prompt's function, the rest)."""
+    first, _, rest = tests.partition("\n")
+    return (first + "\n", rest) if first.strip() == "}" else ("", tests)
 
 
 # -- per language ------------------------------------------------------------------------------------------------
@@ -109,18 +149,16 @@ def assemble(lang: Language, prompt: str, head: str, code: str, tests: str) -> A
     if lang.name in ("c", "cpp"):
         return _c_family(lang, prompt, head, code, tests)
     if lang.name == "rust":
-        return _rust(head, code, tests)
+        return _rust(prompt, head, code, tests)
     if lang.name == "java":
         return _java(head, code, tests)
     if lang.name == "javascript":
-        return _javascript(head, code, tests)
+        return _javascript(prompt, head, code, tests)
     raise ValueError(f"no assertion-program form for {lang.name}")
 
 
 def _c_family(lang: Language, prompt: str, head: str, code: str, tests: str) -> Assembled:
-    first, _, rest = tests.partition("\n")
-    closing = first + "\n" if first.strip() == "}" else ""
-    tests = rest if closing else tests
+    closing, tests = _closing(tests)
     signature = _signature_line(prompt)
     if not signature.endswith("{"):
         raise ValueError("a C/C++ prompt must end with the function's signature and '{'")
@@ -129,33 +167,52 @@ def _c_family(lang: Language, prompt: str, head: str, code: str, tests: str) -> 
     tests = _rename_main(tests, r"\bint\s+main\s*\(\s*(void)?\s*\)", "static int rlvr_tests_main(void)", "int main()")
     end = tests.rstrip().rfind("}")
     tests = tests[:end] + "return 0;\n" + tests[end:]  # falling off a renamed main is not a return of 0
-    tests, sites = _instrument(tests, "rlvr_site({});")
+    tests, sites, proof = _instrument(tests, "rlvr_site({}, {}u);")
     guard = ("\n#undef NDEBUG\n#undef assert\n#define assert(e) ((e) ? (void)0 : __builtin_trap())\n"
-             f"static unsigned char rlvr_seen[{sites + 1}];\nstatic int rlvr_count;\n"
-             "static void rlvr_site(int k) { if (!rlvr_seen[k]) { rlvr_seen[k] = 1; rlvr_count++; } }\n")
-    trailer = ("\nint main(int argc, char **argv) {\n  int rc = rlvr_tests_main();\n"
-               "  if (rc == 0 && argc > 1) printf(\"%s %d\\n\", argv[1], rlvr_count);\n  return rc;\n}\n")
+             f"static unsigned rlvr_seen[{sites + 1}];\n"
+             "static void rlvr_site(int k, unsigned secret) { rlvr_seen[k] = secret; }\n")
+    trailer = ("\nint main(void) {\n  char nonce[80] = \"\";\n  FILE *f = fopen(\"" + NONCE_FILE + "\", \"r\");\n"
+               "  int given = f != NULL && fgets(nonce, sizeof nonce, f) != NULL;\n  if (f) fclose(f);\n"
+               "  remove(\"" + NONCE_FILE + "\");\n  int rc = rlvr_tests_main();\n  unsigned proof = 0;\n"
+               f"  for (int k = 0; k < {sites + 1}; k++) proof ^= rlvr_seen[k];\n"
+               "  if (rc == 0 && given) printf(\"%s %u\\n\", nonce, proof);\n  return rc;\n}\n")
     ext = ".c" if lang.name == "c" else ".cpp"
     if not head.rstrip().endswith(signature):  # the completion brought the whole function: it must match the
         head = declarations  # prompt's declaration (another return type would link and return garbage)
     return Assembled({f"solution{ext}": head + code + "\n" + closing,
-                      f"tests{ext}": "#include <stdio.h>\n" + declarations + guard + tests + trailer}, "", sites)
+                      f"tests{ext}": "#include <stdio.h>\n" + declarations + guard + tests + trailer}, "", sites, proof)
 
 
-def _rust(head: str, code: str, tests: str) -> Assembled:
+def _rust(prompt: str, head: str, code: str, tests: str) -> Assembled:
+    """Two crates: ``solution.rs`` (prompt + completion, a library; the prompt's function made ``pub``) and
+    ``tests.rs`` (the prompt's ``use`` lines, that one function imported, the tests, the trailer)."""
+    closing, tests = _closing(tests)
+    name = re.search(r"\bfn\s+([A-Za-z_]\w*)", _signature_line(prompt))
+    if not name:
+        raise ValueError("a Rust prompt must end with the function's signature")
+    define = re.compile(rf"(?m)^([ \t]*)(?:pub(?:\([^)]*\))?\s+)?fn\s+{name.group(1)}\b")
+    if head.rstrip().endswith(_signature_line(prompt)):  # the prompt's own signature: made pub there
+        at = head.rfind(_signature_line(prompt))
+        head = head[:at] + define.sub(rf"\1pub fn {name.group(1)}", head[at:], count=1)
+    else:  # a fenced block brought the whole function
+        code = define.sub(rf"\1pub fn {name.group(1)}", code, count=1)
+    uses = "".join(m + "\n" for m in re.findall(r"(?ms)^use\s[^;]*;", head))
     tests = re.sub(r"(?<![\w:])(assert|assert_eq|assert_ne|debug_assert|debug_assert_eq|debug_assert_ne)!",
                    r"::std::\1!", tests)
     tests = _rename_main(tests, r"\bfn\s+main\s*\(\s*\)", "fn rlvr_tests_main()", "fn main()")
-    tests, sites = _instrument(tests, "rlvr_site({});")
+    tests, sites, proof = _instrument(tests, "rlvr_site({}, {});")
     atomic = "::std::sync::atomic"
-    trailer = (f"\nstatic RLVR_SEEN: [{atomic}::AtomicBool; {sites + 1}] = "
-               f"[const {{ {atomic}::AtomicBool::new(false) }}; {sites + 1}];\n"
-               f"fn rlvr_site(k: usize) {{ RLVR_SEEN[k].store(true, {atomic}::Ordering::SeqCst); }}\n"
-               "fn main() {\n    rlvr_tests_main();\n    let mut n = 0;\n"
-               f"    for seen in RLVR_SEEN.iter() {{ if seen.load({atomic}::Ordering::SeqCst) {{ n += 1; }} }}\n"
-               "    if let ::std::option::Option::Some(a) = ::std::env::args().nth(1) {\n"
-               "        ::std::println!(\"{} {}\", a, n);\n    }\n}\n")
-    return Assembled({"prog.rs": head + code + "\n" + tests + trailer}, "", sites)
+    trailer = (f"\nstatic RLVR_SEEN: [{atomic}::AtomicU32; {sites + 1}] = "
+               f"[const {{ {atomic}::AtomicU32::new(0) }}; {sites + 1}];\n"
+               f"fn rlvr_site(k: usize, secret: u32) {{ RLVR_SEEN[k].store(secret, {atomic}::Ordering::SeqCst); }}\n"
+               f"fn main() {{\n    let nonce = ::std::fs::read_to_string(\"{NONCE_FILE}\");\n"
+               f"    let _ = ::std::fs::remove_file(\"{NONCE_FILE}\");\n    rlvr_tests_main();\n"
+               "    let mut proof: u32 = 0;\n"
+               f"    for seen in RLVR_SEEN.iter() {{ proof ^= seen.load({atomic}::Ordering::SeqCst); }}\n"
+               "    if let ::std::result::Result::Ok(nonce) = nonce {\n"
+               "        ::std::println!(\"{} {}\", nonce, proof);\n    }\n}\n")
+    tests_crate = f"#![allow(unused_imports)]\n{uses}use rlvr_solution::{name.group(1)};\n{tests}{trailer}"
+    return Assembled({"solution.rs": head + code + "\n" + closing, "tests.rs": tests_crate}, "", sites, proof)
 
 
 def _java(head: str, code: str, tests: str) -> Assembled:
@@ -165,22 +222,108 @@ def _java(head: str, code: str, tests: str) -> Assembled:
     owner = owners[-1] if owners else java_main_class(tests)
     tests = _rename_main(tests, r"public\s+static\s+void\s+main\s*\(\s*String\s*(\[\]\s*\w+|\w+\s*\[\])\s*\)",
                          "static void rlvrTests()", "public static void main(String[] args)")
-    tests, sites = _instrument(tests, "RlvrMain.site({});")
-    trailer = (f"\nclass RlvrMain {{\n    static final boolean[] SEEN = new boolean[{sites + 1}];\n"
-               "    static void site(int k) { SEEN[k] = true; }\n"
-               f"    public static void main(String[] a) {{\n        {owner}.rlvrTests();\n        int n = 0;\n"
-               "        for (boolean seen : SEEN) if (seen) n++;\n        System.out.println(a[0] + \" \" + n);\n"
-               "    }\n}\n")
-    return Assembled({"RlvrMain.java": head + code + "\n" + tests + trailer}, "RlvrMain", sites)
+    tests, sites, proof = _instrument(tests, "RlvrMain.site({}, 0x{:08x});")
+    nio = "java.nio.file"
+    trailer = ("\nclass RlvrMain {\n"
+               "    private static final java.util.HashMap<Integer, Integer> SEEN = new java.util.HashMap<>();\n"
+               "    static void site(int k, int secret) { SEEN.put(k, secret); }\n"
+               "    public static void main(String[] a) throws Exception {\n"
+               f"        {nio}.Path file = {nio}.Path.of(\"{NONCE_FILE}\");\n"
+               f"        String nonce = new String({nio}.Files.readAllBytes(file), "
+               "java.nio.charset.StandardCharsets.UTF_8);\n"
+               f"        {nio}.Files.delete(file);\n"
+               "        ClassLoader loader = RlvrMain.class.getClassLoader();\n"
+               "        for (java.io.File f : new java.io.File(\".\").listFiles()) {  // loaded, not initialised\n"
+               "            String name = f.getName();\n"
+               "            if (name.endsWith(\".class\")) {\n"
+               "                Class.forName(name.substring(0, name.length() - 6), false, loader);\n"
+               "                f.delete();\n            }\n        }\n"
+               f"        {owner}.rlvrTests();\n        int proof = 0;\n"
+               "        for (int secret : SEEN.values()) proof ^= secret;\n"
+               "        System.out.println(nonce + \" \" + Integer.toUnsignedString(proof));\n    }\n}\n")
+    return Assembled({"RlvrMain.java": head + code + "\n" + tests + trailer}, "RlvrMain", sites, proof)
 
 
-def _javascript(head: str, code: str, tests: str) -> Assembled:
-    prelude = ("const [__rlvr_site, __rlvr_done] = ((seen, write, nonce) => [(k) => { seen[k] = 1; }, () => {\n"
-               "  let n = 0;\n  for (const k in seen) n++;\n  write(1, nonce + ' ' + n + '\\n');\n}])"
-               "(Object.create(null), require('node:fs').writeSync, process.argv.splice(2, 1)[0]);\n"
-               "const __rlvr_assert = (() => {\n  const a = require('node:assert'), ok = a.ok;\n"
-               "  const w = function assert(v, m) { return ok(v, m); };\n"
-               "  for (const k of Object.keys(a)) w[k] = a[k];\n  return Object.freeze(w);\n})();\n")
-    tests = re.sub(r"require\(\s*['\"](node:)?assert(/strict)?['\"]\s*\)", "__rlvr_assert", tests)
-    tests, sites = _instrument(tests, "__rlvr_site({});")
-    return Assembled({"prog.js": prelude + head + code + "\n" + tests + "\n;__rlvr_done();\n"}, "", sites)
+_JS_COPY_OUT = """(() => {
+  'use strict';
+  const copy = (v, depth) => {
+    if (v === null || (typeof v !== 'object' && typeof v !== 'function')) return v;
+    if (typeof v === 'function' || depth > 100) throw new TypeError('the solution returned no plain data');
+    const out = Array.isArray(v) ? [] : {};
+    for (const k of Object.keys(v)) {
+      const value = copy(v[k], depth + 1);
+      Object.defineProperty(out, k, { value, writable: true, enumerable: true, configurable: true });
+    }
+    return out;
+  };
+  return { copy, wrap: (call) => function candidate(...args) { return copy(call(args), 0); } };
+})()"""
+
+_JS_RUNNER = r"""'use strict';
+// rlvr's runner: the completion runs in this realm, the tests in a vm context of their own (assertion_programs.py)
+const fs = require('node:fs'), vm = require('node:vm'), assertModule = require('node:assert');
+const { readFileSync, unlinkSync, writeSync } = fs;
+const apply = Reflect.apply, isArray = Array.isArray, keys = Object.keys, define = Object.defineProperty;
+const freeze = Object.freeze, TypeErr = TypeError, names = NAMES;
+const take = (name) => { const text = readFileSync(name, 'utf8'); unlinkSync(name); return text; };
+unlinkSync(__filename);
+const nonce = take(NONCE_FILE), solution = take('solution.js'), tests = take('tests.js');
+define(Error, 'prepareStackTrace', { __proto__: null, value: undefined, writable: false, configurable: false });
+const realm = vm.createContext();
+const { copy: copyOut, wrap: wrapperOf } = vm.runInContext(COPY_OUT, realm);
+const runTests = vm.runInContext(`(function (require, __rlvr_site, ${names.join(', ')}) { 'use strict';\n${tests}\n})`,
+                                 realm, { filename: 'tests.js', lineOffset: -1 });
+const load = vm.compileFunction(
+  `${solution}\n;return [${names.map((n) => `typeof ${n} === 'function' ? ${n} : undefined`).join(', ')}];`,
+  ['exports', 'require', 'module', '__filename', '__dirname'], { filename: 'solution.js' });
+const frozen = (m, strict) => {  // the assert functions as they are now, in an object the code cannot change
+  const ok = m.ok, w = function assert(v, message) { return ok(v, message); };
+  for (const k of keys(m)) w[k] = k === 'strict' ? strict || w : m[k];
+  return freeze(w);
+};
+const assertStrict = frozen(assertModule.strict, null), assertLoose = frozen(assertModule, assertStrict);
+const requireForTests = (name) => {
+  if (name === 'assert' || name === 'node:assert') return assertLoose;
+  if (name === 'assert/strict' || name === 'node:assert/strict') return assertStrict;
+  throw new TypeErr('the tests may require node:assert only');
+};
+const seen = { __proto__: null };
+const site = (k, secret) => { seen[k] = secret; };
+const copyIn = (v, depth) => {  // the tests' values as this realm's plain data: no object of theirs reaches the code
+  if (v === null || (typeof v !== 'object' && typeof v !== 'function')) return v;
+  if (depth > 100) throw new TypeErr('the tests passed data nested too deep');
+  if (typeof v === 'function') return (...a) => copyIn(apply(v, undefined, copyOut(a, 0)), 0);  // a callback
+  const out = isArray(v) ? [] : {}, names = keys(v);
+  for (let i = 0; i < names.length; i++) {
+    define(out, names[i], { __proto__: null, value: copyIn(v[names[i]], depth + 1), writable: true, enumerable: true,
+                            configurable: true });
+  }
+  return out;
+};
+const callIn = (fn) => (args) => apply(fn, undefined, copyIn(args, 0));
+const moduleObject = { exports: {} };
+// from here on the completion's code has run: only captured functions, own properties and operators are used
+const found = apply(load, undefined, [moduleObject.exports, require, moduleObject, '/work/solution.js', '/work']);
+const args = [requireForTests, site];
+for (let i = 0; i < names.length; i++) {
+  define(args, i + 2, { __proto__: null, value: wrapperOf(callIn(found[i])), writable: true, enumerable: true,
+                        configurable: true });
+}
+apply(runTests, undefined, args);
+let proof = 0;
+for (const k in seen) proof ^= seen[k];
+writeSync(1, nonce + ' ' + (proof >>> 0) + '\n');
+"""
+
+
+def _javascript(prompt: str, head: str, code: str, tests: str) -> Assembled:
+    """Three files: ``solution.js`` (prompt + completion), ``tests.js`` (the tests, instrumented) and ``prog.js``,
+    the runner the run starts (``_JS_RUNNER``)."""
+    names = list(dict.fromkeys(re.findall(r"(?m)^[ \t]*function\s+([A-Za-z_$][\w$]*)", prompt)))
+    if not names:
+        raise ValueError("a JavaScript prompt must declare the function the tests call")
+    tests, sites, proof = _instrument(tests, "__rlvr_site({}, {});")
+    runner = (_JS_RUNNER.replace("NONCE_FILE", json.dumps(NONCE_FILE)).replace("COPY_OUT", json.dumps(_JS_COPY_OUT))
+              .replace("NAMES", json.dumps(names)))
+    return Assembled({"solution.js": head + code + "\n", "tests.js": tests, "prog.js": runner}, "prog.js", sites,
+                     proof)

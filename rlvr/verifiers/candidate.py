@@ -8,7 +8,7 @@ checker's requests over two pipes, one JSON object per line. It never sees a tes
     -> {"op": "run", "source": code, "stdin": text, "timeout_s": s, "output_bytes": n}  (stdin programs)
     <- {"ok": true, "stdout": text, "status": "exit" | "error" | "timeout" | "output_limit", "returncode": rc}
     -> {"op": "build", "files": {name: text}, "prebuilt": {name: b64}, "steps": [argv, ...], "artifacts": [glob, ...],
-        "cpu_s": s, "wall_s": s, "output_bytes": n}         (compiled languages: languages.py)
+        "scratch": [glob, ...], "cpu_s": s, "wall_s": s, "output_bytes": n}   (compiled languages: languages.py)
     <- {"ok": true, "status": "built" | "compile_error" | "compile_timeout", "log": text, "artifacts": {name: b64}}
     -> {"op": "install", "artifacts": {name: b64}}          (a cached build)
     <- {"ok": true, "status": "built"}
@@ -16,7 +16,10 @@ checker's requests over two pipes, one JSON object per line. It never sees a tes
         "files": {name: text}}                              (files: written for this run only - a checker's)
     <- {"ok": true, "stdout": text, "status": ..., "returncode": rc, "stderr": tail}
 
-A build's source files are deleted once it succeeds, so the program it made cannot read the tests compiled into it.
+A build writes each file (source or prebuilt) just before the first step that names it, so an earlier step never
+sees a later one's input: the completion's unit is compiled while the tests' source is absent. Once it succeeds,
+the sources (those not among the artifacts) and its scratch are deleted, so the program it made cannot read the
+tests compiled into it.
 
 Sources are tried in order until one runs and defines ``entry_point`` (HumanEval completions may be a
 function body that only works after the prompt). Standard library only; started with
@@ -126,20 +129,20 @@ def _plain_name(name: str) -> bool:
 
 def _build(request: dict) -> dict:
     """Write the sources, run the build commands; return what the run needs (for the trainer's cache)."""
-    names = []
+    pending = {}  # name -> bytes, written just before the first step that names it
     for name, text in request["files"].items():
-        if not _plain_name(name):
-            return {"error": f"bad file name {name!r}"}
-        with open(name, "w", encoding="utf-8") as f:
-            f.write(text)
-        names.append(name)
+        pending[name] = text.encode()
     for name, data in request.get("prebuilt", {}).items():  # a unit built before (the trainer's cache)
-        if not _plain_name(name):
-            return {"error": f"bad file name {name!r}"}
-        with open(name, "wb") as f:
-            f.write(base64.b64decode(data))
+        pending[name] = base64.b64decode(data)
+    if not all(map(_plain_name, pending)):
+        return {"error": f"bad file names {sorted(pending)!r}"}
+    names = list(request["files"])
+    steps = request["steps"]
+    named = {arg for argv in steps for arg in argv}
+    _write({name: data for name, data in pending.items() if name not in named}, pending)
     status, log = "built", b""
-    for argv in request["steps"]:
+    for argv in steps:
+        _write({name: data for name, data in pending.items() if name in argv}, pending)
         result = _spawn(argv, b"", request["cpu_s"], request["wall_s"], request["output_bytes"], merge=True)
         log = result["out"]
         if result["status"] in ("timeout", "cpu"):
@@ -161,10 +164,21 @@ def _build(request: dict) -> dict:
         if total > MAX_ARTIFACT_BYTES:
             artifacts = {}  # too large to cache; the run still uses the files here
         for name in names:
-            if name not in artifacts:
+            if name not in artifacts and os.path.exists(name):
                 os.unlink(name)
+        for pattern in request.get("scratch", []):
+            for path in glob.glob(pattern):
+                if os.path.isfile(path):
+                    os.unlink(path)
     tail = log[-2000:].decode(errors="replace")
     return {"ok": True, "status": status, "log": tail, "artifacts": artifacts}
+
+
+def _write(files: dict, pending: dict) -> None:
+    for name, data in files.items():
+        with open(name, "wb") as f:
+            f.write(data)
+        del pending[name]
 
 
 def _install(artifacts: dict) -> dict:

@@ -9,9 +9,12 @@
 |            |                                                               | or a checker accepts it               |
 
 Assertion programs are assembled by ``assertion_programs.py`` (what each language's guards stop, and how, is there
-and in docs/concepts/sandbox.md). Sources are deleted once built; the expected outputs of stdio cases never enter
-the solution's sandbox: the trainer compares them, or a checker program reads them in a job of its own. A build is
-cached by content (``CompileCache``).
+and in docs/concepts/sandbox.md). Their build compiles the completion while the tests' source is absent: each file
+is written just before the first build step that names it (``candidate.py``), and the steps compile the
+completion's unit (C, C++) or crate (Rust) first. Sources and intermediate files (``scratch``: object files, the
+completion's crate) are deleted once built, the nonce is a file of the run's own, never an argument; the expected
+outputs of stdio cases never enter the solution's sandbox: the trainer compares them, or a checker program reads
+them in a job of its own. A build is cached by content (``CompileCache``).
 """
 
 from __future__ import annotations
@@ -24,9 +27,10 @@ import secrets
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
+from fnmatch import fnmatch
 
-from rlvr.verifiers.assertion_programs import JAVATUPLES, assemble
-from rlvr.verifiers.languages import Language, java_main_class, tool_path, toolchain_version
+from rlvr.verifiers.assertion_programs import JAVATUPLES, NONCE_FILE, assemble
+from rlvr.verifiers.languages import Language, java_main_class, node_permission_flags, tool_path, toolchain_version
 from rlvr.verifiers.sandbox import Execution
 
 OUTCOMES = ("passed", "wrong_answer", "compile_error", "compile_timeout", "timeout", "runtime_error", "memory",
@@ -67,25 +71,40 @@ def _classpath(argv) -> list[str]:
 
 
 def _steps(lang: Language, files: list[str], main: str) -> list[list[str]]:
-    """The build commands for ``files``: the table's (one source), or C/C++ units compiled apart and linked."""
-    if len(files) > 1:  # the tests' unit is linked first: where both units define a name (a helper function the
-        # prompt defines, a main of the completion's), the tests' definition is the one used
+    """The build commands for ``files``: the table's (one source), or an assertion program's, the completion's
+    unit first (C/C++: the units compiled apart, then linked and stripped; Rust: the completion's library crate,
+    then the tests' binary crate linked against it; JavaScript: the completion's syntax checked)."""
+    if len(files) > 1 and lang.name in ("c", "cpp"):  # the tests' unit is linked first: where both units define a
+        # name (a helper function the prompt defines, a main of the completion's), the tests' definition is used
         cc = [tool_path(lang.compiler[0]), *lang.compiler[1:]]
         objects = [name.rsplit(".", 1)[0] + ".o" for name in files]
         link = sorted(objects, key=lambda obj: not obj.startswith("tests."))
         return [[*cc, "-c", "-o", obj, name] for name, obj in zip(files, objects)] + \
-            [[*cc, "-Wl,--allow-multiple-definition", "-o", "prog", *link, *lang.link]]
+            [[*cc, "-s", "-Wl,--allow-multiple-definition", "-o", "prog", *link, *lang.link]]
+    if len(files) > 1 and lang.name == "rust":
+        rustc = [tool_path(lang.compiler[0]), *lang.compiler[1:]]
+        return [[*rustc, "--crate-type", "rlib", "--crate-name", "rlvr_solution", "-o", "librlvr_solution.rlib",
+                 files[0]], [*rustc, "--extern", "rlvr_solution=librlvr_solution.rlib", "-o", "prog", files[1]]]
+    if len(files) > 1 and lang.name == "javascript":
+        return [[tool_path("node"), "--check", files[0]]]
     steps = [[tool_path(a) if i == 0 else a.format(src=files[0], main=main) for i, a in enumerate(step)]
              for step in lang.build]
     return [_classpath(step) for step in steps] if lang.name == "java" else steps
 
 
-def _build(lang: Language, files: dict[str, str], main: str, settings: Settings, keep_sources: bool) -> dict:
-    artifacts = [a for a in lang.artifacts if keep_sources or a not in files]
-    artifacts += [name.rsplit(".", 1)[0] + ".o" for name in files if name.startswith("tests.")]  # shared_unit
-    return {"files": dict(files), "steps": _steps(lang, list(files), main), "artifacts": artifacts,
-            "cpu_s": settings.compile_cpu_s, "wall_s": settings.wall_s(settings.compile_cpu_s),
-            "output_bytes": settings.output_bytes}
+def _build(lang: Language, files: dict[str, str], main: str, settings: Settings, artifacts: list[str],
+           scratch: tuple[str, ...] = ()) -> dict:
+    """``artifacts``: what the run needs (globs; kept in the cache); ``scratch``: what the build leaves that is
+    deleted before the run (globs)."""
+    return {"files": dict(files), "steps": _steps(lang, list(files), main), "artifacts": list(artifacts),
+            "scratch": list(scratch), "cpu_s": settings.compile_cpu_s,
+            "wall_s": settings.wall_s(settings.compile_cpu_s), "output_bytes": settings.output_bytes}
+
+
+def installable(build: dict, artifacts: dict) -> dict:
+    """A cached build's files that its run needs: the scratch (the tests' object file, kept for the cache of
+    shared units) left out."""
+    return {k: v for k, v in artifacts.items() if not any(fnmatch(k, p) for p in build.get("scratch", ()))}
 
 
 def cache_key(lang: Language, build: dict) -> str:
@@ -97,7 +116,7 @@ def shared_unit(lang: Language, build: dict) -> tuple[str, str, list[str]] | Non
     """(cache key, object file, its compile command) of the tests' own unit of a C/C++ assertion program: the same
     for every completion of a row, so it is built once and linked with each completion's unit."""
     tests = [name for name in build["files"] if name.startswith("tests.")]
-    if not tests:
+    if not tests or lang.name not in ("c", "cpp"):
         return None
     obj = tests[0].rsplit(".", 1)[0] + ".o"
     step = next(s for s in build["steps"] if obj in s and "-c" in s)
@@ -123,19 +142,22 @@ def assertion_job(lang: Language, prompt: str, head: str, code: str, tests: str,
     """(the sandbox job, the last line a run that finished every test prints) for an assertion program."""
     program = assemble(lang, prompt, head, code, tests)
     nonce = secrets.token_hex(16)
-    from_stdin = lang.name == "javascript"  # the program cannot read itself (its tests) from disk
-    build = _build(lang, program.files, program.main, settings, keep_sources=not from_stdin)
-    run = _run(lang, "-" if from_stdin else next(iter(program.files)), program.main, settings)
-    run["argv"].append(nonce)
-    job = {"format": "compiled", "build": build, "run": run,
-           "stdins": [next(iter(program.files.values())) if from_stdin else ""]}
-    return job, f"{nonce} {program.sites}"
+    names = list(program.files)
+    needs = {"c": ["prog", "tests.o"], "cpp": ["prog", "tests.o"], "rust": ["prog"]}.get(lang.name)
+    build = _build(lang, program.files, program.main, settings,
+                   needs or (names if lang.name == "javascript" else list(lang.artifacts)),
+                   ("*.o", "*.rlib") if needs else ())
+    run = _run(lang, program.main if lang.name == "javascript" else names[0], program.main, settings)
+    if lang.name == "javascript":
+        run["argv"][1:1] = node_permission_flags()
+    job = {"format": "compiled", "build": build, "run": run, "stdins": [""], "files": [{NONCE_FILE: nonce}]}
+    return job, f"{nonce} {program.proof}"
 
 
 def stdio_job(lang: Language, code: str, stdins: list[str], settings: Settings) -> dict:
     main = java_main_class(code) if lang.name == "java" else ""
     name = lang.source.format(main=main or "Main")
-    return {"format": "compiled", "build": _build(lang, {name: code}, main, settings, keep_sources=True),
+    return {"format": "compiled", "build": _build(lang, {name: code}, main, settings, list(lang.artifacts)),
             "run": _run(lang, name, main, settings), "stdins": list(stdins)}
 
 
@@ -147,7 +169,7 @@ def checker_job(lang: Language, source: str, runs: list[tuple[str, str, str]], s
     name = lang.source.format(main=main or "Main")
     run = _run(lang, name, main, settings)
     run["argv"] += list(CHECKER_FILES)
-    return {"format": "compiled", "build": _build(lang, {name: source}, main, settings, keep_sources=True),
+    return {"format": "compiled", "build": _build(lang, {name: source}, main, settings, list(lang.artifacts)),
             "run": run, "stdins": [""] * len(runs), "files": [dict(zip(CHECKER_FILES, r)) for r in runs]}
 
 

@@ -15,6 +15,7 @@ from rlvr.verifiers.compiled import (
     cache_key,
     checker_answers,
     checker_job,
+    installable,
     job_timeout,
     judge_assertions,
     judge_stdio,
@@ -174,7 +175,7 @@ class CompiledJudge:
             return Verdict(0.0, "compile_error", cached[1][-500:])
         job = dict(plan["job"])
         if cached:
-            job["cached"] = cached[2]
+            job["cached"] = installable(job["build"], cached[2])
         elif plan["unit"] is not None and (unit := self.units.get(plan["unit"][0])) is not None:
             _key, obj, step = plan["unit"]
             job["build"] = use_prebuilt(job["build"], obj, step, unit[2][obj])

@@ -3,7 +3,8 @@
 An entry says how to build a program from one source file and how to run it; ``{src}`` in a command is the
 source file's name, ``{main}`` the class or file the run starts (Java: the class holding ``main``). Every command
 runs inside the sandbox (``sandbox.py``) as the candidate's user, in its private /work, with PATH=/usr/bin:/bin.
-Adding a language is one entry here, its MultiPL-E test style in ``compiled.py`` (``TRAILERS``) and its tests.
+Adding a language is one entry here, its MultiPL-E test style in ``assertion_programs.py`` (and, when its assertion
+programs build in more than one step, ``compiled._steps``) and its tests.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ class Language:
     run_cpu_extra_s: float = 0.0  # CPU seconds a run costs before the program starts (a JVM's own start)
     processes: int = 0  # threads the runtime starts itself (they count against the process cap)
     expose: tuple[str, ...] = ()  # directories (globs) outside /usr and /lib* the tools read: configuration
-    compiler: tuple[str, ...] = ()  # C and C++: the compile command an assertion program's two units are built by
+    compiler: tuple[str, ...] = ()  # C, C++, Rust: the command an assertion program's two units are built by
     link: tuple[str, ...] = ()  # ... and what the link adds
 
 
@@ -47,7 +48,8 @@ LANGUAGES = {lang.name: lang for lang in (
              compiler=("g++", "-std=gnu++17", "-O2", "-pipe")),
     Language("rust", "prog.rs", (("rustc", "--edition", "2021", "-C", "opt-level=1", "-C", "debuginfo=0",
                                   "-C", "strip=symbols", "-o", "prog", "{src}"),), ("./prog",), ("prog",),
-             ("\n}",), ("rustc", "cc"), "rustc (https://rustup.rs, or apt: rustc)", ("rs", "rust")),
+             ("\n}",), ("rustc", "cc"), "rustc (https://rustup.rs, or apt: rustc)", ("rs", "rust"),
+             compiler=("rustc", "--edition", "2021", "-C", "opt-level=1", "-C", "debuginfo=0", "-C", "strip=symbols")),
     Language("java", "{main}.java", (("javac", *(f"-J{f}" for f in JVM_FLAGS), "-encoding", "UTF-8", "-nowarn",
                                       "-d", ".", "{src}"),), ("java", *JVM_FLAGS, "-ea", "-cp", ".", "{main}"),
              ("*.class",), ("\n    }\n",), ("javac", "java"), "a JDK (apt: openjdk-17-jdk-headless)", ("java",),
@@ -127,3 +129,18 @@ def toolchain_version(lang_name: str) -> str:
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
     return ((out.stdout or out.stderr).strip().splitlines() or ["unknown"])[0]
+
+
+@cache
+def node_permission_flags() -> tuple[str, ...]:
+    """Node's permission model, for JavaScript assertion runs: it refuses the inspector (which reads any closure of
+    its own process, the harness's included), child processes, workers and native addons; files stay readable and
+    writable. () where this node has none (before 20)."""
+    try:
+        out = subprocess.run([tool_path("node"), "--help"], capture_output=True, text=True, check=False, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return ()
+    for flag in ("--permission", "--experimental-permission"):
+        if re.search(rf"(?m)^\s*{flag}\b", out.stdout):
+            return flag, "--allow-fs-read=*", "--allow-fs-write=*"
+    return ()

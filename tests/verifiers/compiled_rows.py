@@ -1,4 +1,4 @@
-"""A small MultiPL-E-style set written for these tests (not MultiPL-E's data): three problems in five languages,
+"""A small MultiPL-E-style set written for these tests (not MultiPL-E's data): a few problems in five languages,
 each row with MultiPL-E's columns (language, prompt, tests, stop_tokens) plus a canonical and a wrong completion,
 and one stdin/stdout problem per language."""
 
@@ -48,6 +48,15 @@ ROWS = {
          "    assert_eq!(candidate(123), 6);\n    assert_eq!(candidate(9999), 36);\n}\n"),
          "    let (mut n, mut s) = (n, 0);\n    while n > 0 { s += n % 10; n /= 10; }\n    s\n}",
          "    n % 10\n}"),
+        ("word_counts",  # a `use` line in the prompt: the tests' crate needs it too
+         ("use std::collections::HashMap;\n\n/// How often each word of s occurs.\n"
+          "fn word_counts(s: String) -> HashMap<String, isize> {\n"),
+         ("}\n\nfn main() {\n    let candidate = word_counts;\n"
+          "    assert_eq!(candidate(String::from(\"a b a\")), HashMap::from([(String::from(\"a\"), 2), "
+          "(String::from(\"b\"), 1)]));\n    assert_eq!(candidate(String::from(\"\")), HashMap::from([]));\n}\n"),
+         ("    let mut counts = HashMap::new();\n"
+          "    for w in s.split_whitespace() { *counts.entry(w.to_string()).or_insert(0) += 1; }\n    counts\n}"),
+         "    HashMap::new()\n}"),
     ],
     "java": [
         ("running_max",
@@ -71,6 +80,17 @@ ROWS = {
          "  assert.deepEqual(candidate(\"rhythm\"),0);\n}\n\ntest();"),
          "  return [...s].filter(c => \"aeiou\".includes(c)).length;\n}",
          "  return Math.floor(s.length / 2);\n}"),
+        ("evens",  # tests that call builtins on the returned value
+         "//The even numbers of xs, in order.\n//>>> evens([1, 2, 4])\n//[2, 4]\nfunction evens(xs){\n",
+         ("const assert = require('node:assert');\n\n\nfunction test() {\n  let candidate = evens;\n"
+          "  assert.ok(candidate([1, 2, 3, 4]).includes(4));\n  assert.ok(Object.is(candidate([1, 3]).length, 0));\n"
+          "  assert.ok(JSON.stringify(candidate([6, 7, 8])) === \"[6,8]\");\n"
+          "  assert.ok(candidate([2, 5]).every((x) => x % 2 === 0));\n"
+          "  assert.ok(candidate([6, 8, 9]).join(\",\") === \"6,8\");\n"
+          "  assert.ok(Math.max(...candidate([4, 8, 3])) === 8);\n"
+          "  assert.ok(String(candidate([10, 11])[0]).startsWith(\"10\"));\n}\n\ntest();"),
+         "  return xs.filter((x) => x % 2 === 0);\n}",
+         "  return [1];\n}"),
     ],
 }
 

@@ -6,7 +6,7 @@ import pytest
 
 from rlvr.rewards.base import RewardConfigError
 from rlvr.rewards.compiled import compiled_tests
-from rlvr.verifiers.assertion_programs import _instrument, solution_part
+from rlvr.verifiers.assertion_programs import _instrument, site_secrets, solution_part
 from rlvr.verifiers.compiled import CompileCache, Settings, tokens_equal
 from rlvr.verifiers.compiled_judge import CompiledJudge, Program, ToolchainMissing, require_toolchains
 from rlvr.verifiers.languages import LANGUAGES, java_main_class, language, missing_tools
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(any(missing_tools(lang) for lang in LANGUAGES.va
 
 @pytest.fixture(scope="module")
 def judge():
-    box = CompiledJudge(Settings(cpu_s=1.0, compile_cpu_s=4.0))
+    box = CompiledJudge(Settings(cpu_s=1.0, compile_cpu_s=8.0))  # <bits/stdc++.h> at -O2: 4 s of CPU on a busy machine
     try:
         box.judge([Program("c", "int main(void) { return 0; }\n", cases=[("", "")])])
     except SandboxUnavailable as err:
@@ -230,9 +230,13 @@ def test_a_missing_toolchain_is_one_line_naming_the_package(monkeypatch):
 
 
 def test_assertion_lines_are_numbered_and_java_finds_its_main_class():
-    tests, n = _instrument("    assert(f(1) == 2);\n    int x = 3;\n  assert.deepEqual(g(), [1,\n 2]);\n"
-                           "    ::std::assert_eq!(h(), 4);\n", "mark({});")
-    assert n == 2 and "assert(f(1) == 2); mark(0);" in tests and "::std::assert_eq!(h(), 4); mark(1);" in tests
+    source = ("    assert(f(1) == 2);\n    int x = 3;\n  assert.deepEqual(g(), [1,\n 2]);\n"
+              "    ::std::assert_eq!(h(), 4);\n")
+    tests, n, proof = _instrument(source, "mark({}, {});")
+    first, second = site_secrets(source, 2)  # a line's secret: from this process's key and the tests
+    assert n == 2 and f"assert(f(1) == 2); mark(0, {first});" in tests
+    assert f"::std::assert_eq!(h(), 4); mark(1, {second});" in tests and proof == str(first ^ second)
+    assert site_secrets(source, 2) == [first, second] != site_secrets(source + " ", 2)
     assert java_main_class("import x;\npublic class Solution {\n  public static void main(String[] a) {}\n}") == \
         "Solution"
     assert java_main_class("class A {}\nclass B { static void main(String[] a) {} }") == "B"
