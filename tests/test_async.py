@@ -102,6 +102,7 @@ def _train_killing_a_server(overrides: list[str], out: Path, after_records: int,
     assert killed.is_set(), f"the run ended (or took 120 s) before logging {after_records} records"
 
 
+@pytest.mark.long
 def test_killed_servers_are_restarted_and_no_group_is_lost_or_trained_twice(tiny_model_dir, tmp_path, monkeypatch):
     """One server dies in its 3rd adapter load (injected), the other is SIGKILLed mid-run: both restart, rejoin
     with the current adapter, and training goes on. The learner runs in this process; the servers it starts inherit
@@ -124,6 +125,7 @@ def test_killed_servers_are_restarted_and_no_group_is_lost_or_trained_twice(tiny
     assert not any(_alive(pid) for pid in _server_pids(out))
 
 
+@pytest.mark.long
 def test_a_killed_learner_resumes_after_republishing_its_adapter(tiny_model_dir, tmp_path, capsys):
     """The learner, a forked process (tests/test_resume.py: train_killed), is SIGKILLed after step 2's update
     (checkpoint: step 1); the resume runs in this process (it reads only what the killed one left on disk). Neither
@@ -164,6 +166,7 @@ def test_no_reachable_server_is_a_clear_error_in_bounded_time(tiny_model_dir, tm
     assert time.monotonic() - started < wait_s + 28  # the wait and the run's set-up (slack for 2 busy cores)
 
 
+@pytest.mark.long
 def test_all_servers_dying_mid_run_stops_the_run_with_an_error(tiny_model_dir, tmp_path):
     """`rlvr train` in a forked process (tests/test_resume.py: start_forked_train): one error line, exit status 2."""
     out, log, wait_s = tmp_path / "run", tmp_path / "run.log", 1  # rollout.server_wait_s: the learner's wait
@@ -245,6 +248,7 @@ def test_the_learners_wait_for_groups_has_a_deadline(tiny_model_dir, tokenizer, 
         fake.stop()
 
 
+@pytest.mark.long
 def test_async_episodes_with_a_killed_server_lose_no_group_and_train_none_twice(tiny_long_model_dir, tmp_path):
     """env.factory on the asynchronous runtime: one dispatch is one group of episodes; a server SIGKILLed mid-run
     is restarted and every group is trained exactly once, with the environments' rewards and episode metrics.

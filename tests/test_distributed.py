@@ -193,6 +193,7 @@ def test_two_ranks_train_what_one_process_trains(tiny_model_dir, tiny_long_model
         assert any(r["update/grad_norm"] > 0.3 for r in _records(two)[1:]), "the gradient norm never reached the clip"
 
 
+@pytest.mark.long
 def test_a_killed_rank_ends_the_job_and_it_resumes_exactly(tiny_model_dir, tmp_path, shared):
     """Rank 1 is SIGKILLed in step 3 of 3 (checkpoints after steps 1 and 2): the job ends, and its step-2 checkpoint
     resumed by two learners and by one process finishes as the uninterrupted two-learner run (the LoRA job that
@@ -248,6 +249,7 @@ SHORT_GRACE = ("import torch.distributed.elastic.multiprocessing.api as api; "
 TORCHRUN_SHORT_GRACE = [sys.executable, "-c", SHORT_GRACE, *TORCHRUN[3:]]
 
 
+@pytest.mark.long
 def test_a_stuck_rank_ends_the_job_at_the_collective_timeout(tiny_model_dir, tmp_path):
     """Rank 1 stops answering after sampling step 2: rank 0's next collective gives up after
     train.collective_timeout_s, and the launcher ends the stuck rank: SIGTERM, which a learner answers only at the
@@ -273,6 +275,7 @@ def test_a_stuck_rank_ends_the_job_at_the_collective_timeout(tiny_model_dir, tmp
         "the launcher did not SIGKILL the stuck rank: " + stuck.stderr[-2000:]
 
 
+@pytest.mark.long
 def test_ctrl_c_stops_every_learner_after_a_checkpoint_and_leaves_no_process(tiny_model_dir, tmp_path):
     """A terminal's Ctrl-C reaches the launcher and both learners (one process group); the launcher then sends its
     workers SIGTERM. The learners finish the step, rank 0 checkpoints it, and nothing is left running."""
@@ -299,6 +302,7 @@ def test_ctrl_c_stops_every_learner_after_a_checkpoint_and_leaves_no_process(tin
     assert not left, f"processes still running: {left}"
 
 
+@pytest.mark.long
 def test_two_learners_sample_from_shared_rollout_servers(tiny_model_dir, tmp_path):
     """rollout.backend=server: each learner sends its share of the prompts (seeded by their place in the batch) to
     the same `rlvr serve`; rank 0 alone publishes each adapter version and the other waits for it. The run is one
@@ -326,6 +330,7 @@ def test_two_learners_sample_from_shared_rollout_servers(tiny_model_dir, tmp_pat
     assert sorted(p.name for p in (two / "adapters").iterdir()) == ["v00000002", "v00000003"]  # published once each
 
 
+@pytest.mark.long
 def test_a_trl_style_script_runs_under_torchrun(tiny_model_dir, tmp_path):
     """The Python API under torchrun: the TRL quickstart (only its import changed) trains with two learners; rank 0
     writes the run, save_model is safe to call on every rank."""

@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -16,6 +18,7 @@ def _measured(run: dict) -> None:
     assert all(t > 0 for t in run["step_s"])
 
 
+@pytest.mark.long
 def test_gpu_benchmark_dry_run(tmp_path):
     out = tmp_path / "gpu.json"
     done = subprocess.run([sys.executable, "benchmarks/gpu.py", "--device", "cpu", "--out", str(out)], cwd=ROOT,

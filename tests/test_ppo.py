@@ -17,7 +17,7 @@ PPO = ["algo.name=ppo", "train.steps=3", "train.checkpoint_every=1", "train.keep
        "log.plot=false"]
 
 
-@pytest.mark.parametrize("lora", [True, False])
+@pytest.mark.parametrize("lora", [pytest.param(True, marks=pytest.mark.long), False])
 def test_ppo_trains_policy_and_critic(tiny_model_dir, tmp_path, lora):
     out = tmp_path / "run"
     train(load_config(None, _overrides(tiny_model_dir, out, lora) + PPO + ["algo.beta=0"]))

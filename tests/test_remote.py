@@ -182,6 +182,7 @@ def test_a_timed_out_request_is_retried_on_another_server(tiny_model_dir, tokeni
     sampler.close()
 
 
+@pytest.mark.long
 def test_a_dead_server_is_probed_and_rejoins_with_the_current_adapter(tiny_model_dir, tokenizer, tmp_path, fast):
     port = _free_port()
     flaky, steady = ServerProcess(tiny_model_dir, "--port", str(port)).wait_ready(), fast

@@ -35,6 +35,7 @@ def _resume_from_step_2(done, out) -> None:
         shutil.rmtree(out / name, ignore_errors=True) if (out / name).is_dir() else (out / name).unlink(missing_ok=True)
 
 
+@pytest.mark.long
 def test_sharded_full_fine_tuning_trains_and_resumes_as_one_process(tiny_model_dir, tmp_path, shared):
     two = tmp_path / "two"
     config = ["examples/demo.yaml"]
@@ -62,6 +63,7 @@ def test_sharded_full_fine_tuning_trains_and_resumes_as_one_process(tiny_model_d
         _same_rows(_records(two), _records(out))
 
 
+@pytest.mark.long
 def test_a_sharded_frozen_base_under_lora_trains_what_one_process_trains(tiny_model_dir, tmp_path, shared):
     two = tmp_path / "two"
     args = ["examples/demo.yaml", "train.shard_weights=true"]

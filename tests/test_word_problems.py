@@ -109,6 +109,7 @@ def test_max_number_bounds_the_amounts():
     assert max(int(r["answer"]) for r in word_problem_rows(100, 400, 3, "", max_number=6, grammar="simple")[0]) <= 49
 
 
+@pytest.mark.long
 def test_reasoning_example_runs_two_steps(tiny_model_dir, tmp_path):
     from rlvr.cli import main
     from rlvr.store.metrics import read_metrics
@@ -124,6 +125,7 @@ def test_reasoning_example_runs_two_steps(tiny_model_dir, tmp_path):
     assert records[1]["rollout/reward/math_correct_missing"] == 0 and "eval/accuracy" in records[-1]
 
 
+@pytest.mark.long
 def test_curriculum_and_a_second_eval_set_in_a_run(tiny_model_dir, tmp_path, capsys):
     """task.curriculum: step 1 draws one-operation problems only, then (stage cap 1) the two- and three-operation
     mix; eval.extra_path: its accuracy is logged beside the held-out one and printed by rlvr eval."""

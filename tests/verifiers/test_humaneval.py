@@ -40,6 +40,7 @@ def _scores(sandbox, rows, bodies) -> list[float | None]:
     return [score(run, row) for row, run in zip(rows, sandbox.execute_many(jobs))]
 
 
+@pytest.mark.long
 def test_every_canonical_solution_passes_and_every_stub_fails(sandbox, problems):
     rows = list(problems.values())
     results = _scores(sandbox, rows * 2, [r["canonical_solution"] for r in rows] + ["    return None\n"] * len(rows))
