@@ -12,6 +12,7 @@ import pytest
 
 from rlvr.config.loading import load_config
 from rlvr.launch import train
+from rlvr.run.eval_only import evaluate_model
 from rlvr.run.resume_checks import ResumeError
 from tests.judge_server import JudgeServer, length_score
 from tests.test_async import ASYNC
@@ -107,15 +108,20 @@ def test_a_judge_as_an_evaluation_metric(tiny_model_dir, tmp_path):
         metric = f"eval.metrics=[{{name: judge, model: m, kwargs: {{base_url: '{server.url}', backoff_s: 0.01}}}}]"
         _, metrics = _judged_run(tiny_model_dir, tmp_path / "run", server.url, metric, "eval.every=1",
                                  "train.steps=2")
+        seen = len(server.requests)
+        after = evaluate_model(load_config(tmp_path / "run" / "config.yaml"), tmp_path / "run", against_base=True)
+        asked = server.requests[seen:]  # rlvr eval: the trained model's replies, then the base model's
     finally:
         server.close()
+    assert after["eval/judge/calls"] + after["base"]["eval/judge/calls"] == len(asked) > 0
+    assert after["eval/judge/failures"] + after["base"]["eval/judge/failures"] == sum(map(failing, asked))
     evals = [m for m in metrics if "eval/accuracy" in m]
     assert [m["step"] for m in evals] == [0, 1, 2]
     for m in evals:
         assert 0 <= m["eval/metric/judge"] <= 1
         assert m["eval/metric/judge"] == pytest.approx(m["eval/reward/judge"], abs=1e-6)
     counted = sum(m.get("judge/calls", 0) + m.get("eval/judge/calls", 0) for m in metrics)
-    assert counted == len(server.requests)
+    assert counted == seen
     assert sum(m.get("judge/failures", 0) + m.get("eval/judge/failures", 0) for m in metrics) == \
-        sum(map(failing, server.requests)) > 0
+        sum(map(failing, server.requests[:seen])) > 0
     assert any(m["eval/judge/failures"] for m in evals)

@@ -54,6 +54,7 @@ def evaluate_model(cfg: RunConfig, run_dir: Path | None, replies_path: Path | No
     from rlvr.models.policy import load_causal_lm
     from rlvr.platform.devices import resolve_device, weight_dtype
     from rlvr.rewards import WeightedReward
+    from rlvr.rewards.judge import judge_metrics
     from rlvr.run.build import build_local_sampler, build_rewards, load_data
     from rlvr.run.evaluate import environment_reward, held_out
     from rlvr.run.gaming import evaluation_record, gaming_alarm, measures
@@ -66,6 +67,9 @@ def evaluate_model(cfg: RunConfig, run_dir: Path | None, replies_path: Path | No
     dtype = weight_dtype(cfg.model.dtype, device, lora=not trained_full)  # nothing trains: bf16 on a bf16 GPU
     env = environment_reward(data.env_setup)  # episodes' own reward, weight 1 beside the run's
     weights = {r.name: r.weight for r in rewards} | ({env: 1.0} if env else {})
+
+    def judged() -> dict[str, float]:  # every call the judges' endpoints saw since the last count, failed ones too
+        return {f"eval/judge/{k}": v for k, v in judge_metrics([*rewards, *metrics]).items()}
 
     def run(model: nn.Module, rows: list[dict], scored: bool = True):
         sampler = build_local_sampler(cfg, model.eval(), data.tokenizer)
@@ -82,7 +86,7 @@ def evaluate_model(cfg: RunConfig, run_dir: Path | None, replies_path: Path | No
         result = run(model, data.eval_rows)
         name = str(run_dir / "model") if trained_full else cfg.model.name
         out = {"model": name, "trained": run_dir is not None, "eval_size": len(data.eval_rows),
-               "eval_accuracy": result.accuracy, **result.metrics(weights)}
+               "eval_accuracy": result.accuracy, **result.metrics(weights), **judged()}
         if data.extra_rows:  # eval.extra_path
             out.update(extra_size=len(data.extra_rows), extra_accuracy=run(model, data.extra_rows, False).accuracy)
         lines = [{"prompt": r["prompt"], "reply": r["reply"], "scores": r["scores"]} for r in result.replies]
@@ -97,7 +101,7 @@ def evaluate_model(cfg: RunConfig, run_dir: Path | None, replies_path: Path | No
                                     names)
             alarm = gaming_alarm(1, then, now, trained, independent, cfg.eval.gaming_rise or float("inf"),
                                  cfg.eval.gaming_fall or float("inf"))
-            out["base"] = {"eval_accuracy": base.accuracy, **base.metrics(weights)}
+            out["base"] = {"eval_accuracy": base.accuracy, **base.metrics(weights), **judged()}
             out["gaming"] = alarm.as_dict() if alarm else None
             for line, r in zip(lines, base.replies):
                 line.update(base_reply=r["reply"], base_scores=r["scores"])

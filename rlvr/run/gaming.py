@@ -5,8 +5,9 @@ values then and now, and the held-out replies whose trained reward rose the most
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
+
+from rlvr.platform.numbers import is_finite_float32
 
 EXAMPLES = 3  # replies shown with an alarm
 SHOWN_CHARS = 300  # of each reply and prompt
@@ -99,15 +100,12 @@ def evaluation_record(step: int, metrics: dict, replies: list[dict], names: list
 def valid_record(value: object) -> bool:
     """``evaluation_record``'s shape (a checkpoint's state.json is untrusted): a step, finite metrics, replies with
     text and finite-or-null scores."""
-    def finite(x: object) -> bool:
-        return type(x) in (int, float) and math.isfinite(x)
-
     if not (isinstance(value, dict) and type(value.get("step")) is int and isinstance(value.get("metrics"), dict)
             and isinstance(value.get("replies"), list)):
         return False
-    if not all(isinstance(k, str) and finite(v) for k, v in value["metrics"].items()):
+    if not all(isinstance(k, str) and is_finite_float32(v) for k, v in value["metrics"].items()):
         return False
     return all(isinstance(r, dict) and isinstance(r.get("prompt"), str) and isinstance(r.get("reply"), str)
                and isinstance(r.get("scores"), dict)
-               and all(isinstance(k, str) and (v is None or finite(v)) for k, v in r["scores"].items())
+               and all(isinstance(k, str) and (v is None or is_finite_float32(v)) for k, v in r["scores"].items())
                for r in value["replies"])

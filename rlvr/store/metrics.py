@@ -4,10 +4,10 @@ rlvr/store/trackers.py), and a PNG of the run."""
 from __future__ import annotations
 
 import json
-import math
 import os
 from pathlib import Path
 
+from rlvr.platform.numbers import is_finite_float32
 from rlvr.store.trackers import TrackedRun, open_trackers
 
 REWARD = "rollout/reward_mean"  # the names a run's plot and progress bar read
@@ -94,7 +94,7 @@ class MetricsWriter:
         record = {"step": step, **metrics}
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
-        scalars = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and math.isfinite(v)}
+        scalars = {k: v for k, v in metrics.items() if is_finite_float32(v)}
         for tracker in self.trackers:
             tracker.log(step, scalars)
 

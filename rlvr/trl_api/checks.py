@@ -3,10 +3,10 @@ rlvr cannot honour, each an error naming the field; and the TRL names rlvr maps 
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from rlvr.config.algo import REWARD_AGGREGATIONS
+from rlvr.platform.numbers import is_finite_float32
 from rlvr.store.trackers import TRACKERS
 
 # TRL's loss_type -> rlvr's (algo.objective, algo.aggregation); each aggregation divides the summed token losses once
@@ -30,7 +30,7 @@ def refuse(field: str, value: Any, why: str) -> ValueError:
 
 
 def is_finite_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return is_finite_float32(value)
 
 
 def check_config(a: Any) -> None:
