@@ -13,14 +13,19 @@ compilation unit or a scope with the tests or the trailer:
   ``#include "tests.c"`` or ``#include __FILE__`` finds no tests; the tests' unit holds the trailer and its counter
   (statics the completion cannot name), sees the prompt's declarations only - no macro (``#define assert``),
   overload (``operator==``) or ``NDEBUG`` of the completion reaches it - and asserts with a trap (no
-  ``__assert_fail`` to replace); the binary is stripped.
+  ``__assert_fail`` to replace); once compiled, the completion's object keeps one global symbol, the prompt's
+  function (``compiled._export_only``), so no ``strcmp``, ``memcmp``, ``printf`` or ``operator==`` of its own
+  replaces the one the tests' unit or the C library links to; the binary is stripped.
 - Rust: the prompt and completion are a library crate built first (the prompt's function made ``pub``), the tests a
   binary crate built after, which imports that one function; the assertion macros are called by path
-  (``::std::assert_eq!``), which ``macro_rules!`` cannot shadow.
+  (``::std::assert_eq!``), which ``macro_rules!`` cannot shadow; the library is compiled with ``-F unsafe_code``
+  (no ``#[no_mangle]``, ``#[export_name]``, ``#[link_section]``, ``global_asm!`` or ``unsafe``).
 - Java: run with ``-ea``; ``RlvrMain.main`` reads the nonce into a local variable, loads every class and deletes
   the class files before any of the completion's code runs (no test's constant is left to read from disk); the
   counter is a private map that grows as lines run; a class the completion declares under a name the tests use
-  fails (``compiled.judge_assertions``).
+  fails (``compiled.judge_assertions``), and so, refused by ``RlvrMain`` before any of the completion's code runs
+  (``OVERRIDING``), does a class that declares ``equals`` or ``hashCode`` or is a collection, map,
+  iterator, number or char sequence: no object of the completion's answers the tests' ``equals``.
 - JavaScript: a trusted runner reads the nonce, the completion and the tests into memory and deletes the files
   (itself included); the completion runs in the main realm, the tests in a ``vm`` context of their own (its own
   builtins, so a patched ``Array.prototype`` does not reach them) compiled before the completion ran, strict, and
@@ -45,6 +50,7 @@ _FENCE = re.compile(r"```([A-Za-z0-9_+#-]*)[ \t]*\n(.*?)```", re.DOTALL)
 _ASSERT_LINE = re.compile(r"^([ \t]*)((?:::std::)?assert\w*\b.*;)[ \t]*$", re.MULTILINE)
 _KEY = secrets.token_bytes(32)  # this process's: the secrets of a row's lines stay the same (its builds cache)
 NONCE_FILE = "rlvr_nonce"  # written for the run only; the trailer reads and deletes it before the tests run
+OVERRIDING = "rlvr-overriding: "  # Java: what the trailer prints (stderr) before it refuses a class of the completion
 
 
 @dataclass(frozen=True)
@@ -53,6 +59,7 @@ class Assembled:
     main: str  # Java: the class the run starts; else ""
     sites: int  # assertion lines instrumented
     proof: str  # what the trailer prints after the nonce when every line ran: the XOR of their secrets
+    export: str = ""  # C, C++: the prompt's function, the one symbol the completion's unit keeps global
 
 
 # -- the completion's code -------------------------------------------------------------------------------------------
@@ -179,8 +186,12 @@ def _c_family(lang: Language, prompt: str, head: str, code: str, tests: str) -> 
     ext = ".c" if lang.name == "c" else ".cpp"
     if not head.rstrip().endswith(signature):  # the completion brought the whole function: it must match the
         head = declarations  # prompt's declaration (another return type would link and return garbage)
+    name = re.search(r"([A-Za-z_]\w*)\s*\($", signature.split("(")[0].rstrip() + "(")
+    if not name:
+        raise ValueError("a C/C++ prompt must end with the function's signature and '{'")
     return Assembled({f"solution{ext}": head + code + "\n" + closing,
-                      f"tests{ext}": "#include <stdio.h>\n" + declarations + guard + tests + trailer}, "", sites, proof)
+                      f"tests{ext}": "#include <stdio.h>\n" + declarations + guard + tests + trailer}, "", sites, proof,
+                     name.group(1))
 
 
 def _rust(prompt: str, head: str, code: str, tests: str) -> Assembled:
@@ -233,14 +244,30 @@ def _java(head: str, code: str, tests: str) -> Assembled:
                "java.nio.charset.StandardCharsets.UTF_8);\n"
                f"        {nio}.Files.delete(file);\n"
                "        ClassLoader loader = RlvrMain.class.getClassLoader();\n"
+               "        java.util.ArrayList<Class<?>> loaded = new java.util.ArrayList<>();\n"
                "        for (java.io.File f : new java.io.File(\".\").listFiles()) {  // loaded, not initialised\n"
                "            String name = f.getName();\n"
                "            if (name.endsWith(\".class\")) {\n"
-               "                Class.forName(name.substring(0, name.length() - 6), false, loader);\n"
+               "                loaded.add(Class.forName(name.substring(0, name.length() - 6), false, loader));\n"
                "                f.delete();\n            }\n        }\n"
+               "        for (Class<?> c : loaded) {\n"
+               "            String why = c == RlvrMain.class ? null : overrides(c);\n"
+               "            if (why != null) {\n"
+               f"                System.err.println(\"{OVERRIDING}\" + c.getName() + \" \" + why);\n"
+               "                Runtime.getRuntime().halt(3);\n            }\n        }\n"
                f"        {owner}.rlvrTests();\n        int proof = 0;\n"
                "        for (int secret : SEEN.values()) proof ^= secret;\n"
-               "        System.out.println(nonce + \" \" + Integer.toUnsignedString(proof));\n    }\n}\n")
+               "        System.out.println(nonce + \" \" + Integer.toUnsignedString(proof));\n    }\n"
+               "    private static String overrides(Class<?> c) {  // reflection on a class not initialised\n"
+               "        for (java.lang.reflect.Method m : c.getDeclaredMethods()) {  // runs none of its code\n"
+               "            String n = m.getName();\n            int k = m.getParameterCount();\n"
+               "            if (n.equals(\"equals\") && k == 1 || n.equals(\"hashCode\") && k == 0)\n"
+               "                return \"declares \" + n;\n"
+               "        }\n        Class<?>[] kinds = {java.util.Collection.class, java.util.Map.class,\n"
+               "            java.util.Map.Entry.class, java.util.Iterator.class, Iterable.class, Number.class,\n"
+               "            CharSequence.class};\n        for (Class<?> kind : kinds) {\n"
+               "            if (kind.isAssignableFrom(c)) return \"is a \" + kind.getName();\n        }\n"
+               "        return null;\n    }\n}\n")
     return Assembled({"RlvrMain.java": head + code + "\n" + tests + trailer}, "RlvrMain", sites, proof)
 
 

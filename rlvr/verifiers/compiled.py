@@ -11,7 +11,8 @@
 Assertion programs are assembled by ``assertion_programs.py`` (what each language's guards stop, and how, is there
 and in docs/concepts/sandbox.md). Their build compiles the completion while the tests' source is absent: each file
 is written just before the first build step that names it (``candidate.py``), and the steps compile the
-completion's unit (C, C++) or crate (Rust) first. Sources and intermediate files (``scratch``: object files, the
+completion's unit (C, C++; then made to export the prompt's function only) or crate (Rust; no unsafe code) first.
+Sources and intermediate files (``scratch``: object files, the
 completion's crate) are deleted once built, the nonce is a file of the run's own, never an argument; the expected
 outputs of stdio cases never enter the solution's sandbox: the trainer compares them, or a checker program reads
 them in a job of its own. A build is cached by content (``CompileCache``).
@@ -29,7 +30,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from fnmatch import fnmatch
 
-from rlvr.verifiers.assertion_programs import JAVATUPLES, NONCE_FILE, assemble
+from rlvr.verifiers.assertion_programs import JAVATUPLES, NONCE_FILE, OVERRIDING, assemble
 from rlvr.verifiers.languages import Language, java_main_class, node_permission_flags, tool_path, toolchain_version
 from rlvr.verifiers.sandbox import Execution
 
@@ -70,21 +71,25 @@ def _classpath(argv) -> list[str]:
     return argv
 
 
-def _steps(lang: Language, files: list[str], main: str) -> list[list[str]]:
+def _steps(lang: Language, files: list[str], main: str, export: str = "") -> list[list[str]]:
     """The build commands for ``files``: the table's (one source), or an assertion program's, the completion's
-    unit first (C/C++: the units compiled apart, then linked and stripped; Rust: the completion's library crate,
-    then the tests' binary crate linked against it; JavaScript: the completion's syntax checked)."""
+    unit first (C/C++: the units compiled apart, the completion's made to export ``export`` only, then linked and
+    stripped; Rust: the completion's library crate, without unsafe code, then the tests' binary crate linked
+    against it; JavaScript: the completion's syntax checked)."""
     if len(files) > 1 and lang.name in ("c", "cpp"):  # the tests' unit is linked first: where both units define a
-        # name (a helper function the prompt defines, a main of the completion's), the tests' definition is used
+        # name (a helper function the prompt defines), the tests' definition is used
         cc = [tool_path(lang.compiler[0]), *lang.compiler[1:]]
         objects = [name.rsplit(".", 1)[0] + ".o" for name in files]
         link = sorted(objects, key=lambda obj: not obj.startswith("tests."))
-        return [[*cc, "-c", "-o", obj, name] for name, obj in zip(files, objects)] + \
-            [[*cc, "-s", "-Wl,--allow-multiple-definition", "-o", "prog", *link, *lang.link]]
-    if len(files) > 1 and lang.name == "rust":
+        steps = [[*cc, "-c", "-o", obj, name] for name, obj in zip(files, objects)]
+        return [steps[0], *_export_only(objects[0], export), *steps[1:],
+                [*cc, "-s", "-Wl,--allow-multiple-definition", "-o", "prog", *link, *lang.link]]
+    if len(files) > 1 and lang.name == "rust":  # -F unsafe_code: no #[no_mangle], #[export_name], #[link_section],
+        # global_asm!, unsafe block or impl in the completion's crate (and no #![allow] undoes a forbid)
         rustc = [tool_path(lang.compiler[0]), *lang.compiler[1:]]
-        return [[*rustc, "--crate-type", "rlib", "--crate-name", "rlvr_solution", "-o", "librlvr_solution.rlib",
-                 files[0]], [*rustc, "--extern", "rlvr_solution=librlvr_solution.rlib", "-o", "prog", files[1]]]
+        return [[*rustc, "--crate-type", "rlib", "--crate-name", "rlvr_solution", "-F", "unsafe_code",
+                 "-o", "librlvr_solution.rlib", files[0]],
+                [*rustc, "--extern", "rlvr_solution=librlvr_solution.rlib", "-o", "prog", files[1]]]
     if len(files) > 1 and lang.name == "javascript":
         return [[tool_path("node"), "--check", files[0]]]
     steps = [[tool_path(a) if i == 0 else a.format(src=files[0], main=main) for i, a in enumerate(step)]
@@ -92,11 +97,25 @@ def _steps(lang: Language, files: list[str], main: str) -> list[list[str]]:
     return [_classpath(step) for step in steps] if lang.name == "java" else steps
 
 
+def _export_only(obj: str, name: str) -> list[list[str]]:
+    """The steps that leave the object file ``obj`` defining no global symbol but the function ``name`` (C's name,
+    C++'s ``_Z<len><name>`` with any parameter list): a ``memcmp``, ``strcmp``, ``printf``, ``operator==``
+    specialisation, ``main`` (strong, weak, an alias or inline asm) of the completion's would otherwise replace the
+    one the tests' unit or the C library links to. ``ld -r -d`` makes common symbols definitions (objcopy leaves
+    commons global); the COMDAT groups are dropped, so a template instantiation both units have stays in both
+    (local here: one the linker discarded from this unit would leave its local references dangling)."""
+    staged = obj[:-2] + ".r.o"
+    keep = [f"--keep-global-symbol={name}", f"--keep-global-symbol=_Z{len(name)}{name}*"] if name else []
+    return [["ld", "-r", "-d", "-o", staged, obj],
+            ["objcopy", "--remove-section=.group", "--wildcard", *keep, staged, obj]]
+
+
 def _build(lang: Language, files: dict[str, str], main: str, settings: Settings, artifacts: list[str],
-           scratch: tuple[str, ...] = ()) -> dict:
+           scratch: tuple[str, ...] = (), export: str = "") -> dict:
     """``artifacts``: what the run needs (globs; kept in the cache); ``scratch``: what the build leaves that is
-    deleted before the run (globs)."""
-    return {"files": dict(files), "steps": _steps(lang, list(files), main), "artifacts": list(artifacts),
+    deleted before the run (globs); ``export``: C, C++ assertion programs: the one symbol the completion's unit
+    keeps global."""
+    return {"files": dict(files), "steps": _steps(lang, list(files), main, export), "artifacts": list(artifacts),
             "scratch": list(scratch), "cpu_s": settings.compile_cpu_s,
             "wall_s": settings.wall_s(settings.compile_cpu_s), "output_bytes": settings.output_bytes}
 
@@ -146,7 +165,7 @@ def assertion_job(lang: Language, prompt: str, head: str, code: str, tests: str,
     needs = {"c": ["prog", "tests.o"], "cpp": ["prog", "tests.o"], "rust": ["prog"]}.get(lang.name)
     build = _build(lang, program.files, program.main, settings,
                    needs or (names if lang.name == "javascript" else list(lang.artifacts)),
-                   ("*.o", "*.rlib") if needs else ())
+                   ("*.o", "*.rlib") if needs else (), program.export)
     run = _run(lang, program.main if lang.name == "javascript" else names[0], program.main, settings)
     if lang.name == "javascript":
         run["argv"][1:1] = node_permission_flags()
@@ -237,6 +256,9 @@ def judge_assertions(execution: Execution, finished: str, lang: Language, tests:
         return Verdict(1.0, "passed")
     if status == "exit":
         return Verdict(0.0, "exited_early", "exit status 0 before the tests finished")
+    if lang.name == "java" and status == "error" and OVERRIDING in stderr:  # refused before its code ran: a class
+        return Verdict(0.0, "shadowing", stderr[stderr.rfind(OVERRIDING):][:300].strip())  # of its stands in for
+        # the tests' types (its equals would answer their comparisons)
     if status == "error" and (execution.returncodes.get(0) == -4 or "AssertionError" in stderr
                               or "assertion" in stderr):  # C/C++: the harness's trap (SIGILL); Rust: a panic
         return Verdict(0.0, "wrong_answer", stderr[-300:])

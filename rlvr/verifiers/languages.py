@@ -41,10 +41,11 @@ class Language:
 
 LANGUAGES = {lang.name: lang for lang in (
     Language("c", "prog.c", (("gcc", "-std=gnu17", "-O2", "-pipe", "-o", "prog", "{src}", "-lm"),), ("./prog",),
-             ("prog",), ("\n}",), ("gcc",), "gcc (apt: build-essential)", ("c", "h"),
+             ("prog",), ("\n}",), ("gcc", "ld", "objcopy"), "gcc and binutils (apt: build-essential)", ("c", "h"),
              compiler=("gcc", "-std=gnu17", "-O2", "-pipe"), link=("-lm",)),
     Language("cpp", "prog.cpp", (("g++", "-std=gnu++17", "-O2", "-pipe", "-o", "prog", "{src}"),), ("./prog",),
-             ("prog",), ("\n}",), ("g++",), "g++ (apt: build-essential)", ("c++", "cc", "cxx", "cpp"),
+             ("prog",), ("\n}",), ("g++", "ld", "objcopy"), "g++ and binutils (apt: build-essential)",
+             ("c++", "cc", "cxx", "cpp"),
              compiler=("g++", "-std=gnu++17", "-O2", "-pipe")),
     Language("rust", "prog.rs", (("rustc", "--edition", "2021", "-C", "opt-level=1", "-C", "debuginfo=0",
                                   "-C", "strip=symbols", "-o", "prog", "{src}"),), ("./prog",), ("prog",),

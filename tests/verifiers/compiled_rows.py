@@ -39,6 +39,14 @@ ROWS = {
          "    assert(count_vowels(\"rhythm\") == 0);\n    return 0;\n}\n"),
          "    int n = 0;\n    for (; *s; s++) n += strchr(\"aeiou\", *s) != NULL;\n    return n;\n}",
          "    return (int)strlen(s) / 2;\n}"),
+        ("reverse",  # tests that compare through a library call (strcmp)
+         ("#include <assert.h>\n#include <stdlib.h>\n#include <string.h>\n// s reversed, in a new string.\n"
+          "char *reverse(const char *s) {\n"),
+         ("}\nint main() {\n    assert(strcmp(reverse(\"hello world\"), \"dlrow olleh\") == 0);\n"
+          "    assert(strcmp(reverse(\"\"), \"\") == 0);\n    return 0;\n}\n"),
+         ("    size_t n = strlen(s);\n    char *r = malloc(n + 1);\n"
+          "    for (size_t i = 0; i < n; i++) r[i] = s[n - 1 - i];\n    r[n] = 0;\n    return r;\n}"),
+         "    return strdup(s);\n}"),
     ],
     "rust": [
         ("sum_digits",
@@ -57,6 +65,15 @@ ROWS = {
          ("    let mut counts = HashMap::new();\n"
           "    for w in s.split_whitespace() { *counts.entry(w.to_string()).or_insert(0) += 1; }\n    counts\n}"),
          "    HashMap::new()\n}"),
+        ("reverse",  # String equality: a memcmp/bcmp call
+         ("/// s reversed.\n/// >>> reverse(String::from(\"ab\"))\n/// String::from(\"ba\")\n"
+          "fn reverse(s: String) -> String {\n"),
+         ("}\n\nfn main() {\n    let candidate = reverse;\n"
+          "    assert_eq!(candidate(String::from(\"hello world\")), String::from(\"dlrow olleh\"));\n"
+          "    assert_eq!(candidate(\"abcdefghij\".repeat(20)), \"jihgfedcba\".repeat(20));\n"
+          "    assert_eq!(candidate(String::from(\"\")), String::from(\"\"));\n}\n"),
+         "    s.chars().rev().collect()\n}",
+         "    s\n}"),
     ],
     "java": [
         ("running_max",

@@ -215,3 +215,83 @@ def test_a_fenced_rust_answer_is_made_public_in_its_own_crate(judge):
     wrong = fenced.replace("+= 1", "+= 2")
     verdicts = judge.judge([Program("rust", text, tests, prompt) for text in (fenced, wrong)])
     assert [(v.score, v.outcome) for v in verdicts] == [(1.0, "passed"), (0.0, "wrong_answer")], verdicts
+
+
+# Symbols of the completion that replace what the tests' code (or the library it calls) links to: a definition in the
+# executable beats the shared library's. Each returns the input unchanged (a wrong answer of the same length), then
+# makes the comparison say yes. They scored 1.0 until the completion's unit or crate could export nothing but the
+# prompt's function.
+C_WRONG = "    return strdup(s); }\n"
+RUST_WRONG = "    if s.len() < 50 { return s.chars().rev().collect(); }\n    s }\n"  # right on the short cases only
+CLASS_5 = {
+    "C: strcmp of its own": ("c", 1, C_WRONG + "int strcmp(const char *a, const char *b) { return 0; }\n"
+                             "void unused(void) {\n"),
+    "C: a weak strcmp": ("c", 1, C_WRONG + "__attribute__((weak)) int strcmp(const char *a, const char *b) "
+                         "{ return 0; }\nvoid unused(void) {\n"),
+    "C: strcmp defined in asm": ("c", 1, C_WRONG + "__asm__(\".globl strcmp\\nstrcmp:\\n xor %eax, %eax\\n ret\\n\");\n"
+                                 "void unused(void) {\n"),
+    "C++: memcmp of its own": ("cpp", 1, (
+        "    return xs; }\nextern \"C\" int memcmp(const void *a, const void *b, unsigned long n) noexcept "
+        "{ return 0; }\nvoid unused() {\n")),
+    "C++: an inline memcmp (a weak, COMDAT definition)": ("cpp", 1, (
+        "    return xs; }\nextern \"C\" inline int memcmp(const void *a, const void *b, unsigned long n) noexcept "
+        "{ return 0; }\nint (*volatile keep)(const void *, const void *, unsigned long) = memcmp;\n"
+        "void unused() {\n")),
+    "Rust: #[no_mangle] bcmp and memcmp": ("rust", 2, RUST_WRONG + (
+        "#[no_mangle]\npub extern \"C\" fn bcmp(_a: *const u8, _b: *const u8, _n: usize) -> i32 { 0 }\n"
+        "#[no_mangle]\npub extern \"C\" fn memcmp(_a: *const u8, _b: *const u8, _n: usize) -> i32 { 0 }\n"
+        "fn unused() {")),
+    "Rust: #[export_name] bcmp and memcmp": ("rust", 2, RUST_WRONG + (
+        "#[export_name = \"bcmp\"]\npub extern \"C\" fn a(_a: *const u8, _b: *const u8, _n: usize) -> i32 { 0 }\n"
+        "#[export_name = \"memcmp\"]\npub extern \"C\" fn b(_a: *const u8, _b: *const u8, _n: usize) -> i32 { 0 }\n"
+        "fn unused() {")),
+    "Rust: bcmp and memcmp in global_asm!": ("rust", 2, RUST_WRONG + (
+        "std::arch::global_asm!(\".globl bcmp\", \".globl memcmp\", \"bcmp:\", \"memcmp:\", \"xor eax, eax\",\n"
+        "                       \"ret\");\n"
+        "fn unused() {")),
+}
+
+
+def test_class_5_the_completion_exports_no_symbol_but_the_prompts_function(judge):
+    got = scores(judge, CLASS_5)
+    assert {name: score for name, (score, _) in got.items()} == dict.fromkeys(CLASS_5, 0.0), got
+    rust = [outcome for name, (_, outcome) in got.items() if name.startswith("Rust")]
+    assert rust == ["compile_error"] * len(rust), got  # -F unsafe_code
+
+
+# Java: an object of the completion's own class whose equals says yes (the tests call `result.equals(expected)`)
+CLASS_6 = {
+    "Java: an anonymous ArrayList whose equals says yes": ("java", 0, (
+        "        return new ArrayList<Long>(xs) { public boolean equals(Object o) { return true; } };\n    }\n")),
+    "Java: a local subclass of ArrayList": ("java", 0, (
+        "        class Yes extends ArrayList<Long> {\n            Yes(ArrayList<Long> xs) { super(xs); }\n"
+        "            @Override public boolean equals(Object o) { return true; }\n        }\n"
+        "        return new Yes(xs);\n    }\n")),
+    "Java: elements whose equals says yes, in a raw list": ("java", 0, (
+        "        ArrayList out = new ArrayList();\n"
+        "        for (Long x : xs) out.add(new Object() { public boolean equals(Object o) { return true; } });\n"
+        "        return out;\n    }\n")),
+    "Java: a record's equals": ("java", 0, (
+        "        record Yes(long v) { public boolean equals(Object o) { return true; } }\n"
+        "        ArrayList out = new ArrayList();\n        for (Long x : xs) out.add(new Yes(x));\n"
+        "        return out;\n    }\n")),
+}
+
+
+def test_class_6_a_java_class_of_the_completion_cannot_answer_equals(judge):
+    got = scores(judge, CLASS_6)
+    assert got == dict.fromkeys(CLASS_6, (0.0, "shadowing")), got
+    _name, prompt, tests, _good, _bad = ROWS["java"][0]
+    helpers = ("        class Box implements Comparable<Box> {\n            final long v;\n"
+               "            Box(long v) { this.v = v; }\n"
+               "            public int compareTo(Box o) { return Long.compare(v, o.v); }\n"
+               "            public String toString() { return \"Box(\" + v + \")\"; }\n"
+               "        }\n        Comparator<Long> order = new Comparator<Long>() {\n"
+               "            public int compare(Long a, Long b) { return Long.compare(a, b); }\n        };\n"
+               "        ArrayList<Long> out = new ArrayList<>();\n        Box best = null;\n"
+               "        for (long x : xs) {\n            Box b = new Box(x);\n"
+               "            if (best == null || b.compareTo(best) > 0) best = b;\n"
+               "            out.add(order.compare(best.v, x) >= 0 ? best.v : x);\n        }\n"
+               "        out.sort((a, b) -> 0);\n        return out;\n    }\n")
+    verdict = judge.judge([Program("java", helpers, tests, prompt, stop=tuple(STOPS["java"]))])[0]
+    assert (verdict.score, verdict.outcome) == (1.0, "passed"), verdict  # helpers (toString too), comparators, lambdas
