@@ -62,6 +62,7 @@ def test_the_environment_a_script_preloads_with(tmp_path):
     assert printed == [f"LD_PRELOAD={library.resolve()}", *(f"{k}={v}" for k, v in SETTINGS.items())]
 
 
+@pytest.mark.long
 @pytest.mark.skipif(not WHEEL, reason="cmeel-mimalloc is installed on Linux x86-64 only")
 def test_the_rlvr_command_runs_on_mimalloc_and_its_children_choose_for_themselves(tiny_model_dir, tmp_path):
     """A tiny training run through `python -m rlvr train`: its summary names mimalloc; a reward function called in

@@ -58,6 +58,7 @@ def _server_pids(run: Path) -> list[int]:
     return [s["pid"] for s in json.loads((run / "servers.json").read_text())]
 
 
+@pytest.mark.long
 def test_async_run_trains_logs_and_leaves_nothing_running(tiny_model_dir, tmp_path):
     out = tmp_path / "run"
     summary = train(load_config(None, _overrides(tiny_model_dir, out) + ASYNC + ["train.steps=4"]))

@@ -236,6 +236,7 @@ def test_fold_lora_auto_folds_on_the_cpu_and_counts_the_generation(tokenizer):
     assert generation_bytes(model, 3, 10) == 2 * 2 * 3 * 10 * 2 * 8 * 4 + 2 * 3 * len(tokenizer) * 4
 
 
+@pytest.mark.long
 def test_out_of_memory_is_one_line_naming_the_knobs_and_the_checkpoint(tiny_model_dir, tmp_path):
     from tests.test_resume import _cli, _overrides
 

@@ -164,7 +164,7 @@ CASES = {"lora": (True, False, [], []), "full": (False, False, FULL, REPLICAS),
          "episodes_ppo": (True, True, [*EPISODES, *PPO], [])}
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", ["lora", *(pytest.param(c, marks=pytest.mark.long) for c in CASES if c != "lora")])
 def test_two_ranks_train_what_one_process_trains(tiny_model_dir, tiny_long_model_dir, shared, case):
     lora, episodes, extra, layout = CASES[case]
     model_dir = tiny_long_model_dir if episodes else tiny_model_dir

@@ -96,6 +96,7 @@ def test_episodes_over_rlvr_serve_carry_the_trainers_logprobs(tiny_model_dir, to
     assert (g.behaviour_logp[~sampled] == 0).all()
 
 
+@pytest.mark.long
 def test_a_server_killed_mid_episode_moves_the_turn_elsewhere(tiny_model_dir, tokenizer, tmp_path, shared):
     slow, fast = ServerProcess(tiny_model_dir, "--batch-wait-ms", "1500").wait_ready(), shared
     try:

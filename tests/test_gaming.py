@@ -119,6 +119,7 @@ def test_a_flat_measure_keeps_the_check_quiet_and_a_resumed_run_compares_with_th
     assert state["eval_first"]["step"] == 0 and len(state["eval_first"]["replies"]) == 6
 
 
+@pytest.mark.long
 def test_rlvr_eval_reports_the_measures_the_replies_and_the_comparison_with_the_base(tiny_model_dir, tmp_path):
     out = tmp_path / "run"
     _run(tiny_model_dir, out, "falling_measure", "train.steps=1")

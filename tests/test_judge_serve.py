@@ -34,6 +34,7 @@ def _reference(model, tokenizer, body: dict, labels: dict, lo: float, hi: float,
     return expected_score(pairs, labels, lo, hi, min_mass)
 
 
+@pytest.mark.long
 def test_the_logprob_judge_reads_what_the_model_says(tmp_path):
     """A few-shot base-model judge through /v1/completions (labels warm / cold), and a chat judge on a 1-5 scale."""
     from transformers import AutoModelForCausalLM, AutoTokenizer

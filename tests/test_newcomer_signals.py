@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from rlvr.run.lifecycle import stop_on_interrupt
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,6 +28,7 @@ def _logged(out: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
 
 
+@pytest.mark.long
 def test_sigterm_checkpoints_says_so_exits_143_and_resumes(tiny_model_dir, tmp_path):
     out = tmp_path / "run"
     args = ["examples/demo.yaml", *_overrides(tiny_model_dir, out), "train.steps=200"]

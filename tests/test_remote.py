@@ -155,6 +155,7 @@ def test_versions_get_their_own_names_and_old_ones_are_unloaded(servers, tiny_mo
     sampler.close()
 
 
+@pytest.mark.long
 def test_a_killed_server_mid_request_is_retried_elsewhere(tiny_model_dir, tokenizer, tmp_path, fast):
     slow = ServerProcess(tiny_model_dir, "--batch-wait-ms", "1500").wait_ready()  # requests sit there 1.5 s
     try:

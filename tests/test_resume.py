@@ -158,7 +158,7 @@ def _kill_and_resume(args: list[str], fault: str, how: str, capsys, log: Path) -
 @pytest.mark.parametrize(
     "lora, fault, resumes_from, how",
     [
-        (True, "after_generate@3", 2, "cli"),  # mid-step: completions sampled, no update yet
+        pytest.param(True, "after_generate@3", 2, "cli", marks=pytest.mark.long),  # mid-step: sampled, no update
         (True, "after_update@3", 2, "fork"),  # weights updated in memory, step not checkpointed
         (True, "checkpoint_file_written@2", 1, "fork"),  # torn checkpoint write: step 2 must not load
         (False, "after_generate@3", 2, "fork"),  # full fine-tuning
