@@ -10,23 +10,11 @@ from rlvr.verifiers.assertion_programs import _instrument, site_secrets, solutio
 from rlvr.verifiers.compiled import CompileCache, Settings, tokens_equal
 from rlvr.verifiers.compiled_judge import CompiledJudge, Program, ToolchainMissing, require_toolchains
 from rlvr.verifiers.languages import LANGUAGES, java_main_class, language, missing_tools
-from rlvr.verifiers.sandbox import SandboxUnavailable
 from tests.verifiers.compiled_rows import ROWS, STDIO, STDIO_CASES, STOPS
 
 pytestmark = pytest.mark.skipif(any(missing_tools(lang) for lang in LANGUAGES.values()),
                                 reason="a compiler of the table is missing: " + "; ".join(
                                     filter(None, map(missing_tools, LANGUAGES.values()))))
-
-
-@pytest.fixture(scope="module")
-def judge():
-    box = CompiledJudge(Settings(cpu_s=1.0, compile_cpu_s=8.0))  # <bits/stdc++.h> at -O2: 4 s of CPU on a busy machine
-    try:
-        box.judge([Program("c", "int main(void) { return 0; }\n", cases=[("", "")])])
-    except SandboxUnavailable as err:
-        pytest.skip(f"no isolation on this machine: {err}")
-    yield box
-    box.close()
 
 
 def row(lang: str, index: int = 0):

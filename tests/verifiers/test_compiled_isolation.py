@@ -6,25 +6,12 @@ MultiPL-E's shape still see every kind of value the same (a callback too), throu
 
 import pytest
 
-from rlvr.verifiers.compiled import Settings
-from rlvr.verifiers.compiled_judge import CompiledJudge, Program
+from rlvr.verifiers.compiled_judge import Program
 from rlvr.verifiers.languages import LANGUAGES, missing_tools
-from rlvr.verifiers.sandbox import SandboxUnavailable
 from tests.verifiers.compiled_rows import ROWS, STOPS
 
 pytestmark = pytest.mark.skipif(any(missing_tools(lang) for lang in LANGUAGES.values()),
                                 reason="a compiler of the table is missing")
-
-
-@pytest.fixture(scope="module")
-def judge():
-    box = CompiledJudge(Settings(cpu_s=1.0, compile_cpu_s=8.0))
-    try:
-        box.judge([Program("c", "int main(void) { return 0; }\n", cases=[("", "")])])
-    except SandboxUnavailable as err:
-        pytest.skip(f"no isolation on this machine: {err}")
-    yield box
-    box.close()
 
 
 def program(lang: str, completion: str, index: int = 0) -> Program:
