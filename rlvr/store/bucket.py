@@ -9,7 +9,9 @@ Layout under the bucket URL (a local directory, or any fsspec URL: ``s3://``, ``
 A version exists for readers only once its manifest does, and a reader checks every file against it, so a
 reader during a publish sees version v-1 or v, never a torn v (on a local disk the manifest itself is
 written to a temporary name and renamed; on object stores one PUT is atomic). Old versions are removed
-with ``gc``.
+with ``gc``. On S3 (the ``s3`` extra: s3fs) the store's address and keys are the AWS SDK's own settings
+(``AWS_ENDPOINT_URL_S3``, ``AWS_ACCESS_KEY_ID``, ...; docs/concepts/diloco.md), and s3fs and botocore retry a
+throttled (503 SlowDown) or dropped request with backoff.
 
 What a reader trusts: nothing in a version. The manifest is a checksum anyone can recompute, so it guards
 against torn and damaged versions, not against whoever can write to the bucket. A manifest may name only the
@@ -59,9 +61,79 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def _protocols(fs) -> tuple[str, ...]:
+    return fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
+
+
 def _is_local(fs) -> bool:
-    protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
-    return "file" in protocols or "local" in protocols
+    return "file" in _protocols(fs) or "local" in _protocols(fs)
+
+
+def is_object_store(fs) -> bool:
+    """S3 and its kin (s3fs): no directories to make, conditional creates (``If-None-Match: *``)."""
+    return bool({"s3", "s3a"} & set(_protocols(fs)))
+
+
+def open_url(url: str):
+    """``(filesystem, path)`` for a bucket URL. Elsewhere than on a local disk, listings are never cached: fsspec
+    keeps a listing until told otherwise, and a learner polling for a peer's new version through a cached one would
+    never see it (another machine's writes do not invalidate this process's cache)."""
+    if fsspec.utils.get_protocol(url) in ("file", "local"):
+        return fsspec.core.url_to_fs(url)
+    return fsspec.core.url_to_fs(url, use_listings_cache=False)
+
+
+def _error_code(err: BaseException) -> str | None:
+    """The store's error code behind an fsspec error (s3fs keeps botocore's ClientError as the cause), if any."""
+    response = getattr(err.__cause__, "response", None)
+    return response.get("Error", {}).get("Code") if isinstance(response, dict) else None
+
+
+def read_remote(fs, path: str, limit: int) -> bytes:
+    """At most ``limit`` bytes of the object at ``path`` on a store (not a local disk: ``read_local``), in one ranged
+    read: no size asked first and no read-ahead, so an object larger than declared costs ``limit`` bytes on the wire.
+    FileNotFoundError when there is no object (a prefix with objects below it is none)."""
+    try:
+        return fs.cat_file(path, start=0, end=limit)
+    except OSError as err:
+        if _error_code(err) == "InvalidRange":  # S3's answer to a range of an empty object
+            return b""
+        raise
+
+
+def create_once(fs, path: str, data: bytes, attempts: int = 5) -> bool:
+    """Create ``path`` holding ``data`` on a store (not a local disk: ``write_local``) unless it exists; whether the
+    object now holds this call's bytes.
+
+    On S3 (s3fs) one conditional PUT, ``If-None-Match: *``: of two writers the store refuses the second (412
+    PreconditionFailed); a write racing another one mid-request (409 ConditionalRequestConflict) is tried again.
+    A writer whose PUT was stored but whose answer was lost (a timeout, a 503 after the write: the client retries
+    it) is refused by its own object, so a refused writer reads the object back: bytes equal to its own are its own
+    (every record rlvr creates once names its writer, or is the same whoever writes it). Elsewhere (fsspec's other
+    file systems) a check, then a write: two writers within milliseconds can both pass."""
+    if not is_object_store(fs):
+        fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+        if fs.exists(path):
+            return False
+        fs.pipe_file(path, data)
+        return True
+    for attempt in range(attempts):
+        try:
+            fs.pipe_file(path, data, mode="create")
+            return True
+        except FileExistsError:
+            break
+        except OSError as err:
+            code = _error_code(err)
+            if code == "PreconditionFailed":  # s3fs maps it to FileExistsError only when the store names the header
+                break
+            if code != "ConditionalRequestConflict" or attempt == attempts - 1:
+                raise
+            time.sleep(0.05 * 2 ** attempt)
+    try:
+        return read_remote(fs, path, len(data) + 1) == data
+    except FileNotFoundError:
+        return False
 
 
 def version_of(name: str) -> int | None:
@@ -195,7 +267,7 @@ class AdapterBucket:
         """``within``: the URL of the bucket this one lies in (a job's bucket, for its learners' and shared
         directories); every local read, write and delete is checked against it (``inside``). Default: ``url``."""
         self.url = str(url).rstrip("/")
-        self.fs, self.root = fsspec.core.url_to_fs(self.url)
+        self.fs, self.root = open_url(self.url)
         self.local = _is_local(self.fs)
         self.trust = self.root if within is None else fsspec.core.url_to_fs(str(within).rstrip("/"))[1]
 
@@ -227,9 +299,13 @@ class AdapterBucket:
             for name, data in [*files.items(), (MANIFEST, manifest.encode())]:
                 write_local(self._path(version, name), data, self.trust)
         else:
-            if self.fs.exists(self._path(version, MANIFEST)):
-                self.fs.rm(self._path(version, MANIFEST))
-            self.fs.makedirs(self._path(version), exist_ok=True)
+            old = self._path(version, MANIFEST)
+            if is_object_store(self.fs):  # S3 deletes a missing key without error: one request, not a HEAD and a LIST
+                self.fs.rm_file(old)
+            else:
+                if self.fs.exists(old):
+                    self.fs.rm(old)
+                self.fs.makedirs(self._path(version), exist_ok=True)  # S3 has none (it would ask for the bucket)
             for name, data in files.items():
                 self.fs.pipe_file(self._path(version, name), data)
             self.fs.pipe_file(self._path(version, MANIFEST), manifest.encode())
@@ -266,11 +342,7 @@ class AdapterBucket:
         where = self.version_url(version)
         if self.local:
             return read_local(self._path(version), name, limit, where, self.trust)
-        path = self._path(version, name)
-        if self.fs.info(path).get("type", "file") != "file":
-            raise ManifestError(f"{where}: {name} is not a file; publish the version again")
-        with self.fs.open(path, "rb") as f:
-            return f.read(limit)
+        return read_remote(self.fs, self._path(version, name), limit)
 
     def read(self, version: int, limits: dict[str, int] | None = None) -> dict[str, bytes]:
         """Every file of ``version``, checked against its manifest (``TornVersionError`` if any differs,
@@ -333,7 +405,7 @@ def fetch_version(url: str, cache_dir: Path, keep: int = CACHE_KEEP) -> Path:
     per cache directory). Directories without a manifest (a plain peft save) are used as they are."""
     url = url.rstrip("/")
     bucket_url, _, leaf = url.rpartition("/")
-    fs, path = fsspec.core.url_to_fs(url)
+    fs, path = open_url(url)
     is_local = _is_local(fs)
     if not fs.exists(f"{path}/{MANIFEST}"):
         if is_local:

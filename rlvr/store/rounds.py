@@ -17,9 +17,10 @@ naming exactly those two files, sizes and SHA-256 checked, regular files only, b
 
 Who decides a round: whichever learner first finds it closable — every learner's delta arrived, or
 ``round_timeout_s`` passed since its own delta with at least ``min_learners`` — creates the decision file
-exclusively (``O_EXCL`` on a file system; elsewhere a check then a write, which two learners racing within
-milliseconds could both pass: use a file system or a store with conditional writes). Every learner then applies
-the decided deltas itself, sorted by learner, so all of them compute the same weights bit for bit.
+exclusively (``O_EXCL`` on a file system; on S3 a conditional PUT, ``If-None-Match: *``, which the store refuses to
+the second writer; elsewhere a check then a write, which two learners racing within milliseconds could both pass:
+rlvr.store.bucket.create_once). Every learner then applies the decided deltas itself, sorted by learner, so all of
+them compute the same weights bit for bit.
 
 What a reader trusts: nothing. A delta is refused (counted, never applied) unless its names, shapes and dtype are
 exactly the model's trainable parameters at the configured delta dtype and every value is finite; a decision is
@@ -40,7 +41,16 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load, save
 
-from rlvr.store.bucket import MANIFEST, AdapterBucket, ManifestError, TornVersionError, read_local, write_local
+from rlvr.store.bucket import (
+    MANIFEST,
+    AdapterBucket,
+    ManifestError,
+    TornVersionError,
+    create_once,
+    read_local,
+    read_remote,
+    write_local,
+)
 
 TENSORS, RECORD = "adapter_model.safetensors", "adapter_config.json"
 MAX_DECISION_BYTES = 64 << 10
@@ -175,8 +185,7 @@ class RoundBucket:
             if self.global_.local:
                 raw = read_local(directory, name, MAX_DECISION_BYTES + 1, self.url, self.root)
             else:
-                with self.fs.open(f"{directory}/{name}", "rb") as f:
-                    raw = f.read(MAX_DECISION_BYTES + 1)
+                raw = read_remote(self.fs, f"{directory}/{name}", MAX_DECISION_BYTES + 1)
         except FileNotFoundError:
             return None
         except (ManifestError, OSError) as err:
@@ -211,14 +220,11 @@ class RoundBucket:
         return self._create_once(f"{self.rounds}/start.claim", json.dumps({"learner": self.learner}).encode())
 
     def _create_once(self, path: str, data: bytes) -> bool:
-        """Create ``path`` holding ``data`` unless it exists; whether this call created it."""
+        """Create ``path`` holding ``data`` unless it exists; whether this call created it (on S3, whether it holds
+        this call's bytes: a conditional PUT, the second writer refused by the store; rlvr.store.bucket.create_once)."""
         if self.global_.local:  # complete when it appears, no link followed (rlvr.store.bucket.write_local)
             return write_local(path, data, self.root, exclusive=True)
-        self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-        if self.fs.exists(path):
-            return False
-        self.fs.pipe_file(path, data)
-        return True
+        return create_once(self.fs, path, data)
 
     def decided(self) -> int:
         """Where the job is: the last round r such that rounds 1..r all have a decision file (0: none yet). A
