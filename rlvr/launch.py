@@ -46,7 +46,7 @@ def train(cfg: RunConfig, rewards: list[WeightedReward] | None = None,
     update = diloco or update
     source = AsyncSource(cfg, advantages) if cfg.asynchronous.enabled else SyncSource(cfg, advantages)
     if diloco is not None and cfg.diloco.rollouts != "off":  # the learners' scored groups through the bucket too
-        source = SharingSource(source, cfg)
+        source = SharingSource(source, cfg, round_of=lambda: diloco.round)  # its groups carry the round
     run = open_run(cfg, update, rewards, environment)
     if diloco is not None:
         diloco.bind(run)

@@ -64,12 +64,19 @@ class DilocoConfig:
     learner trains on every learner's groups of the step, in learner order, waiting for them (the learners draw
     one batch of K x train.prompts_per_step prompts together and sample their shares of it; from the same weights
     this is one learner at K times the batch, exchanging kilobytes instead of gradients); recent: its own groups
-    and up to diloco.external_groups of the peers' from their last diloco.rollout_max_age steps, without waiting
-    (SAPO-style; each learner on its own shard). off: only weights meet."""
+    and up to diloco.external_groups of the peers' newest (diloco.rollout_max_age, rollout_max_rounds), without
+    ever waiting (SAPO-style; each learner on its own shard, at its own pace: docs/concepts/swarm.md). off: only
+    weights meet."""
     external_groups: int = 0
     """rollouts=recent: at most this many peers' groups a step (0: as many as train.prompts_per_step)."""
     rollout_max_age: int = 2
-    """rollouts=recent: the oldest peers' groups a step takes were sampled this many steps before it."""
+    """rollouts=recent: of each peer's steps not yet taken, a step takes only those among the peer's newest
+    rollout_max_age (counted in the peer's own steps: learners of unequal speed have their own step numbers);
+    older ones are skipped for good."""
+    rollout_max_rounds: int = 1
+    """rollouts=recent with weight rounds (inner_steps >= 1): a peer's groups are taken only when the weights that
+    sampled them are those of this learner's round or of at most this many rounds before it (a suspended or slow
+    peer's older groups are skipped, counted as stale)."""
     rollout_timeout_s: float = 600.0
     """rollouts=step: seconds a step waits for the peers' groups of the step; then it trains on those that
     arrived, and a peer that missed a step is not waited for again until it publishes one."""
@@ -77,7 +84,8 @@ class DilocoConfig:
     def __post_init__(self) -> None:
         check_choices(self)
         at_least(self, 1, "min_learners")
-        at_least(self, 0, "inner_steps", "max_delta_norm", "max_delta_ratio", "external_groups", "rollout_max_age")
+        at_least(self, 0, "inner_steps", "max_delta_norm", "max_delta_ratio", "external_groups", "rollout_max_age",
+                 "rollout_max_rounds")
         if not self.inner_steps and self.rollouts == "off":
             raise ValueError("diloco.inner_steps=0 never exchanges anything without diloco.rollouts: set "
                              "diloco.rollouts=step or recent, or inner_steps >= 1")

@@ -9,8 +9,11 @@
 Every learner applies the same decided deltas in learner order, so they all hold the same weights after a round;
 a learner whose delta came late (not in the decision) loads the result like the others and, if the others have
 moved further on, the newest shared weights. A learner that joins (or resumes after the others moved on) starts
-from the newest shared weights and momentum in the bucket. ``diloco.json`` in the run directory records the round
-and the step it started at, so a resumed learner knows whether its checkpoint is still in the current round.
+from the newest shared weights and momentum in the bucket: an attested snapshot (rlvr/store/snapshots.py: a
+majority of the round's members vouch for its digests), then the few rounds decided after it replayed, so it reads
+a bounded number of objects however long the job has run; without a snapshot, every decided round is replayed from
+the job's start. ``diloco.json`` in the run directory records the round and the step it started at, so a resumed
+learner knows whether its checkpoint is still in the current round.
 """
 
 from __future__ import annotations
@@ -33,8 +36,10 @@ from rlvr.platform.faults import fault_point
 from rlvr.run.lifecycle import Run, Update
 from rlvr.store.bucket import ManifestError
 from rlvr.store.rounds import DELTA_TORCH_DTYPES, Decision, RefusedDelta, RoundBucket, UnreadableDelta, state_digest
+from rlvr.store.snapshots import attest, snapshot
 
 POLL_S = 0.2
+SNAPSHOT_LOOKBACK = 4  # rounds below the newest decided one searched for an attested snapshot
 STATE_FILE = "diloco.json"
 
 
@@ -53,17 +58,18 @@ class DilocoUpdate:
         self.start: dict[str, torch.Tensor] = {}  # the round's start weights (fp32), by parameter name
         self.momentum: dict[str, torch.Tensor] | None = None
         self.run: Run | None = None  # bound once the run is open (bind)
-        self.totals = dict.fromkeys(("rounds", "late", "refused", "refused_rounds", "bounded", "bytes_sent"), 0.0)
+        self.totals = dict.fromkeys(("rounds", "late", "refused", "refused_rounds", "bounded", "snapshots",
+                                     "bytes_sent"), 0.0)
 
     def attach(self, model: torch.nn.Module):
         return self.inner.attach(model)
 
     def bind(self, run: Run) -> None:
-        """The opened run whose weights, directory and first step the rounds read. A resumed learner joins now, so a
-        round its checkpoint left open closes before the first batch is sampled; a new one at its first step."""
+        """The opened run whose weights, directory and first step the rounds read. The learner joins now, before its
+        first batch is sampled: a fresh one samples it from the job's current weights, and a round a resumed one's
+        checkpoint left open closes first."""
         self.run = run
-        if run.start:
-            self._join(run)
+        self._join(run)
 
     def __call__(self, learner: Learner, batch: Collected) -> dict[str, float]:
         run = self.run
@@ -101,12 +107,11 @@ class DilocoUpdate:
 
     def _rejoin(self, run: Run, latest: int, start: dict | None = None, momentum: dict | None = None,
                 first: int = 1) -> None:
-        """Start round latest + 1 from the weights and momentum after round ``latest``: replayed from ``start`` (the
-        weights after round first - 1; default: the job's start) through the decided rounds (``_replay``)."""
+        """Start round latest + 1 from the weights and momentum after round ``latest`` (``_current``; ``start``: the
+        weights after round first - 1, when this learner holds them)."""
         like = {n: p.detach() for n, p in self._params(run).items()}
-        if start is None:
-            start, momentum, first = self._job_start(like), None, 1
-        self.start, self.momentum = self._replay(first, latest, start, momentum, like)
+        known = None if start is None else (first - 1, start, momentum)
+        self.start, self.momentum = self._current(latest, like, known)
         self._load(run, self.start)
         self.round, self.round_start_step = latest + 1, self.step
         self._save_position(run)
@@ -167,7 +172,7 @@ class DilocoUpdate:
         latest = self.bucket.decided()
         if run.start and saved.get("round") == latest + 1 and run.start >= saved["round_start_step"]:
             like = {n: p.detach() for n, p in self._params(run).items()}  # resumed inside the current round
-            self.start, self.momentum = self._replay(1, latest, self._job_start(like), None, like)
+            self.start, self.momentum = self._current(latest, like)
             self.round, self.round_start_step = latest + 1, saved["round_start_step"]
             H = self.cfg.diloco.inner_steps
             if H and self.step - self.round_start_step >= H:  # stopped while its round closed
@@ -235,8 +240,10 @@ class DilocoUpdate:
                 continue
             time.sleep(POLL_S)
 
-    def _pinned_delta(self, round_: int, k: int, like: dict[str, torch.Tensor], digest: str) -> dict | None:
-        """Learner ``k``'s delta of ``round_``: the bytes its decision pins, or None when every learner drops it.
+    def _pinned_delta(self, round_: int, k: int, like: dict[str, torch.Tensor], digest: str,
+                      version: str | None = None) -> dict | None:
+        """Learner ``k``'s delta of ``round_``: the bytes its decision pins (on a versioned store, the object version
+        it names: a delta replaced after its round is still read as decided), or None when every learner drops it.
 
         Bytes that are the pinned ones but not a delta of this model (names, shapes, dtype, a value not finite) are
         refused by every learner alike (the same bytes, the same verdict). Bytes that cannot be had (missing, torn,
@@ -251,7 +258,7 @@ class DilocoUpdate:
             if verdict is False:
                 return None
             try:
-                tensors = self.bucket.read_delta(round_, k, like, self.dtype, digest)[0]
+                tensors = self.bucket.read_delta(round_, k, like, self.dtype, digest, version)[0]
             except UnreadableDelta as err:
                 if time.monotonic() < deadline:
                     time.sleep(POLL_S)
@@ -282,7 +289,7 @@ class DilocoUpdate:
         bound = d.max_delta_norm or d.max_delta_ratio * delta_norm(start)  # 0: no bound
         deltas, bounded = [], 0
         for k in decision.members:  # learner order: every learner sums in the same order
-            pinned = self._pinned_delta(round_, k, like, decision.digests[k])
+            pinned = self._pinned_delta(round_, k, like, decision.digests[k], decision.versions.get(k))
             if pinned is None:  # dropped by every learner: that learner's share of the round, not the round
                 continue
             tensors, scaled = bound_norm(pinned, bound)
@@ -307,6 +314,24 @@ class DilocoUpdate:
                                "diloco.bucket")
         return self.bucket.read_state(0, like, digest)[0]
 
+    def _current(self, latest: int, like: dict[str, torch.Tensor],
+                 known: tuple[int, dict, dict | None] | None = None) -> tuple[dict, dict | None]:
+        """The weights and momentum after round ``latest``: from the newest attested snapshot among the last
+        SNAPSHOT_LOOKBACK rounds (newer than ``known``'s round: (round, weights, momentum) this learner holds), the
+        rounds after it replayed; else replayed from ``known``, or from the job's start."""
+        floor = known[0] if known is not None else 0
+        for round_ in range(latest, max(floor, latest - SNAPSHOT_LOOKBACK), -1):
+            taken = snapshot(self.bucket, round_, like)
+            if taken is not None:
+                self.totals["snapshots"] += 1
+                return self._replay(round_ + 1, latest, *taken, like)
+        if known is not None:
+            return self._replay(floor + 1, latest, known[1], known[2], like)
+        if latest:
+            print(f"rlvr: diloco: no attested snapshot of rounds {max(latest - SNAPSHOT_LOOKBACK, 0) + 1}-{latest}; "
+                  f"replaying all {latest} decided rounds from the job's start", flush=True)
+        return self._replay(1, latest, self._job_start(like), None, like)
+
     def _replay(self, first: int, last: int, start: dict, momentum: dict | None,
                 like: dict[str, torch.Tensor]) -> tuple[dict, dict | None]:
         """The weights and momentum after round ``last`` from those after round first - 1: each decided round's
@@ -321,7 +346,7 @@ class DilocoUpdate:
                 raise RefusedDelta(f"diloco: round {round_} has no decision in {self.bucket.url}/rounds though later "
                                    "rounds do: the bucket was changed; start a new job (another diloco.bucket)")
             start, momentum, _, _ = self._outer_step(round_, decision, start, momentum, like)
-        if last > 0 and last in self.bucket.global_.versions():
+        if first <= last and self.bucket.has_state(last):
             try:
                 published = self.bucket.read_state(last, like)[0]
             except RefusedDelta:
@@ -352,6 +377,7 @@ class DilocoUpdate:
                   "resumes", flush=True)
             return {"outer_wait_s": waited, "outer_round_sent_bytes": float(sent)}
         weights, momentum, averaged, bounded = self._outer_step(round_, decision, self.start, self.momentum, like)
+        attest(self.bucket, round_, weights, momentum)  # what a joiner's snapshot of this round is checked against
         if decision.closed_by == self.learner:  # one writer; the others compute the same weights themselves
             try:  # only compared by a joiner's replay, never taken: a refused write costs nothing
                 self.bucket.publish_state(round_, weights, momentum, {"members": list(decision.members),

@@ -50,6 +50,9 @@ def check_loop_state(state: dict, checkpoint: Path) -> dict:
             raise refuse(field, "must be a list of pass rates in [0, 1]")
         if field == "eval_first" and not (_numbers_finite(value) and valid_record(value)):
             raise refuse(field, "must be an evaluation record (a step, finite metrics, replies with their scores)")
+        if field == "shared_taken" and not (isinstance(value, dict) and len(value) <= 1 << 16 and all(
+                isinstance(k, str) and k.isdigit() and len(k) <= 6 and _count(v) for k, v in value.items())):
+            raise refuse(field, "must map learner numbers to step counters")
         if field == "gaming" and not (value is None or isinstance(value, dict)):
             raise refuse(field, "must be null or the gaming check's alarm")
     return state

@@ -3,7 +3,10 @@
     every step:  own      = this learner's groups of the step, sampled and scored here (collect.py)
                  publish    own's informative groups                         (rlvr/store/shared_groups.py)
                  external = the peers' groups: rollouts=step waits for every peer's groups of this step;
-                            rollouts=recent takes those already there from the last rollout_max_age steps
+                            rollouts=recent never waits: of each peer's steps it has not taken yet, those already
+                            there among the peer's newest rollout_max_age, sampled by weights at most
+                            rollout_max_rounds rounds older than its own (learners of unequal speed each count
+                            their own steps; ``taken``, saved in checkpoints, keeps a group from being trained twice)
                  each external group is rebuilt from this learner's own copy of its row and re-scored by its
                  own reward functions (the peer's rewards are only compared: ``reward_mismatch``)
                  batch    = the informative groups of both, advantages computed here (collect.scored_batch);
@@ -44,6 +47,7 @@ from rlvr.store.bucket import ManifestError
 from rlvr.store.shared_groups import GroupBucket, GroupLimits, RefusedGroups, SharedGroups
 
 POLL_S = 0.2
+TAKEN = "shared_taken"  # run.state: peer -> the newest of its steps this learner has looked at (rollouts=recent)
 KEEP_VERSIONS = 64  # steps of its own groups a learner keeps in the bucket (a resumed peer may still read them)
 
 
@@ -93,8 +97,9 @@ class SharingSource:
 
     metrics_section = "shared"
 
-    def __init__(self, inner: SyncSource, cfg: RunConfig):
+    def __init__(self, inner: SyncSource, cfg: RunConfig, round_of: Callable[[], int] = lambda: 0):
         d = cfg.diloco
+        self.round_of = round_of  # the DiLoCo round this learner's weights are in (0: no weight rounds)
         self.inner, self.cfg, self.mode = inner, cfg, d.rollouts
         self.label = inner.label
         self.learner, self.learners = parse_learner(d.learner)
@@ -104,9 +109,9 @@ class SharingSource:
         self.waiting = set(range(self.learners)) - {self.learner}  # the peers a step waits for (rollouts=step)
         self.strikes = dict.fromkeys(self.waiting, 0)  # steps each peer missed or was refused (rollouts=step)
         self.on_time = dict.fromkeys(self.waiting, 0)  # its steps on time and valid since its last strike
-        self.used: set[tuple[int, int]] = set()  # (peer, step) already trained on (rollouts=recent)
+        self.taken: dict[int, int] = {}  # peer -> the newest of its steps considered (rollouts=recent; checkpointed)
         self.totals = dict.fromkeys(("published_groups", "external_groups", "refused", "reward_mismatch",
-                                     "rescored_flat", "missed", "bytes_sent", "bytes_received"), 0.0)
+                                     "rescored_flat", "missed", "stale", "bytes_sent", "bytes_received"), 0.0)
         self.last: dict[str, float] = {}
 
     # ------------------------------------------------------------------------------------------ the source
@@ -118,6 +123,8 @@ class SharingSource:
                              group_size=cfg.rollout.group_size, max_tokens=cfg.rollout.max_new_tokens,
                              vocab=run.model.get_input_embeddings().weight.shape[0], rows=len(rows))
         own = policy_logprobs(run.model, cfg.train.logprob_chunk) if cfg.algo.ratio_to == "behaviour" else None
+        saved = run.state.get(TAKEN, {})  # a resumed learner: the peers' steps its checkpointed weights have seen
+        self.taken = {int(k): s for k, s in saved.items() if k.isdigit() and int(k) < self.learners}
         self.receiver = Receiver(rows, run.data.tokenizer, run.rewards, limits, eos_token_ids(run.model,
                                  run.data.tokenizer), tuple(cfg.rollout.stop), cfg.rollout.temperature, own,
                                  cfg.algo.is_cap)
@@ -145,7 +152,7 @@ class SharingSource:
         return {**self.last, **{f"total_{k}": v for k, v in self.totals.items()}}
 
     def state(self) -> dict:
-        return self.inner.state()
+        return {**self.inner.state(), TAKEN: {str(k): s for k, s in sorted(self.taken.items())}}
 
     # ----------------------------------------------------------------------------------------- publishing
     def _global_row(self, i: int) -> int:
@@ -161,6 +168,7 @@ class SharingSource:
         mask = groups.completion_mask.bool()
         shared = SharedGroups(
             learner=self.learner, step=step, version=int(own.groups.version.min()), group_size=G,
+            round=max(self.round_of(), 0),
             row_ids=torch.tensor([self._global_row(own.row_ids[g]) for g in keep], dtype=torch.int64,
                                  device="cpu"),
             completion_ids=groups.completion_ids.masked_fill(~mask, 0),
@@ -204,18 +212,39 @@ class SharingSource:
         """The peers' groups this step trains on, in the order they join the batch."""
         if self.mode == "step":
             return self._gather_step(run, step, cursor)
-        budget = self.cfg.diloco.external_groups or self.cfg.train.prompts_per_step
+        return self._gather_recent(cursor)
+
+    def _gather_recent(self, cursor: int) -> list[SharedGroups]:
+        """rollouts=recent: never waits. Each peer (from the next learner on, in turn) is listed once; of its steps
+        after the last one taken, those among its newest rollout_max_age whose manifest is there are read newest
+        first, up to the budget of groups; a group sampled by weights more than rollout_max_rounds rounds older than
+        this learner's is skipped (stale). A step looked at is never taken again, whatever came of it."""
+        d = self.cfg.diloco
+        budget = d.external_groups or self.cfg.train.prompts_per_step
+        own_round = max(self.round_of(), 0)
         found: list[SharedGroups] = []
-        oldest = max(step - self.cfg.diloco.rollout_max_age, 1)
-        self.used = {(k, s) for k, s in self.used if s >= oldest}
-        for s in range(step, oldest - 1, -1):  # newest first
-            for k in self.bucket.arrived(s):
-                if k == self.learner or (k, s) in self.used or sum(g.num_groups for g in found) >= budget:
+        for k in [(self.learner + i) % self.learners for i in range(1, self.learners)]:
+            if sum(g.num_groups for g in found) >= budget:
+                break
+            try:
+                steps = self.bucket.published(k)
+            except OSError as err:  # the store unreachable for now: nothing of this peer this step
+                print(f"rlvr: shared rollouts: could not list learner {k}'s groups: {err}", flush=True)
+                continue
+            newest = [s for s in steps[-max(d.rollout_max_age, 1):] if s > self.taken.get(k, 0)]
+            for s in reversed(newest):  # newest first
+                if sum(g.num_groups for g in found) >= budget:
+                    break
+                if not self.bucket.complete(k, s):  # still being written: looked at again next step
                     continue
-                self.used.add((k, s))
+                self.taken[k] = max(self.taken.get(k, 0), s)
                 shared = self._read(k, s, cursor)
-                if shared is not None and shared.num_groups:
-                    found.append(shared)
+                if shared is None or not shared.num_groups:
+                    continue
+                if d.inner_steps and shared.round < own_round - d.rollout_max_rounds:
+                    self.totals["stale"] += shared.num_groups
+                    continue
+                found.append(shared)
         return found
 
     def _gather_step(self, run: Run, step: int, cursor: int) -> list[SharedGroups]:

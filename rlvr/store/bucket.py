@@ -89,11 +89,40 @@ def _error_code(err: BaseException) -> str | None:
     return response.get("Error", {}).get("Code") if isinstance(response, dict) else None
 
 
-def read_remote(fs, path: str, limit: int) -> bytes:
+def keeps_versions(fs, path: str) -> bool:
+    """Whether ``path`` lies in an object-store bucket that keeps every version of an object (S3 versioning
+    "Enabled"): one GetBucketVersioning request. Any error (no s3:GetBucketVersioning permission, a store that does
+    not answer it) and "Suspended" (new writes replace the one "null" version) count as no."""
+    if not is_object_store(fs):
+        return False
+    try:
+        return fs.call_s3("get_bucket_versioning", Bucket=fs.split_path(path)[0]).get("Status") == "Enabled"
+    except Exception:  # noqa: BLE001 (whatever the store or the client answers: not versioned, as before)
+        return False
+
+
+def version_aware(fs):
+    """``fs`` as s3fs's version-aware filesystem (another cached instance, the same options): reads by VersionId."""
+    if getattr(fs, "version_aware", False):
+        return fs
+    return type(fs)(*fs.storage_args, **{**fs.storage_options, "version_aware": True})
+
+
+def object_version(fs, path: str) -> str | None:
+    """The VersionId of the object now at ``path`` on a versioned store (one HEAD; None on a store that keeps none).
+    FileNotFoundError when there is no object."""
+    version = version_aware(fs).info(path, refresh=True).get("VersionId")
+    return version if isinstance(version, str) and version else None
+
+
+def read_remote(fs, path: str, limit: int, version: str | None = None) -> bytes:
     """At most ``limit`` bytes of the object at ``path`` on a store (not a local disk: ``read_local``), in one ranged
     read: no size asked first and no read-ahead, so an object larger than declared costs ``limit`` bytes on the wire.
+    ``version``: that version of the object (an S3 VersionId), whatever has replaced or deleted it since.
     FileNotFoundError when there is no object (a prefix with objects below it is none)."""
     try:
+        if version is not None:
+            return version_aware(fs).cat_file(path, version_id=version, start=0, end=limit)
         return fs.cat_file(path, start=0, end=limit)
     except OSError as err:
         if _error_code(err) == "InvalidRange":  # S3's answer to a range of an empty object
@@ -337,17 +366,20 @@ class AdapterBucket:
         versions = self.versions()
         return versions[-1] if versions else None
 
-    def _read(self, version: int, name: str, limit: int) -> bytes:
-        """At most ``limit`` bytes of one file of ``version`` (FileNotFoundError when it is missing)."""
+    def _read(self, version: int, name: str, limit: int, object_version: str | None = None) -> bytes:
+        """At most ``limit`` bytes of one file of ``version`` (FileNotFoundError when it is missing); on a versioned
+        store, ``object_version``: that version of the object (rlvr.store.rounds: a decision pins it)."""
         where = self.version_url(version)
         if self.local:
             return read_local(self._path(version), name, limit, where, self.trust)
-        return read_remote(self.fs, self._path(version, name), limit)
+        return read_remote(self.fs, self._path(version, name), limit, object_version)
 
-    def read(self, version: int, limits: dict[str, int] | None = None) -> dict[str, bytes]:
+    def read(self, version: int, limits: dict[str, int] | None = None,
+             object_versions: dict[str, str] | None = None) -> dict[str, bytes]:
         """Every file of ``version``, checked against its manifest (``TornVersionError`` if any differs,
         ``ManifestError`` if the manifest or a file is not what rlvr writes, ``FileNotFoundError`` if the version
-        has no manifest). ``limits``: tighter size bounds for some files (refused before anything is read)."""
+        has no manifest). ``limits``: tighter size bounds for some files (refused before anything is read).
+        ``object_versions``: on a versioned store, the object version to read of some files (an S3 VersionId)."""
         where = self.version_url(version)
         raw = self._read(version, MANIFEST, MAX_MANIFEST_BYTES + 1)
         if len(raw) > MAX_MANIFEST_BYTES:
@@ -360,7 +392,7 @@ class AdapterBucket:
         files = {}
         for name, (size, digest) in entries.items():
             try:
-                data = self._read(version, name, size + 1)
+                data = self._read(version, name, size + 1, (object_versions or {}).get(name))
             except FileNotFoundError:
                 raise TornVersionError(f"{where}: {name} is missing") from None
             if len(data) != size or _sha256(data) != digest:

@@ -4,7 +4,7 @@ Layout under the job's bucket, one version per learner and step, written as adap
 last: rlvr/store/bucket.py)::
 
     rollouts/learner-0001/v00000012/adapter_model.safetensors   the tensors below
-    rollouts/learner-0001/v00000012/adapter_config.json         {"step", "learner", "version", "group_size"}
+    rollouts/learner-0001/v00000012/adapter_config.json         {"step", "learner", "version", "group_size", "round"}
     rollouts/learner-0001/v00000012/manifest.json
 
 The tensors of B groups of G completions, T the longest completion (no prompt: a receiver rebuilds it from its own
@@ -76,6 +76,7 @@ class SharedGroups:
     lengths: torch.Tensor  # [B*G] int32
     behaviour_logp: torch.Tensor  # [B*G, T] float32
     rewards: torch.Tensor  # [B*G] float32
+    round: int = 0  # the DiLoCo round of the weights that sampled them (0: no weight rounds; an older writer)
 
     @property
     def num_groups(self) -> int:
@@ -100,9 +101,19 @@ class GroupBucket:
         """Write this learner's groups of ``shared.step``; returns the bytes written."""
         tensors = {name: getattr(shared, name).to("cpu", dtype).contiguous() for name, dtype in FIELDS.items()}
         record = {"step": shared.step, "learner": self.learner, "version": shared.version,
-                  "group_size": shared.group_size}
+                  "group_size": shared.group_size, "round": shared.round}
         files = {TENSORS: save(tensors), RECORD: json.dumps(record).encode()}
         return self._buckets[self.learner].publish_files(shared.step, files).bytes
+
+    def published(self, k: int) -> list[int]:
+        """The steps learner ``k`` has groups of in the bucket, ascending: one listing (a step listed may still be
+        being written: its manifest comes last)."""
+        return self._buckets[k]._directories()
+
+    def complete(self, k: int, step: int) -> bool:
+        """Whether learner ``k``'s groups of ``step`` have their manifest (written last)."""
+        b = self._buckets[k]
+        return b.fs.exists(f"{b.root}/v{step:08d}/{MANIFEST}")
 
     def arrived(self, step: int) -> list[int]:
         """Learners whose groups of ``step`` have a manifest (not yet checked), ascending."""
@@ -128,10 +139,12 @@ class GroupBucket:
             raise RefusedGroups(f"{where}: not the record and tensors rlvr writes") from None
         if not (isinstance(record, dict) and record.get("step") == step and record.get("learner") == k
                 and type(record.get("version")) is int and 0 <= record["version"] <= step
-                and record.get("group_size") == limits.group_size):
+                and record.get("group_size") == limits.group_size
+                and type(record.get("round", 0)) is int and 0 <= record.get("round", 0) < 1 << 31):
             raise RefusedGroups(f"{where}: its record is not this job's (step, learner, version <= step, group size "
-                                f"{limits.group_size})")
-        shared = SharedGroups(k, step, record["version"], limits.group_size, **_checked(tensors, limits, where))
+                                f"{limits.group_size}, a round >= 0)")
+        shared = SharedGroups(k, step, record["version"], limits.group_size, **_checked(tensors, limits, where),
+                              round=record.get("round", 0))
         return shared, sum(len(d) for d in files.values())
 
 
