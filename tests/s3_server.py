@@ -1,15 +1,22 @@
 """An S3 endpoint for the bucket's tests: moto's standalone server on loopback, as s3fs's own test suite runs it (a
 subprocess in its own process group, one per test module, reset before each test, stopped after it: no orphans), and
 a loopback proxy in front of it that answers the requests a test picks with a store's bad moments (503 SlowDown, 409
-ConditionalRequestConflict, a write stored but its answer lost, a dropped connection).
+ConditionalRequestConflict, a write stored but its answer lost, a dropped connection), or with a consumer link's
+latency and bandwidth (``delay_s``, ``bytes_per_s``).
 
 The tests point s3fs at it the way a user points rlvr at MinIO, R2 or any S3-protocol store: the AWS SDK's own
-environment (``AWS_ENDPOINT_URL_S3``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``), nothing passed in code."""
+environment (``AWS_ENDPOINT_URL_S3``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``), nothing passed in code.
+
+Standalone, for a benchmark's learners (benchmarks/swarm.py): ``python -m tests.s3_server --delay-ms 100
+[--bytes-per-s N]`` starts the server and the proxy, creates a bucket, prints one JSON line ``{"endpoint": URL,
+"bucket": NAME}`` and serves until SIGTERM or SIGINT, then stops both."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import http.client
+import json
 import os
 import signal
 import socket
@@ -90,11 +97,17 @@ class MotoServer:
 class FaultyProxy:
     """A loopback HTTP proxy in front of ``upstream`` (an ``http://host:port`` URL): every request is passed on
     unchanged, except those ``fail`` scheduled, which get a fault (FAULTS). ``seen``: (method, path, status) of
-    every request, status None for a dropped one; ``relayed``: response body bytes passed back to the client."""
+    every request, status None for a dropped one; ``relayed``: response body bytes passed back to the client.
 
-    def __init__(self, upstream: str):
+    A link in front of the store: ``delay_s`` is added to every request's round trip, half before the request is
+    passed on and half before its answer is sent; ``bytes_per_s`` (0: unlimited) holds the request's body for
+    len / bytes_per_s before passing it on and the answer's body likewise before sending it. Each request is held
+    on its own, as if every client had its own link of that speed: concurrent requests do not share it."""
+
+    def __init__(self, upstream: str, delay_s: float = 0.0, bytes_per_s: float = 0.0):
         host, port = upstream.removeprefix("http://").split(":")
         self.upstream = (host, int(port))
+        self.delay_s, self.bytes_per_s = delay_s, bytes_per_s
         self.faults: deque[tuple[str | None, str]] = deque()
         self.seen: list[tuple[str, str, int | None]] = []
         self.relayed = 0
@@ -156,8 +169,15 @@ class FaultyProxy:
             return b"".join(chunks)
         return handler.rfile.read(int(handler.headers.get("Content-Length") or 0))
 
+    def _hold(self, size: int) -> None:
+        """Half the added round trip and ``size`` bytes on the link."""
+        wait = self.delay_s / 2 + (size / self.bytes_per_s if self.bytes_per_s > 0 else 0.0)
+        if wait > 0:
+            time.sleep(wait)
+
     def _serve(self, handler) -> None:
         body = self._body(handler)
+        self._hold(len(body))
         action = self._take(handler.command)
         status, code, message, forward = FAULTS[action] if action else (None, None, None, True)
         if forward:
@@ -186,6 +206,7 @@ class FaultyProxy:
             headers = [("Content-Type", "application/xml")]
         else:
             status = upstream_status
+        self._hold(0 if handler.command == "HEAD" else len(data))
         with self._lock:  # recorded before the client has its answer
             self.seen.append((handler.command, handler.path, status))
             self.relayed += 0 if handler.command == "HEAD" else len(data)
@@ -279,3 +300,32 @@ def proxy(moto_server, s3_env):
         yield p
     finally:
         p.close()
+
+
+def main() -> None:
+    """Serve a store behind a slow link until SIGTERM or SIGINT (the module docstring)."""
+    parser = argparse.ArgumentParser(description="moto's S3 server behind a proxy with added latency and bandwidth")
+    parser.add_argument("--delay-ms", type=float, default=0.0, help="added to every request's round trip")
+    parser.add_argument("--bytes-per-s", type=float, default=0.0, help="each request's link speed (0: unlimited)")
+    parser.add_argument("--bucket", default=BUCKET)
+    args = parser.parse_args()
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    server = MotoServer()
+    proxy = None
+    try:
+        server.start()
+        urllib.request.urlopen(urllib.request.Request(f"{server.url}/{args.bucket}", method="PUT"), timeout=10).close()
+        proxy = FaultyProxy(server.url, args.delay_ms / 1000, args.bytes_per_s)
+        print(json.dumps({"endpoint": proxy.url, "bucket": args.bucket}), flush=True)
+        while not stop.wait(1.0):
+            pass
+    finally:
+        if proxy is not None:
+            proxy.close()
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()

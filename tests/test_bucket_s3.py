@@ -276,3 +276,28 @@ def test_a_pinned_nan_delta_costs_its_share_on_the_store(s3_url):
     expected = nesterov_step(START, outer_gradient([_delta(0.1)]), None, 0.7, 0.9)[0]
     assert averaged == 1 and first.totals["refused"] == 1
     assert all(torch.equal(a[k], expected[k]) and torch.equal(b[k], expected[k]) for k in LIKE)
+
+
+def test_the_proxy_adds_its_delay_and_holds_bodies_to_its_bandwidth(moto_server, s3_env):
+    """The link the swarm benchmark puts in front of the store: 4 listings through a proxy that adds 0.05 s to each
+    round trip take at least 4 x 0.05 = 0.2 s; a 20,000-byte PUT through one at 100,000 bytes/s at least 0.2 s."""
+    import urllib.request
+
+    from tests.s3_server import BUCKET, FaultyProxy
+
+    slow = FaultyProxy(moto_server.url, delay_s=0.05)
+    narrow = FaultyProxy(moto_server.url, bytes_per_s=100_000)
+    try:
+        started = time.monotonic()
+        for _ in range(4):
+            urllib.request.urlopen(f"{slow.url}/{BUCKET}", timeout=10).close()
+        listed = time.monotonic() - started
+        started = time.monotonic()
+        put = urllib.request.Request(f"{narrow.url}/{BUCKET}/blob", data=b"x" * 20_000, method="PUT")
+        urllib.request.urlopen(put, timeout=10).close()
+        written = time.monotonic() - started
+    finally:
+        slow.close()
+        narrow.close()
+    assert [status for _, _, status in slow.seen] == [200] * 4 and narrow.seen == [("PUT", f"/{BUCKET}/blob", 200)]
+    assert listed >= 4 * 0.05 and written >= 20_000 / 100_000
