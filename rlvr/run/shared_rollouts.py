@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 import torch
@@ -44,7 +45,7 @@ from rlvr.run.collect import SyncSource, round_share, scored_batch
 from rlvr.run.lifecycle import Run
 from rlvr.run.scoring import score_groups
 from rlvr.store.bucket import ManifestError
-from rlvr.store.shared_groups import GroupBucket, GroupLimits, RefusedGroups, SharedGroups
+from rlvr.store.shared_groups import GroupBucket, GroupLimits, NotPublished, RefusedGroups, SharedGroups
 
 POLL_S = 0.2
 TAKEN = "shared_taken"  # run.state: peer -> the newest of its steps this learner has looked at (rollouts=recent)
@@ -135,10 +136,12 @@ class SharingSource:
         own = self.inner.next(run, step)
         G = own.groups.group_size
         mine = informative_groups(own.scores.total, G)  # [b]
-        sent = self._publish(own, mine, step)
-        t0 = time.monotonic()
-        external = self._gather(run, step, cursor)
-        waited = time.monotonic() - t0
+        with ThreadPoolExecutor(max_workers=self.learners) as pool:  # its publishing and the peers' reads overlap:
+            sending = pool.submit(self._publish, own, mine, step)  # a far store's round trips once, not per peer
+            t0 = time.monotonic()
+            external = self._gather(run, step, cursor, pool)
+            waited = time.monotonic() - t0
+            sent = sending.result()
         batch, trained = self._combined(own, mine, external)
         self.last = {"published_groups": float(int(mine.sum())), "external_groups": float(trained),
                      "wait_s": waited, "sent_bytes": float(sent)}
@@ -193,10 +196,29 @@ class SharingSource:
         return {i for r in range(self.inner.rounds_reserved())
                 for i in round_share(self.receiver.limits.rows, self.cfg.train.seed, cursor + r * K * B, (k, K), B)}
 
+    def _fetch(self, k: int, step: int) -> tuple[SharedGroups, int] | RefusedGroups | None:
+        """Peer ``k``'s groups of ``step`` and their bytes as the bucket gives them, or why they were refused; None
+        while their manifest is not there (any thread: nothing is counted here)."""
+        try:
+            return self.bucket.read(k, step, self.receiver.limits)
+        except NotPublished:
+            return None
+        except RefusedGroups as err:
+            return err
+
     def _read(self, k: int, step: int, cursor: int) -> SharedGroups | None:
         """Peer ``k``'s groups of ``step``, or None (refused: counted and said)."""
+        fetched = self._fetch(k, step)
+        return self._accepted(k, step, cursor, RefusedGroups(f"learner {k}'s groups of step {step}: not there")
+                              if fetched is None else fetched)
+
+    def _accepted(self, k: int, step: int, cursor: int,
+                  fetched: tuple[SharedGroups, int] | RefusedGroups) -> SharedGroups | None:
+        """The fetched groups when their rows are peer ``k``'s to send, else None (refused: counted and said)."""
         try:
-            shared, size = self.bucket.read(k, step, self.receiver.limits)
+            if isinstance(fetched, RefusedGroups):
+                raise fetched
+            shared, size = fetched
             allowed = self._allowed_rows(k, cursor)
             rows = shared.row_ids.tolist()
             if any(i % self.learners != k for i in rows) if allowed is None else not set(rows) <= allowed:
@@ -208,37 +230,44 @@ class SharingSource:
         self.totals["bytes_received"] += size
         return shared
 
-    def _gather(self, run: Run, step: int, cursor: int) -> list[SharedGroups]:
+    def _gather(self, run: Run, step: int, cursor: int, pool: ThreadPoolExecutor) -> list[SharedGroups]:
         """The peers' groups this step trains on, in the order they join the batch."""
         if self.mode == "step":
             return self._gather_step(run, step, cursor)
-        return self._gather_recent(cursor)
+        return self._gather_recent(cursor, pool)
 
-    def _gather_recent(self, cursor: int) -> list[SharedGroups]:
-        """rollouts=recent: never waits. Each peer (from the next learner on, in turn) is listed once; of its steps
-        after the last one taken, those among its newest rollout_max_age whose manifest is there are read newest
-        first, up to the budget of groups; a group sampled by weights more than rollout_max_rounds rounds older than
-        this learner's is skipped (stale). A step looked at is never taken again, whatever came of it."""
+    def _newest(self, k: int) -> list[tuple[int, tuple[SharedGroups, int] | RefusedGroups | None]] | OSError:
+        """Peer ``k``'s steps not taken yet among its newest rollout_max_age, newest first, each with what reading it
+        gave (``_fetch``); one listing (any thread)."""
+        try:
+            steps = self.bucket.published(k)
+        except OSError as err:  # the store unreachable for now
+            return err
+        newest = [s for s in steps[-max(self.cfg.diloco.rollout_max_age, 1):] if s > self.taken.get(k, 0)]
+        return [(s, self._fetch(k, s)) for s in reversed(newest)]
+
+    def _gather_recent(self, cursor: int, pool: ThreadPoolExecutor) -> list[SharedGroups]:
+        """rollouts=recent: never waits. Every peer is listed and read at once (``_newest``: its steps after the last
+        one taken, among its newest rollout_max_age, whose manifest is there); their groups are taken from the next
+        learner on, newest first, up to the budget of groups; a group sampled by weights more than rollout_max_rounds
+        rounds older than this learner's is skipped (stale). A step looked at is never taken again, whatever came of
+        it; one still being written is looked at again next step."""
         d = self.cfg.diloco
         budget = d.external_groups or self.cfg.train.prompts_per_step
         own_round = max(self.round_of(), 0)
+        peers = [(self.learner + i) % self.learners for i in range(1, self.learners)]
         found: list[SharedGroups] = []
-        for k in [(self.learner + i) % self.learners for i in range(1, self.learners)]:
-            if sum(g.num_groups for g in found) >= budget:
-                break
-            try:
-                steps = self.bucket.published(k)
-            except OSError as err:  # the store unreachable for now: nothing of this peer this step
-                print(f"rlvr: shared rollouts: could not list learner {k}'s groups: {err}", flush=True)
+        for k, looked in zip(peers, pool.map(self._newest, peers)):
+            if isinstance(looked, OSError):
+                print(f"rlvr: shared rollouts: could not list learner {k}'s groups: {looked}", flush=True)
                 continue
-            newest = [s for s in steps[-max(d.rollout_max_age, 1):] if s > self.taken.get(k, 0)]
-            for s in reversed(newest):  # newest first
-                if sum(g.num_groups for g in found) >= budget:
-                    break
-                if not self.bucket.complete(k, s):  # still being written: looked at again next step
+            for s, fetched in looked:
+                if fetched is None:
                     continue
                 self.taken[k] = max(self.taken.get(k, 0), s)
-                shared = self._read(k, s, cursor)
+                if sum(g.num_groups for g in found) >= budget:
+                    continue
+                shared = self._accepted(k, s, cursor, fetched)
                 if shared is None or not shared.num_groups:
                     continue
                 if d.inner_steps and shared.round < own_round - d.rollout_max_rounds:

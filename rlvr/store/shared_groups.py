@@ -47,6 +47,10 @@ class RefusedGroups(ValueError):
     """A peer's groups that are not what a learner of this job writes; never trained on."""
 
 
+class NotPublished(RefusedGroups):
+    """A peer's step whose manifest (written last) is not there: not published, or still being written."""
+
+
 @dataclass(frozen=True)
 class GroupLimits:
     """What a receiver accepts from one peer for one step."""
@@ -110,11 +114,6 @@ class GroupBucket:
         being written: its manifest comes last)."""
         return self._buckets[k]._directories()
 
-    def complete(self, k: int, step: int) -> bool:
-        """Whether learner ``k``'s groups of ``step`` have their manifest (written last)."""
-        b = self._buckets[k]
-        return b.fs.exists(f"{b.root}/v{step:08d}/{MANIFEST}")
-
     def arrived(self, step: int) -> list[int]:
         """Learners whose groups of ``step`` have a manifest (not yet checked), ascending."""
         fs = self._buckets[0].fs
@@ -130,7 +129,9 @@ class GroupBucket:
         where = f"learner {k}'s groups of step {step}"
         try:
             files = self._buckets[k].read(step, {TENSORS: limits.max_bytes(), RECORD: MAX_RECORD_BYTES})
-        except (ManifestError, TornVersionError, FileNotFoundError, OSError) as err:
+        except FileNotFoundError:  # no manifest (AdapterBucket.read): a missing file of a listed one is torn
+            raise NotPublished(f"{where}: not published ({self._buckets[k].version_url(step)}: no manifest)") from None
+        except (ManifestError, TornVersionError, OSError) as err:
             raise RefusedGroups(f"{where}: {err}") from None
         try:
             record = json.loads(files[RECORD])
