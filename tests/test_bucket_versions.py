@@ -153,3 +153,18 @@ def test_a_decision_with_a_malformed_versions_field_is_refused(tmp_path, version
     with pytest.raises(RefusedDelta, match="not what rlvr writes"):
         RoundBucket(str(bucket), 0, 2).decision(1)
     assert RoundBucket(str(bucket), 0, 2).decision(2).versions == {1: "a" * 256}  # at the bound: accepted
+
+
+def test_a_slow_learner_applies_a_delta_replaced_after_its_round_as_decided(versioned_url):
+    """Through a learner's round logic: round 1 decided on learners 0 and 1 (deltas 0.1 and 0.2), then learner 1's
+    delta replaced by 0.9 before a slow learner read it. The slow learner's outer step still averages the decided
+    0.1 and 0.2 (the documented Nesterov step from START, by hand), neither stopping nor splitting from the others."""
+    from rlvr.core.outer import nesterov_step, outer_gradient
+    from tests.test_hostile_bucket import START, _update
+
+    decision = _decided(versioned_url, members=(0, 1))
+    RoundBucket(versioned_url, 1, 2).publish_delta(1, _delta(0.9), {})
+    slow = _update(versioned_url)
+    weights, _, averaged, _ = slow._outer_step(1, decision, START, None, LIKE)
+    expected = nesterov_step(START, outer_gradient([_delta(0.1), _delta(0.2)]), None, 0.7, 0.9)[0]
+    assert averaged == 2 and all(torch.equal(weights[k], expected[k]) for k in LIKE)
