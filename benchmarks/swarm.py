@@ -441,13 +441,21 @@ def adapter_like() -> dict:
 
 
 def _time_store(url: str, repeats: int, inner_steps: int) -> dict:
-    """Median seconds of one learner's bucket work per step under rollouts=recent with 2 peers: publish its step's
-    groups (2 informative groups of 8 x 64 tokens), list each peer's steps, check and read its newest; and of one
-    weight round (publish a delta, see who arrived, read 2 peers' deltas, decide, read the decision)."""
+    """Median seconds of one learner's bucket work per step under rollouts=recent with 2 peers, as SharingSource does
+    it: its step's groups published (2 informative groups of 8 x 64 tokens) while each peer is listed and its newest
+    step read, all at once (threads); and of one weight round through DilocoUpdate's own code with every learner's
+    delta there: publish the delta, decide (who arrived, their digests, the decision written and read back), the
+    outer step (each pinned delta's verdict and bytes), the attestation and the shared weights (the decider's)."""
+    from concurrent.futures import ThreadPoolExecutor
+    from types import SimpleNamespace
+
     import torch
 
-    from rlvr.store.rounds import Decision, RoundBucket
-    from rlvr.store.shared_groups import GroupBucket, GroupLimits, SharedGroups
+    from rlvr.config.loading import load_config
+    from rlvr.run.diloco import DilocoUpdate
+    from rlvr.store.rounds import RoundBucket
+    from rlvr.store.shared_groups import GroupBucket, GroupLimits, NotPublished, SharedGroups
+    from rlvr.store.snapshots import attest
 
     G, B, T, K = 8, 2, 64, 3
     limits = GroupLimits(max_groups=8, group_size=G, max_tokens=T, vocab=49152, rows=10_000)
@@ -461,19 +469,30 @@ def _time_store(url: str, repeats: int, inner_steps: int) -> dict:
                             rewards=torch.tensor([1.0, 0.0] * (B * G // 2)))
 
     buckets = [GroupBucket(url, k, K) for k in range(K)]
+
+    def newest(k: int) -> int:
+        steps = buckets[0].published(k)
+        try:
+            return buckets[0].read(k, steps[-1], limits)[1]
+        except NotPublished:
+            return 0
+
     step_times, sizes = [], []
-    for step in range(1, repeats + 1):
-        for k in (1, 2):
-            buckets[k].publish(groups(k, step))
-        started = time.monotonic()
-        sizes.append(buckets[0].publish(groups(0, step)))
-        for k in (1, 2):
-            newest = buckets[0].published(k)[-1]
-            if buckets[0].complete(k, newest):
-                buckets[0].read(k, newest, limits)
-        step_times.append(time.monotonic() - started)
+    with ThreadPoolExecutor(max_workers=K) as pool:
+        for step in range(1, repeats + 1):
+            for k in (1, 2):
+                buckets[k].publish(groups(k, step))
+            started = time.monotonic()
+            sending = pool.submit(buckets[0].publish, groups(0, step))
+            list(pool.map(newest, (1, 2)))
+            sizes.append(sending.result())
+            step_times.append(time.monotonic() - started)
     like = adapter_like()
     delta = {name: torch.randn(t.shape) * 1e-3 for name, t in like.items()}
+    start = {name: torch.randn(t.shape) * 1e-2 for name, t in like.items()}
+    cfg = load_config(None, [f"diloco.learner=0/{K}", f"diloco.bucket={url}", "diloco.outer_lr=1.0",
+                             "diloco.outer_momentum=0"])
+    learner = DilocoUpdate(SimpleNamespace(needs_reference=False), cfg)
     rounds = [RoundBucket(url, k, K) for k in range(K)]
     round_times = []
     for round_ in range(1, max(repeats // 2, 2) + 1):
@@ -481,10 +500,10 @@ def _time_store(url: str, repeats: int, inner_steps: int) -> dict:
             rounds[k].publish_delta(round_, delta, {})
         started = time.monotonic()
         delta_bytes = rounds[0].publish_delta(round_, delta, {})
-        members = rounds[0].arrived(round_)
-        digests = {k: rounds[0].read_delta(round_, k, like, torch.float32)[1] for k in members}
-        rounds[0].decide(Decision(round_, tuple(members), digests, 0, "all"))
-        rounds[0].decision(round_)
+        decision = learner._wait_for_decision(round_, like)
+        weights, momentum, _, _ = learner._outer_step(round_, decision, start, None, like)
+        attest(rounds[0], round_, weights, momentum)
+        rounds[0].publish_state(round_, weights, momentum, {"members": list(decision.members)})
         round_times.append(time.monotonic() - started)
     step_s, round_s = statistics.median(step_times), statistics.median(round_times)
     return {"step_s": round(step_s, 4), "round_s": round(round_s, 4), "group_bytes": statistics.median(sizes),

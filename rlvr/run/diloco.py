@@ -58,6 +58,8 @@ class DilocoUpdate:
         self.start: dict[str, torch.Tensor] = {}  # the round's start weights (fp32), by parameter name
         self.momentum: dict[str, torch.Tensor] | None = None
         self.run: Run | None = None  # bound once the run is open (bind)
+        self.hashed: dict[tuple[int, int], tuple[dict, str]] = {}  # (round, k) -> the delta and digest this learner
+        # read when it decided the round: the pinned bytes, when the digest is the decision's (not read twice)
         self.totals = dict.fromkeys(("rounds", "late", "refused", "refused_rounds", "bounded", "snapshots",
                                      "bytes_sent"), 0.0)
 
@@ -225,7 +227,8 @@ class DilocoUpdate:
                 digests = {}
                 for k in arrived:
                     try:
-                        digests[k] = self.bucket.read_delta(round_, k, like, self.dtype)[1]
+                        self.hashed[round_, k] = self.bucket.read_delta(round_, k, like, self.dtype)
+                        digests[k] = self.hashed[round_, k][1]
                     except RefusedDelta as err:
                         self._refused(str(err))
                 enough = len(digests) >= (d.min_learners if timed_out else 1)
@@ -258,7 +261,9 @@ class DilocoUpdate:
             if verdict is False:
                 return None
             try:
-                tensors = self.bucket.read_delta(round_, k, like, self.dtype, digest, version)[0]
+                held = self.hashed.pop((round_, k), None)
+                tensors = held[0] if held is not None and held[1] == digest else self.bucket.read_delta(
+                    round_, k, like, self.dtype, digest, version)[0]
             except UnreadableDelta as err:
                 if time.monotonic() < deadline:
                     time.sleep(POLL_S)
@@ -295,6 +300,7 @@ class DilocoUpdate:
             tensors, scaled = bound_norm(pinned, bound)
             deltas.append(tensors)
             bounded += scaled
+        self.hashed = {key: held for key, held in self.hashed.items() if key[0] > round_}
         if not deltas:
             return start, momentum, 0, 0
         stepped = nesterov_step(start, outer_gradient(deltas), momentum, d.outer_lr, d.outer_momentum)
