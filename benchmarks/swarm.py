@@ -346,6 +346,8 @@ def learner_summary(run_dir: Path) -> dict:
         "external_groups": last.get("shared/total_external_groups", 0.0),
         "refused": last.get("shared/total_refused", 0.0) + last.get("update/outer_refused", 0.0),
         "outer_rounds": last.get("update/outer_rounds", 0.0), "outer_late": last.get("update/outer_late", 0.0),
+        "snapshots": last.get("update/outer_snapshots", 0.0), "stale": last.get("shared/total_stale", 0.0),
+        "reward_mismatch": last.get("shared/total_reward_mismatch", 0.0),
         "stories": evals[-1]["eval/accuracy"] if evals else None,
         "independent": evals[-1].get("eval/extra_accuracy") if evals else None,
     }
@@ -406,6 +408,23 @@ def report(root: Path, write: bool = True) -> None:
                      f"{_spread([r['totals']['generated_samples'] for r in rs], '{:,.0f}')} | "
                      f"{_spread([r['wall_s'] / 60 for r in rs], '{:.1f}')} | "
                      f"{_spread([r['totals']['stalls'] for r in rs], '{:.1f}')} |")
+    one = _one_learner_reference(runs)
+    if one:
+        lines += ["", one]
+    lines += ["", ("Each learner (recomputed from its metrics.jsonl): steps, median step time, peers' groups trained, "
+              "rounds closed / late, snapshots taken, groups skipped as stale, refused files, how it ended:"), "",
+              ("| arm | seed | learner | steps | median step | peers' groups | rounds / late | snapshots | stale | "
+              "refused | ended |"), "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted(runs, key=lambda r: (list(ARMS).index(r["arm"]), r["store"], r["seed"])):
+        run_dir = root / f"{r['arm']}-{r['store']}-s{r['seed']}"
+        for k, stored in sorted(r["learners"].items()):
+            m = learner_summary(run_dir / f"l{k}") if (run_dir / f"l{k}").is_dir() else stored
+            if not m.get("steps"):
+                continue
+            lines.append(f"| {r['arm']} | {r['seed']} | {k}{' (slow)' if k == '2' and ARMS[r['arm']].churn else ''} | "
+                         f"{m['steps']} | {m['step_median_s']:.1f} s | {m['external_groups']:.0f} | "
+                         f"{m['outer_rounds']:.0f} / {m['outer_late']:.0f} | {m.get('snapshots', 0):.0f} | "
+                         f"{m.get('stale', 0):.0f} | {m['refused']:.0f} | {stored.get('end', '')} |")
     if failed:
         lines += ["", "Left out, learner 0 failed: " + "; ".join(failed) + "."]
     cost = root / "storecost.json"
@@ -419,6 +438,26 @@ def report(root: Path, write: bool = True) -> None:
     if write:
         publish("swarm", {"runs": runs}, "\n".join(
             ["## A swarm on consumer machines (benchmarks/swarm.py)", "", *lines]))
+
+
+def _one_learner_reference(runs: list[dict]) -> str:
+    """The one learner at the swarms' sample count from benchmarks/shared_rollouts.py's three seeds (the same config,
+    measured on the machine its results name), when this root has no ``one`` run of its own."""
+    path = ROOT / "benchmarks" / "results" / "shared_rollouts.json"
+    if any(r["arm"] == "one" for r in runs) or not path.is_file():
+        return ""
+    data = json.loads(path.read_text())
+    samples = sorted({r["learner0_steps"] * SAMPLES_PER_STEP for r in runs if r["arm"] == "async"})
+    rows = []
+    for n in samples:
+        points = [p for seed in data["runs"].get("one", {}).values() for p in seed["curve"] if p["samples"] == n]
+        if points:
+            rows.append(f"at {n:,} samples, {len(points)} seeds: stories {_spread([p['stories'] for p in points])}, "
+                        f"independent {_spread([p['independent'] for p in points])}")
+    if not rows:
+        return ""
+    return ("One learner (8 prompts a step, one core; benchmarks/shared_rollouts.py `run one`, the same config, "
+            f"on {data['machine']}): " + "; ".join(rows) + ". Before training: 0.06 / 0.013.")
 
 
 # ------------------------------------------------------------------------------------- the store's own cost
