@@ -395,6 +395,10 @@ class DilocoUpdate:
         self.totals["bounded"] += bounded
         self.totals["bytes_sent"] += sent
         latest = self.bucket.decided()
+        late = "" if self.learner in decision.members else "; this learner's delta came late: dropped"
+        print(f"rlvr: diloco: round {round_} closed by learner {decision.closed_by} ({decision.reason}) with "
+              f"learner(s) {', '.join(map(str, decision.members)) or 'none'} after {waited:.1f} s{late}"
+              + (f"; continuing from round {latest}'s weights" if latest > round_ else ""), flush=True)
         if latest > round_:  # the others moved on while this learner was late: replayed from here
             self._rejoin(run, latest, weights, momentum, round_ + 1)
         else:
