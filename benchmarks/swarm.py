@@ -23,7 +23,8 @@ is continued (SIGCONT) before it is stopped or killed, and whatever happens ever
 when the harness exits.
 
 Arms: ``one`` runs samples / 64 steps of 8 prompts x 8 completions. The swarms run 4 prompts a step per learner;
-learner 0 runs samples / 64 steps and the others run until it ends (then SIGTERM, SIGKILL after a grace). In
+learner 0 runs samples / 64 steps and the others run until it has sampled its last step (a median step time after
+its next-to-last one; then SIGTERM, SIGKILL after a grace), so that learner 0 evaluates alone. In
 ``async`` and ``step`` learner 1 is SIGKILLed when learner 0 has done a third of its steps and a fresh joiner
 (slot 3, diloco.join=true) starts at two thirds, so that the swarm generates about 32 x (S + S/3 + S/3 + S/3) =
 64 S samples, the one learner's (each run records what its learners generated). Learner 0 evaluates both held-out
@@ -255,6 +256,7 @@ def run(root: Path, arm_name: str, seed: int, store: str, delay_ms: float, bytes
             entry["ended"], entry["end"] = time.monotonic(), how
 
     began = time.monotonic()
+    last_step_began = None  # when learner 0 logged its next-to-last step: its last one, then its evaluation, began
     try:
         start(0)
         if arm.slots > 1:
@@ -267,6 +269,14 @@ def run(root: Path, arm_name: str, seed: int, store: str, delay_ms: float, bytes
                 end(1, "killed")
             if arm.churn and 3 not in learners and 3 * done >= 2 * steps:
                 start(3, joiner=True)
+            if done >= steps - 1 and last_step_began is None:
+                last_step_began = time.monotonic()
+            timed = [r["time/step_s"] for r in _rows(out / "l0") if "time/step_s" in r]
+            if last_step_began is not None and timed and time.monotonic() - last_step_began > statistics.median(
+                    timed):  # learner 0's last step is sampled: the others stop, so the swarm's samples stay the
+                for k, entry in learners.items():  # one learner's and learner 0 evaluates alone
+                    if k and entry["ended"] is None:
+                        end(k, "stopped when learner 0 finished sampling")
             for k, entry in learners.items():  # a learner that ended on its own
                 if k and entry["ended"] is None and entry["process"].poll() is not None:
                     entry["ended"], entry["end"] = time.monotonic(), f"exited {entry['process'].returncode}"
