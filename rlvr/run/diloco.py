@@ -59,7 +59,7 @@ class DilocoUpdate:
         self.momentum: dict[str, torch.Tensor] | None = None
         self.run: Run | None = None  # bound once the run is open (bind)
         self.hashed: dict[tuple[int, int], tuple[dict, str]] = {}  # (round, k) -> the delta and digest this learner
-        # read when it decided the round: the pinned bytes, when the digest is the decision's (not read twice)
+        # read when it decided the round: on a versioned store, the pinned bytes (not read twice)
         self.totals = dict.fromkeys(("rounds", "late", "refused", "refused_rounds", "bounded", "snapshots",
                                      "bytes_sent"), 0.0)
 
@@ -261,8 +261,9 @@ class DilocoUpdate:
             if verdict is False:
                 return None
             try:
-                held = self.hashed.pop((round_, k), None)
-                tensors = held[0] if held is not None and held[1] == digest else self.bucket.read_delta(
+                held = self.hashed.pop((round_, k), None)  # only where every learner can read the pinned version:
+                # elsewhere a delta withdrawn between two reads must cost the decider what it costs the others
+                tensors = held[0] if held is not None and held[1] == digest and version else self.bucket.read_delta(
                     round_, k, like, self.dtype, digest, version)[0]
             except UnreadableDelta as err:
                 if time.monotonic() < deadline:
