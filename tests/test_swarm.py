@@ -136,3 +136,30 @@ def test_a_joiner_reads_a_snapshot_not_the_history_on_the_store(tiny_model_dir, 
              if k.startswith("update/outer_")}
     assert outer["snapshots"] == 1 and outer["rounds"] == 1
     assert RoundBucket(s3_url, 0, 2).decision(7).members == (1,)
+
+
+def test_a_snapshot_needs_a_majority_of_well_formed_attestations(tmp_path):
+    """Round 1's members are 0, 1 and 2. Learner 0 attests (w, no momentum) with momentum null, learner 1 the same
+    with the momentum key left out (read as none), learner 2 other weights: two of three agree, so (w, None) is the
+    snapshot's. With learner 1's attestation not JSON, or naming another round, there is no majority."""
+    import json
+
+    from rlvr.store.rounds import Decision
+    from rlvr.store.snapshots import attested
+
+    bucket, w, other = RoundBucket(str(tmp_path), 0, 3), "a" * 64, "b" * 64
+    bucket.decide(Decision(1, (0, 1, 2), {k: "c" * 64 for k in range(3)}, 0, "all"))
+
+    def vote(k: int, raw: bytes) -> None:
+        path = tmp_path / f"learner-{k:04d}" / "attest-00000001.json"
+        path.parent.mkdir(exist_ok=True)
+        path.write_bytes(raw)
+
+    vote(0, json.dumps({"round": 1, "weights": w, "momentum": None}).encode())
+    vote(1, json.dumps({"round": 1, "weights": w}).encode())
+    vote(2, json.dumps({"round": 1, "weights": other, "momentum": None}).encode())
+    assert attested(bucket, 1, (0, 1, 2)) == (w, None)
+    for forged in (b"not json", json.dumps({"round": 2, "weights": w}).encode(),
+                   json.dumps({"round": 1, "weights": w, "momentum": 7}).encode()):
+        vote(1, forged)
+        assert attested(bucket, 1, (0, 1, 2)) is None

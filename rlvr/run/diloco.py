@@ -53,7 +53,7 @@ class DilocoUpdate:
         self.learner, self.learners = parse_learner(d.learner)
         self.bucket = RoundBucket(d.bucket, self.learner, self.learners)
         self.dtype = DELTA_TORCH_DTYPES[d.delta_dtype]
-        self.round = -1  # the round this learner is in (set when it joins, at its first step)
+        self.round = -1  # the round this learner is in (set when it joins: bind)
         self.round_start_step, self.step = 0, 0
         self.start: dict[str, torch.Tensor] = {}  # the round's start weights (fp32), by parameter name
         self.momentum: dict[str, torch.Tensor] | None = None
@@ -74,9 +74,7 @@ class DilocoUpdate:
         self._join(run)
 
     def __call__(self, learner: Learner, batch: Collected) -> dict[str, float]:
-        run = self.run
-        if self.round < 0:
-            self._join(run)
+        run = self.run  # joined in bind
         stats = self.inner(learner, batch)
         self.step += 1
         H = self.cfg.diloco.inner_steps  # 0: the weights never meet (the learners share rollouts instead)

@@ -27,6 +27,10 @@ from rlvr.store.rounds import RefusedDelta, RoundBucket, state_digest
 Tensors = dict[str, torch.Tensor]
 
 
+def _digest(value: object) -> bool:
+    return isinstance(value, str) and re.fullmatch(r"[0-9a-f]{64}", value) is not None
+
+
 def _name(round_: int) -> str:
     return f"attest-{round_:08d}.json"
 
@@ -52,11 +56,11 @@ def attested(bucket: RoundBucket, round_: int, members: tuple[int, ...]) -> tupl
                                    f"learner {k}'s attestation of round {round_}")
         except RefusedDelta:
             continue
-        digest = re.compile(r"[0-9a-f]{64}")
-        if (isinstance(record, dict) and record.get("round") == round_ and isinstance(record.get("weights"), str)
-                and digest.fullmatch(record["weights"]) and (record.get("momentum") is None or (
-                    isinstance(record["momentum"], str) and digest.fullmatch(record["momentum"])))):
-            votes[(record["weights"], record["momentum"])] += 1
+        if record is None or record.get("round") != round_:
+            continue
+        weights, momentum = record.get("weights"), record.get("momentum")  # momentum absent: none, as null
+        if _digest(weights) and (momentum is None or _digest(momentum)):
+            votes[(weights, momentum)] += 1
     if not votes:
         return None
     best, count = votes.most_common(1)[0]
